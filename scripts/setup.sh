@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Idempotent environment setup: a project virtualenv with pinned packages, and the Delta Lake
+# jars from Maven Central (copied into ./jars by Maven, so Spark never downloads at run time).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+DELTA_VERSION=4.0.0
+SCALA=2.13
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
+mkdir -p jars
+for artifact in "io.delta:delta-spark_${SCALA}:${DELTA_VERSION}" "io.delta:delta-storage:${DELTA_VERSION}"; do
+  name="$(echo "$artifact" | cut -d: -f2)-${DELTA_VERSION}.jar"
+  if [ ! -f "jars/$name" ]; then
+    if ! command -v mvn >/dev/null 2>&1; then
+      echo "setup: Maven (mvn) is needed to fetch $artifact; installing it with apt-get" >&2
+      apt-get update -qq && apt-get install -y -qq maven >/dev/null
+    fi
+    mvn -q dependency:copy -Dartifact="$artifact" -DoutputDirectory="$root/jars"
+  fi
+done
