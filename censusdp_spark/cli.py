@@ -1,0 +1,62 @@
+"""``censusdp``: the command line. Every user error is one line naming file, key/row and rule."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from censusdp_spark.model.config import load_config
+from censusdp_spark.model.errors import ConfigError, InputError
+from censusdp_spark.privacy.accounting import BudgetError, budget_table
+from censusdp_spark.release.run_state import OutputExistsError, ResumeError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="censusdp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    budget = sub.add_parser("budget", help="print the privacy budget table of a config")
+    budget.add_argument("--config", required=True, type=Path)
+    topdown = sub.add_parser("topdown", help="run the TopDown release")
+    topdown.add_argument("--config", required=True, type=Path)
+    topdown.add_argument("--input", type=Path, help="override [input].path")
+    topdown.add_argument("--output", type=Path, help="override [run].output")
+    topdown.add_argument("--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)")
+    topdown.add_argument("--evaluate", action="store_true", help="also write error against the truth (internal)")
+    topdown.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    topdown.add_argument("--resume", action="store_true", help="continue a killed run from its last complete step")
+    topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    return parser
+
+
+def _budget(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    print(f"budget of {args.config} ({config.run.name})")
+    print(budget_table(config.budget, config.run.delta))
+    return 0
+
+
+def _topdown(args: argparse.Namespace) -> int:
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.release.topdown import TopDownOptions, run_topdown
+
+    config = load_config(args.config)
+    options = TopDownOptions(args.input, args.output, args.secret_file, args.evaluate, args.overwrite, args.resume)
+    spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master)
+    spark.sparkContext.setLogLevel("WARN")
+    summary = run_topdown(spark, config, options)
+    print(summary.text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"budget": _budget, "topdown": _topdown}[args.command](args)
+    except (ConfigError, InputError, BudgetError, OutputExistsError, ResumeError, ValueError) as err:
+        print(f"censusdp: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

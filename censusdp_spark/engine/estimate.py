@@ -1,0 +1,165 @@
+"""Estimation, level by level: each parent's children solved as one subproblem on an executor.
+
+The root is solved alone; then for every level the noisy measurements of the children are
+grouped by parent (``groupBy(parent).cogroup(parent estimate).applyInPandas``) and each group is
+handed to the pure-numpy solvers: weighted non-negative least squares with the children summing
+to the parent's integer estimate cell by cell and the invariant totals held, then controlled
+rounding to integers that keeps both. Cells where the parent is zero or that are structural
+zeros are not variables at all. Nothing per node is collected to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from censusdp_spark.model.config import RunConfig
+from censusdp_spark.solvers import ChildrenProblem, round_children, solve_children
+
+ESTIMATE_SCHEMA = "level string, geocode string, cells array<int>, counts array<bigint>"
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """Everything a task needs to solve one level's families (picklable, small)."""
+
+    level: str
+    is_root: bool
+    n_cells: int
+    query_names: tuple[str, ...]
+    cell_to_marginal: tuple[np.ndarray, ...]
+    marginal_sizes: tuple[int, ...]
+    weights: np.ndarray  # 1 / sigma^2 per query
+    structural_zero: np.ndarray  # bool per cell
+
+
+def level_plan(config: RunConfig, level: str) -> LevelPlan:
+    queries = config.queries[level]
+    zero = np.zeros(config.schema.n_cells, dtype=bool)
+    zero[list(config.structural_zero_cells)] = True
+    return LevelPlan(
+        level=level,
+        is_root=config.hierarchy.index(level) == 0,
+        n_cells=config.schema.n_cells,
+        query_names=tuple(q.name for q in queries),
+        cell_to_marginal=tuple(q.cell_to_marginal for q in queries),
+        marginal_sizes=tuple(q.size for q in queries),
+        weights=np.array([1.0 / float(config.budget.sigma2_for(level, q.name)) for q in queries]),
+        structural_zero=zero,
+    )
+
+
+def solve_family(plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFrame) -> pd.DataFrame:
+    """Integer estimates for one parent's children.
+
+    ``parent`` is the dense integer estimate of the parent (None at the root); ``children`` has
+    one row per (child ``geocode``, ``query``) with the ``noisy`` answer and the child's
+    invariant total ``inv_total`` (null where the level has none).
+    """
+    children = children.sort_values(["geocode", "query"], kind="stable")
+    geocodes = children["geocode"].drop_duplicates().to_numpy()
+    k = len(geocodes)
+    if parent is None:
+        active = np.flatnonzero(~plan.structural_zero)
+    else:
+        active = np.flatnonzero((parent > 0) & ~plan.structural_zero)
+    x = np.zeros((k, active.size), dtype=np.int64)
+    if active.size and parent is not None and k == 1:
+        x[0] = parent[active]
+    elif active.size:
+        noisy = []
+        for name in plan.query_names:
+            rows = children[children["query"] == name]
+            if len(rows) != k:
+                raise RuntimeError(f"level {plan.level}: query {name!r} missing for some children")
+            noisy.append(np.stack(rows["noisy"].to_numpy()).astype(np.float64))
+        totals = children.drop_duplicates("geocode")["inv_total"]
+        child_totals = None if totals.isna().any() else totals.to_numpy(dtype=np.int64)
+        problem = ChildrenProblem(
+            marginals=tuple(c2m[active] for c2m in plan.cell_to_marginal),
+            marginal_sizes=plan.marginal_sizes,
+            weights=plan.weights,
+            noisy=tuple(noisy),
+            parent=None if parent is None else parent[active].astype(np.int64),
+            child_totals=child_totals,
+        )
+        x = round_children(problem, solve_children(problem))
+    cells, counts = [], []
+    for row in x:
+        keep = row > 0
+        cells.append(active[keep].astype(np.int32))
+        counts.append(row[keep].astype(np.int64))
+    return pd.DataFrame({"level": plan.level, "geocode": geocodes, "cells": cells, "counts": counts})
+
+
+def _dense(cells: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    out[np.asarray(cells, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
+    return out
+
+
+def _root_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def task(children: pd.DataFrame) -> pd.DataFrame:
+        return solve_family(plan, None, children)
+
+    return task
+
+
+def _worker_fault(fault: str) -> None:
+    """Test hook: ``python_worker_once:<marker path>`` kills this Python worker the first time."""
+    if fault.startswith("python_worker_once:"):
+        marker = Path(fault.split(":", 1)[1])
+        if not marker.exists():
+            marker.touch()
+            os._exit(23)
+
+
+def _family_task(plan: LevelPlan, fault: str) -> Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]:
+    def task(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
+        _worker_fault(fault)
+        if children.empty:
+            return pd.DataFrame({"level": [], "geocode": [], "cells": [], "counts": []})
+        if parent.empty:  # a zero-population parent has no estimate rows
+            dense = np.zeros(plan.n_cells, dtype=np.int64)
+        else:
+            dense = _dense(parent["cells"].iloc[0], parent["counts"].iloc[0], plan.n_cells)
+        return solve_family(plan, dense, children)
+
+    return task
+
+
+def estimate_level(
+    plan: LevelPlan,
+    noisy: DataFrame,
+    invariant_totals: DataFrame,
+    parent_estimates: DataFrame | None,
+    parent_digits: int,
+    fault: str = "",
+) -> DataFrame:
+    """Estimates of one level's nodes (lazy).
+
+    ``noisy``: this level's rows of the noisy measurement table; ``invariant_totals``:
+    ``geocode, inv_total`` for this level (possibly empty); ``parent_estimates``: the level
+    above as ``geocode, cells, counts`` (None at the root). ``fault`` is a test hook (see
+    ``_worker_fault``), empty in normal runs.
+    """
+    parent_key = F.substring("geocode", 1, parent_digits) if parent_digits > 0 else F.lit("")
+    children = (
+        noisy.select("geocode", "query", "noisy")
+        .join(invariant_totals, "geocode", "left")
+        .withColumn("parent", parent_key)
+    )
+    if parent_estimates is None:
+        return children.groupBy("parent").applyInPandas(_root_task(plan), ESTIMATE_SCHEMA)
+    return (
+        children.groupBy("parent")
+        .cogroup(parent_estimates.groupBy("geocode"))
+        .applyInPandas(_family_task(plan, fault), ESTIMATE_SCHEMA)
+    )

@@ -1,0 +1,49 @@
+"""True node histograms for every level of the hierarchy, aggregated from the blocks in Spark.
+
+``node_histograms`` returns ``level, geocode, cells, counts`` for every node of every level
+(zero-population nodes included, with empty arrays). These are confidential: they feed the
+measurement pass, the invariants and the evaluation, and are never written to a released table.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from censusdp_spark.model.geography import Hierarchy
+
+
+def aggregate_to(hist: DataFrame, digits: int) -> DataFrame:
+    """Sum sparse histograms ``geocode, cells, counts`` to the ancestors with ``digits`` digits."""
+    parent = F.substring("geocode", 1, digits) if digits > 0 else F.lit("")
+    nodes = hist.select(parent.alias("geocode")).distinct()
+    sums = (
+        hist.select(parent.alias("geocode"), F.explode(F.arrays_zip("cells", "counts")).alias("e"))
+        .groupBy("geocode", F.col("e.cells").alias("cell"))
+        .agg(F.sum("e.counts").alias("count"))
+        .groupBy("geocode")
+        .agg(F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h"))
+    )
+    return nodes.join(sums, "geocode", "left").select(
+        "geocode",
+        F.coalesce(F.col("h.cell"), F.array().cast("array<int>")).alias("cells"),
+        F.coalesce(F.col("h.count"), F.array().cast("array<bigint>")).alias("counts"),
+    )
+
+
+def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
+    """All levels' node histograms, each level aggregated from the one below it."""
+    current = blocks
+    per_level = [blocks.withColumn("level", F.lit(hierarchy.leaf.name))]
+    for level in reversed(hierarchy.levels[:-1]):
+        current = aggregate_to(current, level.digits)
+        per_level.append(current.withColumn("level", F.lit(level.name)))
+    out = per_level[0]
+    for df in per_level[1:]:
+        out = out.unionByName(df)
+    return out.select("level", "geocode", "cells", "counts")
+
+
+def node_totals(nodes: DataFrame) -> DataFrame:
+    """``level, geocode, total`` for node histograms."""
+    return nodes.select("level", "geocode", F.aggregate("counts", F.lit(0).cast("long"), lambda a, b: a + b).alias("total"))

@@ -1,0 +1,1 @@
+"""Input readers (validated at the door) and Delta Lake writers."""

@@ -1,0 +1,54 @@
+"""Delta Lake tables of a release: each written whole in one transaction, read back by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+NOISY_MEASUREMENTS = "noisy_measurements"
+ESTIMATES = "estimates"
+MICRODATA = "microdata"
+EVALUATION = "evaluation"
+
+
+def table_path(output: Path, name: str) -> str:
+    return str(output / name)
+
+
+def write_table(df: DataFrame, output: Path, name: str, partition_by: str | None = None) -> None:
+    """Create a table in one Delta transaction; an existing table is an error."""
+    writer = df.write.format("delta").mode("errorifexists")
+    if partition_by:
+        writer = writer.partitionBy(partition_by)
+    writer.save(table_path(output, name))
+
+
+def write_level(df: DataFrame, output: Path, name: str, level: str) -> None:
+    """Write one level's partition atomically (re-running a level replaces only that level)."""
+    (
+        df.write.format("delta")
+        .mode("overwrite")
+        .option("replaceWhere", f"level = '{level}'")
+        .partitionBy("level")
+        .save(table_path(output, name))
+    )
+
+
+def read_table(spark: SparkSession, output: Path, name: str) -> DataFrame:
+    return spark.read.format("delta").load(table_path(output, name))
+
+
+def long_cells(hist: DataFrame) -> DataFrame:
+    """``level, geocode, cells, counts`` -> one row per non-zero cell ``level, geocode, cell, count``."""
+    return hist.select(
+        "level", "geocode", F.explode(F.arrays_zip("cells", "counts")).alias("e")
+    ).select("level", "geocode", F.col("e.cells").alias("cell"), F.col("e.counts").alias("count"))
+
+
+def sparse_nodes(long: DataFrame) -> DataFrame:
+    """Inverse of ``long_cells`` (nodes with no non-zero cell do not appear)."""
+    return long.groupBy("level", "geocode").agg(
+        F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")
+    ).select("level", "geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts"))

@@ -1,0 +1,56 @@
+"""The geographic hierarchy: levels identified by geocode prefix length.
+
+The root (e.g. the nation) has the empty geocode; every other level keeps the first ``digits``
+characters of the leaf geocode, so each leaf has exactly one chain of ancestors and the parent
+of a node is the prefix of its geocode at the level above. The set of leaves given as input
+(zero-population leaves included) is the public spine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    digits: int  # geocode length; 0 for the root
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    levels: tuple[Level, ...]  # root first, leaf last
+
+    def __post_init__(self) -> None:
+        if len(self.levels) < 2:
+            raise ValueError("a hierarchy needs a root and at least one more level")
+        if self.levels[0].digits != 0:
+            raise ValueError("the root level must have 0 digits")
+        digits = [lv.digits for lv in self.levels]
+        if any(b <= a for a, b in zip(digits, digits[1:], strict=False)):
+            raise ValueError(f"level digits must increase strictly from the root: {digits}")
+        names = [lv.name for lv in self.levels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"level names must be unique: {names}")
+
+    @property
+    def root(self) -> Level:
+        return self.levels[0]
+
+    @property
+    def leaf(self) -> Level:
+        return self.levels[-1]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(lv.name for lv in self.levels)
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+    def level(self, name: str) -> Level:
+        return self.levels[self.index(name)]
+
+    def parent_of(self, name: str) -> Level | None:
+        i = self.index(name)
+        return self.levels[i - 1] if i > 0 else None

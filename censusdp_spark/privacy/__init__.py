@@ -1,0 +1,30 @@
+"""Privacy core: exact noise samplers, keyed random streams and privacy-loss conversions.
+
+Nothing here knows about Spark or the census schema; every module states its privacy claim.
+"""
+
+from censusdp_spark.privacy.conversions import (
+    approx_dp_to_zcdp,
+    bun_steinke_epsilon,
+    zcdp_to_approx_dp,
+)
+from censusdp_spark.privacy.samplers import (
+    discrete_gaussian,
+    discrete_gaussian_pmf,
+    discrete_gaussian_variance,
+    discrete_laplace,
+)
+from censusdp_spark.privacy.streams import keyed_rng, load_or_create_secret, secret_fingerprint
+
+__all__ = [
+    "approx_dp_to_zcdp",
+    "bun_steinke_epsilon",
+    "discrete_gaussian",
+    "discrete_gaussian_pmf",
+    "discrete_gaussian_variance",
+    "discrete_laplace",
+    "keyed_rng",
+    "load_or_create_secret",
+    "secret_fingerprint",
+    "zcdp_to_approx_dp",
+]

@@ -1,0 +1,436 @@
+"""Exact discrete Gaussian and discrete Laplace samplers, vectorised over numpy arrays.
+
+Privacy claim
+-------------
+* ``discrete_gaussian``: adding independent N_Z(0, σ²) noise to every coordinate of a query with
+  L2 sensitivity Δ is ρ-zCDP with ρ = Δ²/(2σ²) (Canonne, Kamath, Steinke 2020, "The Discrete
+  Gaussian for Differential Privacy", Theorem 14).
+* ``discrete_laplace``: adding independent noise with Pr[z] ∝ exp(−|z|/b) to every coordinate of a
+  query with L1 sensitivity Δ is (Δ/b)-DP (the geometric mechanism).
+
+Both claims need the noise to follow these laws *exactly*, and here it does, given uniform random
+bits: every accept/reject decision is a comparison of integers, and no floating-point number
+decides anything. σ² and b must therefore be exact rationals (``int`` or ``fractions.Fraction``);
+a ``float`` is refused, because it is not the number you chose.
+
+Trust assumptions
+-----------------
+* The generator's output is uniform and unpredictable. Use
+  :func:`censusdp_spark.privacy.keyed_rng` (ChaCha20); the claims are only as good as its bits.
+* Rejection sampling runs a random number of rounds, so the time a call takes depends on the noise
+  it drew. This module does not hide that: never expose per-call timings to an adversary.
+* An event of probability below exp(−2**31) (a geometric count overflowing int64) raises
+  ``OverflowError`` rather than returning a wrong value.
+
+Method
+------
+The samplers are CKS20 Algorithms 1–3. Every rejection loop runs on the array of draws still
+pending (index arrays shrink each round), never on one draw at a time; the rejections of
+Algorithm 2 and 3 are merged into one accept test per candidate, which leaves the output law
+unchanged because each candidate is an independent trial.
+
+*Exact Bernoulli(x) for a rational x = n/d* is the event U < x for a uniform real U. Its first
+32-bit digit is one word from the generator, compared with ⌊2³²·x⌋ (an int64); only when the two
+are equal (probability 2⁻³²) are later digits compared, with Python integers, for that draw
+alone. Bernoulli(x/K) uses the digit ⌊⌊2³²·x⌋/K⌋ = ⌊2³²·x/K⌋, so the K loop of Algorithm 1 needs
+no big products either.
+
+*Bernoulli(exp(−1))*: Algorithm 1 with γ = 1 reads independent digits U_K ∈ {0, …, K−1} for
+K = 2, 3, … (the event "A = 1" is U_K = 0), stops at the first non-zero digit and returns 1 iff K is
+odd. U_2…U_12 are the mixed-radix digits of one uniform integer M ∈ [0, 12!), so one 32-bit draw
+decides the outcome except when all eleven digits are zero; we relabel the values of M so that the
+odd stops come first (the law depends only on how many values lead to each outcome) and finish
+the all-zero case, one value in 12!, with the ordinary loop from K = 13.
+
+*Big integers.* With σ² = p/q and t = ⌊σ⌋ + 1 the acceptance exponent of Algorithm 3 is
+γ(y) = (q·t·y − p)² / (2·p·q·t²) for y = |Y|; for the production budgets p and q are near 10¹²
+and the denominator near 10³⁰, far past int64. γ depends only on y, so ⌊γ(y)⌋, the first digit of
+its fractional part and the exact remainder are computed with Python integers once per value of y
+(a table over 0…max y, cached per σ², or over the distinct values when that range is large) and
+gathered into int64 arrays. Every σ² takes this one path, so the same code serves the small
+fractions of the tests and the production budget. Its cost is about one microsecond per table
+entry, about 20σ entries: negligible against 10⁶ draws for σ ≲ 10⁴, dominant for much larger σ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+_DIGIT_BITS = 16
+"""Bits per digit of the uniform U in exact Bernoulli draws (tests shrink it to force ties)."""
+_DIGIT_DTYPE = np.uint16
+
+_RADIX_TOP = 7
+"""Bernoulli(exp(−1)) reads the CKS digits U_2…U_7 from one uniform integer below 7! = 5040."""
+
+_DENSE_TABLE_LIMIT = 1 << 18
+"""Largest exponent table indexed directly by |Y|; beyond it, tabulate the distinct values."""
+
+_INT64_LIMIT = 1 << 63
+
+
+def discrete_gaussian(sigma2: Fraction | int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw ``size`` independent values of N_Z(0, sigma2) exactly (CKS20 Algorithm 3), as int64."""
+    variance = _exact_positive(sigma2, "sigma2")
+    _check_size(size)
+    t = math.isqrt(variance.numerator // variance.denominator) + 1
+    return _fill(size, lambda trials: _gaussian_batch(variance, t, trials, rng))
+
+
+def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw ``size`` independent values with Pr[z] ∝ exp(−|z|/scale) exactly (CKS20 Alg. 2)."""
+    exact_scale = _exact_positive(scale, "scale")
+    _check_size(size)
+    t, s = exact_scale.numerator, exact_scale.denominator
+    return _fill(size, lambda trials: _signed(_laplace_magnitudes(t, s, trials, rng), rng))
+
+
+def discrete_gaussian_pmf(sigma2: Fraction | int, support: Iterable[int] | np.ndarray) -> np.ndarray:
+    """Pr[N_Z(0, sigma2) = x] for each integer x in ``support``, in float64."""
+    variance = _exact_positive(sigma2, "sigma2")
+    x = np.asarray(support, dtype=np.int64)
+    log_weight = -np.square(x.astype(np.float64)) * _half_inverse(variance)
+    return np.exp(log_weight) / _gaussian_sums(variance)[0]
+
+
+def discrete_gaussian_variance(sigma2: Fraction | int) -> float:
+    """Var[N_Z(0, sigma2)], which is slightly below sigma2, to float64 precision."""
+    variance = _exact_positive(sigma2, "sigma2")
+    normaliser, second_moment = _gaussian_sums(variance)
+    return second_moment / normaliser
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def _exact_positive(value: object, name: str) -> Fraction:
+    """``value`` as a positive Fraction; floats and other inexact types are refused."""
+    if isinstance(value, float | np.floating):
+        raise TypeError(
+            f"{name}={value!r} is a float; pass a fractions.Fraction such as "
+            f"Fraction('{value}'), because a float is not an exact rational you chose"
+        )
+    if isinstance(value, bool) or not isinstance(value, int | np.integer | Fraction):
+        raise TypeError(
+            f"{name} must be an int or a fractions.Fraction, got {type(value).__name__} {value!r}"
+        )
+    exact = Fraction(int(value)) if isinstance(value, np.integer) else Fraction(value)
+    if exact <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return exact
+
+
+def _check_size(size: object) -> None:
+    if isinstance(size, bool) or not isinstance(size, int | np.integer):
+        raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+
+
+# --- batching --------------------------------------------------------------------------------
+
+
+def _fill(size: int, draw_batch: Callable[[int], np.ndarray]) -> np.ndarray:
+    """Concatenate accepted draws from batches of independent trials until there are ``size``.
+
+    Keeping the first accepted draws of a batch selects by position, not value, so the kept draws
+    are still independent with the target law. Each batch is sized from the acceptance rate seen so
+    far, so two batches usually suffice.
+    """
+    out = np.empty(size, dtype=np.int64)
+    filled, trials_run, accepted = 0, 0, 0
+    while filled < size:
+        wanted = size - filled
+        rate = accepted / trials_run if accepted else 0.5
+        trials = math.ceil(1.05 * wanted / rate) + 16
+        batch = draw_batch(trials)
+        take = min(batch.size, wanted)
+        out[filled : filled + take] = batch[:take]
+        filled += take
+        trials_run += trials
+        accepted += batch.size
+    return out
+
+
+def _signed(magnitude: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Attach a fair sign to each magnitude, dropping "−0" (CKS20 Algorithm 2, step 5)."""
+    negative = rng.integers(0, 2, size=magnitude.size, dtype=bool)
+    keep = np.flatnonzero(~(negative & (magnitude == 0)))
+    magnitude = magnitude[keep]
+    return np.where(negative[keep], -magnitude, magnitude)
+
+
+# --- CKS20 Algorithms 2 and 3 ----------------------------------------------------------------
+
+
+def _laplace_magnitudes(t: int, s: int, trials: int, rng: np.random.Generator) -> np.ndarray:
+    """⌊(U + t·V)/s⌋ for the trials whose U passes Bernoulli(exp(−U/t)) (Alg. 2, steps 1–4)."""
+    u = rng.integers(0, t, size=trials, dtype=_uniform_dtype(t))
+    if t > 1:
+        u = u[np.flatnonzero(_bernoulli_exp_minus_fraction(_uniform_fractions(u, t), rng))]
+    v = _geometric_exp_minus_one(u.size, rng)
+    u = u.astype(np.int64)
+    if t * (int(v.max(initial=0)) + 1) < _INT64_LIMIT:
+        x = u + t * v
+        return x if s == 1 else x // s
+    # Only for t near 2**63 or a geometric count beyond all plausibility; astype raises on overflow.
+    exact = (u.astype(object) + t * v.astype(object)) // s
+    return np.asarray(exact.astype(np.int64))
+
+
+def _gaussian_batch(
+    sigma2: Fraction, t: int, trials: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Accepted draws of N_Z(0, sigma2) from ``trials`` candidates (Alg. 3, rejections merged).
+
+    The sign is drawn last: it is independent of the acceptance test, which depends on |Y| only.
+    """
+    magnitude = _laplace_magnitudes(t, 1, trials, rng)
+    whole, fraction = _gaussian_exponents(sigma2, t, magnitude)
+    accepted = _bernoulli_exp_minus(whole, fraction, rng)
+    return _signed(magnitude[np.flatnonzero(accepted)], rng)
+
+
+def _uniform_dtype(t: int) -> type[np.integer]:
+    """The narrowest dtype that draws uniform integers below t with little rejection."""
+    if t <= 1 << 12:
+        return np.uint16
+    return np.uint32 if t <= 1 << 28 else np.int64
+
+
+# --- exact Bernoulli draws ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fractions:
+    """One rational f_i = numerators[key_i] / denom in [0, 1) per pending draw.
+
+    ``lead`` is ⌊2**_DIGIT_BITS · f_i⌋, the digit that settles almost every Bernoulli draw; the
+    exact numerator is looked up only when a draw ties on it.
+    """
+
+    lead: np.ndarray
+    key: np.ndarray
+    numerators: Sequence[int]
+    denom: int
+
+    def take(self, index: np.ndarray) -> _Fractions:
+        return _Fractions(self.lead[index], self.key[index], self.numerators, self.denom)
+
+    def numerator(self, i: int) -> int:
+        return self.numerators[int(self.key[i])]
+
+
+def _uniform_fractions(u: np.ndarray, t: int) -> _Fractions:
+    """The rationals u_i / t for integers 0 ≤ u_i < t."""
+    if t <= 1 << (63 - _DIGIT_BITS):
+        lead = (u.astype(np.int64) << _DIGIT_BITS) // t
+    else:
+        lead = (u.astype(object) << _DIGIT_BITS) // t
+    return _Fractions(lead.astype(_DIGIT_DTYPE), u, range(t), t)
+
+
+def _digits(size: int, rng: np.random.Generator) -> np.ndarray:
+    """Uniform digits in [0, 2**_DIGIT_BITS)."""
+    return rng.integers(0, 1 << _DIGIT_BITS, size=size, dtype=_DIGIT_DTYPE)
+
+
+def _bernoulli_fraction_over(
+    fraction: _Fractions, live: np.ndarray, lead: np.ndarray, k: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Bernoulli(f_i / k) for the live elements i: U < f_i/k, decided on U's first digit.
+
+    ``lead`` is ⌊2**_DIGIT_BITS · f_i⌋ for the live elements; since ⌊⌊x⌋/k⌋ = ⌊x/k⌋, its quotient
+    by k is the first digit of f_i/k. Ties are settled exactly with Python integers.
+    """
+    if k >= 1 << _DIGIT_BITS:
+        lead = np.zeros_like(lead)
+    elif k > 1:
+        lead = lead // k
+    digit = _digits(lead.size, rng)
+    success = digit < lead
+    for i in np.flatnonzero(digit == lead):
+        numerator = fraction.numerator(int(live[i]))
+        success[i] = _below_after_tie(numerator, fraction.denom * k, rng)
+    return success
+
+
+def _below_after_tie(numerator: int, denom: int, rng: np.random.Generator) -> bool:
+    """Whether U < numerator/denom < 1, given that U's first digit equalled the fraction's."""
+    rest = (numerator << _DIGIT_BITS) % denom
+    while True:
+        target, rest = divmod(rest << _DIGIT_BITS, denom)
+        digit = int(_digits(1, rng)[0])
+        if digit != target:
+            return digit < target
+
+
+def _bernoulli_exp_minus_fraction(fraction: _Fractions, rng: np.random.Generator) -> np.ndarray:
+    """Bernoulli(exp(−f_i)) for f_i ∈ [0, 1): the K loop of CKS20 Algorithm 1.
+
+    Draw A ~ Bernoulli(f/K) for K = 1, 2, … until A = 0; succeed iff that K is odd. Each round
+    writes its parity to every element still live, so an element keeps that of its last round.
+    """
+    out = np.ones(fraction.lead.size, dtype=bool)
+    live = np.arange(fraction.lead.size)
+    lead = fraction.lead
+    k = 1
+    while live.size:
+        out[live] = k % 2 == 1
+        keep = np.flatnonzero(_bernoulli_fraction_over(fraction, live, lead, k, rng))
+        live, lead = live[keep], lead[keep]
+        k += 1
+    return out
+
+
+def _bernoulli_exp_minus(
+    whole: np.ndarray, fraction: _Fractions, rng: np.random.Generator
+) -> np.ndarray:
+    """Bernoulli(exp(−(w_i + f_i))): w_i draws of Bernoulli(exp(−1)), then exp(−f_i) (Alg. 1)."""
+    success = _all_bernoulli_exp_minus_one(whole, rng)
+    passed = np.flatnonzero(success)
+    success[passed] = _bernoulli_exp_minus_fraction(fraction.take(passed), rng)
+    return success
+
+
+def _all_bernoulli_exp_minus_one(count: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Whether ``count_i`` independent Bernoulli(exp(−1)) draws all succeed, for each i."""
+    success = np.ones(count.size, dtype=bool)
+    live = np.flatnonzero(count > 0)
+    remaining = count[live]
+    while live.size:
+        passed = _bernoulli_exp_minus_one(live.size, rng)
+        success[live[np.flatnonzero(~passed)]] = False
+        keep = np.flatnonzero(passed & (remaining > 1))
+        live, remaining = live[keep], remaining[keep] - 1
+    return success
+
+
+def _geometric_exp_minus_one(size: int, rng: np.random.Generator) -> np.ndarray:
+    """Successes of Bernoulli(exp(−1)) before the first failure: Pr[V ≥ v] = exp(−v)."""
+    count = np.zeros(size, dtype=np.int64)
+    live = np.flatnonzero(_bernoulli_exp_minus_one(size, rng))
+    while live.size:
+        count[live] += 1
+        live = live[np.flatnonzero(_bernoulli_exp_minus_one(live.size, rng))]
+    return count
+
+
+@lru_cache(maxsize=4)
+def _radix_split(top: int) -> tuple[int, int]:
+    """(top!, number of M ∈ [0, top!) whose first non-zero digit among U_2…U_top has odd K)."""
+    span = math.factorial(top)
+    odd_stops = sum(
+        span // math.factorial(k - 1) - span // math.factorial(k) for k in range(3, top + 1, 2)
+    )
+    return span, odd_stops
+
+
+def _bernoulli_exp_minus_one(
+    size: int, rng: np.random.Generator, top: int = _RADIX_TOP
+) -> np.ndarray:
+    """Bernoulli(exp(−1)), mostly from one draw of M ∈ [0, top!) (see the module docstring)."""
+    span, odd_stops = _radix_split(top)
+    m = rng.integers(0, span, size=size, dtype=np.uint16 if span <= 1 << 16 else np.int64)
+    success = m < odd_stops
+    undecided = np.flatnonzero(m == span - 1)
+    if undecided.size:
+        success[undecided] = _unit_loop_from(top + 1, undecided.size, rng)
+    return success
+
+
+def _unit_loop_from(k: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Finish Algorithm 1 with γ = 1 from K = k: stop at the first U_K ≠ 0; 1 iff K is odd."""
+    out = np.empty(size, dtype=bool)
+    live = np.arange(size)
+    while live.size:
+        out[live] = k % 2 == 1
+        live = live[np.flatnonzero(rng.integers(0, k, size=live.size) == 0)]
+        k += 1
+    return out
+
+
+# --- the Gaussian acceptance exponent --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ExponentTable:
+    """γ(y) = (q·t·y − p)² / (2·p·q·t²) = whole + remainders/denom for each tabulated y."""
+
+    whole: np.ndarray
+    lead: np.ndarray
+    remainders: list[int]
+    denom: int
+
+
+def _gaussian_exponents(
+    sigma2: Fraction, t: int, magnitude: np.ndarray
+) -> tuple[np.ndarray, _Fractions]:
+    """⌊γ(|Y|)⌋ and the fractional part of γ(|Y|) for each candidate magnitude."""
+    size = 1 << int(magnitude.max(initial=0)).bit_length()
+    if size <= _DENSE_TABLE_LIMIT:
+        table = _dense_exponent_table(sigma2, t, size, _DIGIT_BITS)
+        key = magnitude
+    else:
+        values, key = np.unique(magnitude, return_inverse=True)
+        table = _exponent_table(sigma2, t, values.tolist(), _DIGIT_BITS)
+    fraction = _Fractions(table.lead[key], key, table.remainders, table.denom)
+    return table.whole[key], fraction
+
+
+@lru_cache(maxsize=32)
+def _dense_exponent_table(sigma2: Fraction, t: int, size: int, digit_bits: int) -> _ExponentTable:
+    """The exponent table for y = 0 … size−1."""
+    return _exponent_table(sigma2, t, range(size), digit_bits)
+
+
+def _exponent_table(
+    sigma2: Fraction, t: int, ys: Iterable[int], digit_bits: int
+) -> _ExponentTable:
+    p, q = sigma2.numerator, sigma2.denominator
+    denom = 2 * p * q * t * t
+    whole: list[int] = []
+    lead: list[int] = []
+    remainders: list[int] = []
+    for y in ys:
+        g, r = divmod((q * t * y - p) ** 2, denom)
+        whole.append(g)
+        remainders.append(r)
+        lead.append((r << digit_bits) // denom)
+    return _ExponentTable(
+        np.array(whole, dtype=np.int64), np.array(lead, dtype=_DIGIT_DTYPE), remainders, denom
+    )
+
+
+# --- the exact law, for tests and evaluation -------------------------------------------------
+
+
+def _half_inverse(sigma2: Fraction) -> float:
+    return float(1 / (2 * sigma2))
+
+
+def _gaussian_sums(sigma2: Fraction) -> tuple[float, float]:
+    """(Σ_x exp(−x²/2σ²), Σ_x x²·exp(−x²/2σ²)) over all integers x.
+
+    For σ² < 1 the series is summed directly up to |x| = 40σ + 2 (later terms are below e⁻⁸⁰⁰).
+    For σ² ≥ 1 Poisson summation turns it into a series in exp(−2π²σ²k²), whose k ≥ 4 terms
+    are below e⁻³¹⁵: Σ_x exp(−x²/2σ²) = σ√(2π)·Σ_k exp(−2π²σ²k²) and
+    Σ_x x²·exp(−x²/2σ²) = σ√(2π)·Σ_k (σ² − 4π²σ⁴k²)·exp(−2π²σ²k²), both over all integers k.
+    """
+    s2 = float(sigma2)
+    if s2 < 1:
+        x = np.arange(1, math.ceil(40 * math.sqrt(s2)) + 3, dtype=np.float64)
+        weight = np.exp(-np.square(x) * _half_inverse(sigma2))
+        return 1 + 2 * float(np.sum(weight)), 2 * float(np.sum(np.square(x) * weight))
+    k = np.arange(1, 4, dtype=np.float64)
+    decay = np.exp(-2 * math.pi**2 * s2 * np.square(k))
+    root = math.sqrt(2 * math.pi * s2)
+    normaliser = root * (1 + 2 * float(np.sum(decay)))
+    second = root * (s2 + 2 * float(np.sum((s2 - 4 * math.pi**2 * s2**2 * np.square(k)) * decay)))
+    return normaliser, second

@@ -1,0 +1,131 @@
+"""One parent's estimation subproblem, shared by the L2 and rounding stages.
+
+A parent with ``k`` children is estimated jointly: every child has a histogram over the same
+``n`` active cells (cells where the parent is positive and that are not structural zeros). Each
+marginal query ``q`` maps every cell to exactly one of its ``m_q`` marginal cells, so its 0/1
+matrix ``Q_q`` (``m_q x n``) is stored compactly as ``cell_to_marginal``. Every child has one
+noisy answer vector per query, measured with variance ``1 / w_q``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChildrenProblem:
+    """The noisy measurements and invariants of the children of one parent.
+
+    Attributes:
+        marginals: per query, an int64 array of length ``n``; entry ``j`` is the marginal cell
+            (in ``[0, m_q)``) that cell ``j`` contributes to.
+        marginal_sizes: per query, ``m_q``. A marginal cell that no active cell maps to is
+            allowed; its measurement only adds a constant to the objective.
+        weights: float array of length ``Q``; ``w_q = 1 / sigma_q**2``, finite and ``>= 0``.
+        noisy: per query, a float array of shape ``(k, m_q)``: the noisy answers ``y_{q,c}``.
+        parent: the parent's released integer histogram (int64, length ``n``, ``>= 0``), or
+            ``None`` at the root, where ``k`` must be 1.
+        child_totals: invariant total of every child (int64, length ``k``, ``>= 0``), or
+            ``None``. When ``parent`` is also given they must have the same sum.
+
+    Construction validates shapes and values and raises ``ValueError`` naming the field.
+    Arrays are stored as given: callers must not mutate them afterwards.
+    """
+
+    marginals: tuple[np.ndarray, ...]
+    marginal_sizes: tuple[int, ...]
+    weights: np.ndarray
+    noisy: tuple[np.ndarray, ...]
+    parent: np.ndarray | None
+    child_totals: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        n_queries = len(self.marginals)
+        if n_queries == 0:
+            raise ValueError("marginals: at least one query is required")
+        if len(self.marginal_sizes) != n_queries:
+            raise ValueError(
+                f"marginal_sizes: {len(self.marginal_sizes)} sizes for {n_queries} queries"
+            )
+        if len(self.noisy) != n_queries:
+            raise ValueError(f"noisy: {len(self.noisy)} arrays for {n_queries} queries")
+        weights = np.asarray(self.weights)
+        if weights.shape != (n_queries,):
+            raise ValueError(f"weights: shape {weights.shape}, expected ({n_queries},)")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError("weights: must be finite and non-negative")
+        n_cells = self._check_marginals()
+        n_children = self._check_noisy()
+        self._check_parent(n_cells, n_children)
+        self._check_child_totals(n_children)
+
+    def _check_marginals(self) -> int:
+        n_cells = np.asarray(self.marginals[0]).shape[0] if self.marginals[0].ndim == 1 else -1
+        if n_cells <= 0:
+            raise ValueError("marginals: each query must be a non-empty 1-d int array")
+        for q, (cell_to_marginal, size) in enumerate(
+            zip(self.marginals, self.marginal_sizes, strict=True)
+        ):
+            if cell_to_marginal.shape != (n_cells,):
+                raise ValueError(
+                    f"marginals[{q}]: shape {cell_to_marginal.shape}, expected ({n_cells},)"
+                )
+            if not np.issubdtype(cell_to_marginal.dtype, np.integer):
+                raise ValueError(f"marginals[{q}]: dtype {cell_to_marginal.dtype} is not integer")
+            if int(size) < 1:
+                raise ValueError(f"marginal_sizes[{q}]: {size} is not positive")
+            if cell_to_marginal.min() < 0 or cell_to_marginal.max() >= size:
+                raise ValueError(f"marginals[{q}]: values must lie in [0, {size})")
+        return n_cells
+
+    def _check_noisy(self) -> int:
+        n_children = np.asarray(self.noisy[0]).shape[0] if np.ndim(self.noisy[0]) == 2 else -1
+        if n_children <= 0:
+            raise ValueError("noisy: each query's answers must be a 2-d (k, m_q) array, k >= 1")
+        for q, (answers, size) in enumerate(zip(self.noisy, self.marginal_sizes, strict=True)):
+            if np.shape(answers) != (n_children, size):
+                raise ValueError(
+                    f"noisy[{q}]: shape {np.shape(answers)}, expected ({n_children}, {size})"
+                )
+            if not np.all(np.isfinite(answers)):
+                raise ValueError(f"noisy[{q}]: values must be finite")
+        return n_children
+
+    def _check_parent(self, n_cells: int, n_children: int) -> None:
+        if self.parent is None:
+            if n_children != 1:
+                raise ValueError(f"parent: None (root) requires one child, got k={n_children}")
+            return
+        _check_counts("parent", self.parent, n_cells)
+
+    def _check_child_totals(self, n_children: int) -> None:
+        if self.child_totals is None:
+            return
+        _check_counts("child_totals", self.child_totals, n_children)
+        if self.parent is not None and int(self.child_totals.sum()) != int(self.parent.sum()):
+            raise ValueError(
+                f"child_totals: sum {int(self.child_totals.sum())} differs from the parent's "
+                f"total {int(self.parent.sum())}"
+            )
+
+    @property
+    def n_children(self) -> int:
+        """``k``, the number of children."""
+        return int(self.noisy[0].shape[0])
+
+    @property
+    def n_cells(self) -> int:
+        """``n``, the number of active cells."""
+        return int(self.marginals[0].shape[0])
+
+
+def _check_counts(name: str, counts: np.ndarray, length: int) -> None:
+    """Raise ``ValueError`` unless ``counts`` is a non-negative integer vector of ``length``."""
+    if not isinstance(counts, np.ndarray) or counts.shape != (length,):
+        raise ValueError(f"{name}: expected an array of shape ({length},)")
+    if not np.issubdtype(counts.dtype, np.integer):
+        raise ValueError(f"{name}: dtype {counts.dtype} is not integer")
+    if np.any(counts < 0):
+        raise ValueError(f"{name}: counts must be non-negative")

@@ -1,0 +1,254 @@
+"""The exact samplers follow their laws, and the same tests reject a scale 30% off.
+
+Goodness of fit is a χ² test against the exact pmf, with adjacent bins merged until each expects
+at least 5 draws (tails pooled into the end bins). A test passes at p > 1e-6 and its power check
+needs p < 1e-6 for draws made at σ 30% too large or too small.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from censusdp_spark.privacy import (
+    discrete_gaussian,
+    discrete_gaussian_pmf,
+    discrete_gaussian_variance,
+    discrete_laplace,
+    keyed_rng,
+)
+from censusdp_spark.privacy import samplers
+
+THRESHOLD = 1e-6
+TEST_SECRET = bytes(range(32))
+PRODUCTION_STATE_TOTAL = Fraction(114921 * 4099 * 4097, 293764 * 1440 * 3773)
+PRODUCTION_BLOCK_TOTAL = Fraction(114921 * 4099 * 4097, 293764 * 165 * 5)
+GAUSSIAN_CASES = [Fraction(1, 2), Fraction(1), Fraction(101, 10), Fraction(7956), Fraction(10**6)]
+LAPLACE_CASES = [Fraction(1), Fraction(5, 2), Fraction(20)]
+TOO_LARGE, TOO_SMALL = Fraction(169, 100), Fraction(49, 100)  # σ² factors for σ ± 30%
+
+
+def rng_for(*key: str | int) -> np.random.Generator:
+    return keyed_rng(TEST_SECRET, "tests/samplers", *key)
+
+
+def gaussian_law(sigma2: Fraction) -> tuple[np.ndarray, np.ndarray]:
+    half_width = math.ceil(45 * math.sqrt(sigma2)) + 5
+    support = np.arange(-half_width, half_width + 1)
+    return support, discrete_gaussian_pmf(sigma2, support)
+
+
+def laplace_law(scale: Fraction) -> tuple[np.ndarray, np.ndarray]:
+    half_width = math.ceil(60 * scale) + 5
+    support = np.arange(-half_width, half_width + 1)
+    ratio = math.exp(-1 / scale)
+    return support, (1 - ratio) / (1 + ratio) * ratio ** np.abs(support)
+
+
+def chi_square_pvalue(draws: np.ndarray, support: np.ndarray, pmf: np.ndarray) -> float:
+    """χ² p-value of ``draws`` against ``pmf`` on a contiguous support; tails join the end bins."""
+    probability = pmf / pmf.sum()
+    observed = np.bincount(np.clip(draws, support[0], support[-1]) - support[0], minlength=pmf.size)
+    expected = draws.size * probability
+    bins_observed, bins_expected = [0.0], [0.0]
+    for count, mean in zip(observed, expected, strict=True):
+        if bins_expected[-1] >= 5:
+            bins_observed.append(0.0)
+            bins_expected.append(0.0)
+        bins_observed[-1] += count
+        bins_expected[-1] += mean
+    if len(bins_expected) > 1 and bins_expected[-1] < 5:
+        bins_observed[-2] += bins_observed.pop()
+        bins_expected[-2] += bins_expected.pop()
+    obs, exp = np.array(bins_observed), np.array(bins_expected)
+    statistic = float(np.sum((obs - exp) ** 2 / exp))
+    return float(stats.chi2.sf(statistic, obs.size - 1))
+
+
+def assert_fits(draws: np.ndarray, law: tuple[np.ndarray, np.ndarray]) -> None:
+    p_value = chi_square_pvalue(draws, *law)
+    assert p_value > THRESHOLD, f"draws do not fit the law: p = {p_value:.3g}"
+
+
+def assert_rejects(draws: np.ndarray, law: tuple[np.ndarray, np.ndarray]) -> None:
+    p_value = chi_square_pvalue(draws, *law)
+    assert p_value < THRESHOLD, f"test failed to reject a wrong scale: p = {p_value:.3g}"
+
+
+def assert_variance_matches(draws: np.ndarray, law: tuple[np.ndarray, np.ndarray]) -> None:
+    support, pmf = law
+    variance = float(np.sum(support.astype(float) ** 2 * pmf))
+    fourth = float(np.sum(support.astype(float) ** 4 * pmf))
+    standard_error = math.sqrt((fourth - variance**2) / draws.size)
+    assert abs(float(np.mean(draws.astype(float) ** 2)) - variance) < 5 * standard_error
+
+
+# --- goodness of fit and power ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sigma2", GAUSSIAN_CASES + [PRODUCTION_STATE_TOTAL], ids=str)
+def test_discrete_gaussian_fits_exact_pmf_and_variance(sigma2):
+    draws = discrete_gaussian(sigma2, 200_000, rng_for("fit", str(sigma2)))
+    assert_fits(draws, gaussian_law(sigma2))
+    assert_variance_matches(draws, gaussian_law(sigma2))
+
+
+@pytest.mark.parametrize("sigma2", [Fraction(1, 2), Fraction(101, 10), Fraction(7956)], ids=str)
+@pytest.mark.parametrize("factor", [TOO_LARGE, TOO_SMALL], ids=["sigma+30%", "sigma-30%"])
+def test_gaussian_fit_rejects_a_scale_thirty_percent_off(sigma2, factor):
+    draws = discrete_gaussian(sigma2 * factor, 20_000, rng_for("power", str(sigma2), str(factor)))
+    assert_rejects(draws, gaussian_law(sigma2))
+
+
+@pytest.mark.parametrize("scale", LAPLACE_CASES, ids=str)
+def test_discrete_laplace_fits_exact_pmf_and_variance(scale):
+    draws = discrete_laplace(scale, 200_000, rng_for("laplace fit", str(scale)))
+    assert_fits(draws, laplace_law(scale))
+    assert_variance_matches(draws, laplace_law(scale))
+
+
+@pytest.mark.parametrize("scale", LAPLACE_CASES, ids=str)
+@pytest.mark.parametrize("factor", [Fraction(13, 10), Fraction(7, 10)], ids=["+30%", "-30%"])
+def test_laplace_fit_rejects_a_scale_thirty_percent_off(scale, factor):
+    draws = discrete_laplace(scale * factor, 20_000, rng_for("laplace power", str(scale), str(factor)))
+    assert_rejects(draws, laplace_law(scale))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma2", GAUSSIAN_CASES + [PRODUCTION_STATE_TOTAL, PRODUCTION_BLOCK_TOTAL], ids=str)
+def test_discrete_gaussian_fits_with_a_million_draws(sigma2):
+    law = gaussian_law(sigma2)
+    draws = discrete_gaussian(sigma2, 1_000_000, rng_for("big fit", str(sigma2)))
+    assert_fits(draws, law)
+    assert_variance_matches(draws, law)
+    for factor in (TOO_LARGE, TOO_SMALL):
+        wrong = discrete_gaussian(sigma2 * factor, 1_000_000, rng_for("big power", str(sigma2), str(factor)))
+        assert_rejects(wrong, law)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", LAPLACE_CASES, ids=str)
+def test_discrete_laplace_fits_with_a_million_draws(scale):
+    law = laplace_law(scale)
+    draws = discrete_laplace(scale, 1_000_000, rng_for("big laplace fit", str(scale)))
+    assert_fits(draws, law)
+    assert_variance_matches(draws, law)
+    for factor in (Fraction(13, 10), Fraction(7, 10)):
+        wrong = discrete_laplace(scale * factor, 1_000_000, rng_for("big laplace power", str(scale), str(factor)))
+        assert_rejects(wrong, law)
+
+
+# --- the rarely taken exact paths --------------------------------------------------------------
+
+
+def test_production_budget_exponents_need_big_integers():
+    """The acceptance exponent's denominator 2·p·q·t² of a production σ² is far beyond int64."""
+    p, q = PRODUCTION_BLOCK_TOTAL.numerator, PRODUCTION_BLOCK_TOTAL.denominator
+    t = math.isqrt(p // q) + 1
+    assert 2 * p * q * t * t > 2**75
+    draws = discrete_gaussian(PRODUCTION_BLOCK_TOTAL, 200_000, rng_for("production block"))
+    assert_fits(draws, gaussian_law(PRODUCTION_BLOCK_TOTAL))
+
+
+@pytest.mark.parametrize("digit_bits", [1, 3])
+def test_samplers_stay_exact_when_most_draws_tie_on_the_first_digit(monkeypatch, digit_bits):
+    """With 1- or 3-bit digits, ties (settled with Python integers) decide much of each draw."""
+    monkeypatch.setattr(samplers, "_DIGIT_BITS", digit_bits)
+    for sigma2 in (Fraction(101, 10), PRODUCTION_STATE_TOTAL):
+        draws = discrete_gaussian(sigma2, 30_000, rng_for("ties", digit_bits, str(sigma2)))
+        assert_fits(draws, gaussian_law(sigma2))
+    draws = discrete_laplace(Fraction(5, 2), 30_000, rng_for("ties laplace", digit_bits))
+    assert_fits(draws, laplace_law(Fraction(5, 2)))
+    wrong = discrete_gaussian(Fraction(101, 10) * TOO_LARGE, 30_000, rng_for("ties power", digit_bits))
+    assert_rejects(wrong, gaussian_law(Fraction(101, 10)))
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [Fraction(2**50 + 1, 2**48), Fraction(2**62 - 1, 2**60)],
+    ids=["numerator-past-2^47", "numerator-near-2^62"],
+)
+def test_laplace_with_huge_numerator_and_denominator_is_exact(scale):
+    """Scales t/s with t ≥ 2**47 take the object-integer paths for digits and for U + t·V."""
+    draws = discrete_laplace(scale, 50_000, rng_for("huge laplace", str(scale)))
+    assert_fits(draws, laplace_law(scale))
+
+
+@pytest.mark.parametrize("top", [2, 3, 7])
+def test_bernoulli_exp_minus_one_is_exact_with_any_radix_cut(top):
+    """Small cuts send a sixth or a half of the draws down the K loop that finishes them."""
+    draws = samplers._bernoulli_exp_minus_one(400_000, rng_for("radix", top), top=top)
+    standard_error = math.sqrt(math.exp(-1) * (1 - math.exp(-1)) / draws.size)
+    assert abs(draws.mean() - math.exp(-1)) < 5 * standard_error
+
+
+def test_geometric_count_has_ratio_exp_minus_one():
+    counts = samplers._geometric_exp_minus_one(200_000, rng_for("geometric"))
+    support = np.arange(0, 60)
+    pmf = (1 - math.exp(-1)) * np.exp(-support.astype(float))
+    assert_fits(counts, (support, pmf))
+
+
+# --- the exact law ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sigma2", [Fraction(1, 3), Fraction(1), Fraction(5, 2), Fraction(101, 10)], ids=str)
+def test_pmf_and_variance_match_direct_summation(sigma2):
+    xs = range(-400, 401)
+    weights = [math.exp(-(x * x) / (2 * float(sigma2))) for x in xs]
+    normaliser = math.fsum(weights)
+    variance = math.fsum(x * x * w for x, w in zip(xs, weights, strict=True)) / normaliser
+    pmf = discrete_gaussian_pmf(sigma2, np.arange(-3, 4))
+    assert pmf == pytest.approx([weights[400 + x] / normaliser for x in range(-3, 4)], rel=1e-12)
+    assert discrete_gaussian_variance(sigma2) == pytest.approx(variance, rel=1e-12)
+
+
+def test_variance_is_below_sigma2_and_approaches_it():
+    assert discrete_gaussian_variance(Fraction(1, 2)) < 0.5
+    assert discrete_gaussian_variance(Fraction(10**6)) == pytest.approx(10**6, rel=1e-12)
+    assert discrete_gaussian_pmf(Fraction(7956), np.arange(-4000, 4001)).sum() == pytest.approx(1, rel=1e-12)
+
+
+# --- the interface ------------------------------------------------------------------------------
+
+
+def test_draws_are_int64_arrays_of_the_requested_size():
+    rng = rng_for("shape")
+    for draws in (discrete_gaussian(3, 1001, rng), discrete_laplace(Fraction(7, 3), 1001, rng)):
+        assert draws.dtype == np.int64 and draws.shape == (1001,)
+    assert discrete_gaussian(Fraction(1, 2), 0, rng).shape == (0,)
+
+
+def test_same_generator_state_gives_the_same_noise():
+    first = discrete_gaussian(PRODUCTION_STATE_TOTAL, 5000, rng_for("repeat"))
+    again = discrete_gaussian(PRODUCTION_STATE_TOTAL, 5000, rng_for("repeat"))
+    assert np.array_equal(first, again)
+
+
+@pytest.mark.parametrize("sampler", [discrete_gaussian, discrete_laplace])
+@pytest.mark.parametrize("value", [1.5, np.float64(2.0)])
+def test_a_float_scale_is_refused_with_a_pointer_to_fraction(sampler, value):
+    with pytest.raises(TypeError, match=rf"{value}.*fractions\.Fraction"):
+        sampler(value, 10, rng_for("float"))
+
+
+@pytest.mark.parametrize("sampler", [discrete_gaussian, discrete_laplace])
+@pytest.mark.parametrize("value", [0, -3, Fraction(-1, 2)])
+def test_a_non_positive_scale_is_refused_naming_it(sampler, value):
+    with pytest.raises(ValueError, match=f"must be positive, got {value!r}".replace("(", r"\(").replace(")", r"\)")):
+        sampler(value, 10, rng_for("negative"))
+
+
+@pytest.mark.parametrize("value", [True, "3", None])
+def test_other_scale_types_are_refused(value):
+    with pytest.raises(TypeError, match="int or a fractions.Fraction"):
+        discrete_gaussian(value, 10, rng_for("type"))
+
+
+def test_a_negative_size_is_refused():
+    with pytest.raises(ValueError, match="size must be non-negative, got -1"):
+        discrete_gaussian(1, -1, rng_for("size"))
