@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from censusdp_spark.generate.cli import add_generate_parser, run_generate
 from censusdp_spark.model.config import load_config
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument("--overwrite", action="store_true", help="replace an existing output")
     topdown.add_argument("--resume", action="store_true", help="continue a killed run from its last complete step")
     topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    add_generate_parser(sub)
     return parser
 
 
@@ -52,7 +54,8 @@ def _topdown(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"budget": _budget, "topdown": _topdown}[args.command](args)
+        commands = {"budget": _budget, "topdown": _topdown, "generate": run_generate}
+        return commands[args.command](args)
     except (ConfigError, InputError, BudgetError, OutputExistsError, ResumeError, ValueError) as err:
         print(f"censusdp: error: {err}", file=sys.stderr)
         return 2

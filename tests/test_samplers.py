@@ -20,8 +20,8 @@ from censusdp_spark.privacy import (
     discrete_gaussian_variance,
     discrete_laplace,
     keyed_rng,
+    samplers,
 )
-from censusdp_spark.privacy import samplers
 
 THRESHOLD = 1e-6
 TEST_SECRET = bytes(range(32))
@@ -37,7 +37,7 @@ def rng_for(*key: str | int) -> np.random.Generator:
 
 
 def gaussian_law(sigma2: Fraction) -> tuple[np.ndarray, np.ndarray]:
-    half_width = math.ceil(45 * math.sqrt(sigma2)) + 5
+    half_width = math.ceil(12 * math.sqrt(sigma2)) + 5  # tails beyond hold < e⁻⁷²
     support = np.arange(-half_width, half_width + 1)
     return support, discrete_gaussian_pmf(sigma2, support)
 
@@ -50,12 +50,18 @@ def laplace_law(scale: Fraction) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chi_square_pvalue(draws: np.ndarray, support: np.ndarray, pmf: np.ndarray) -> float:
-    """χ² p-value of ``draws`` against ``pmf`` on a contiguous support; tails join the end bins."""
-    probability = pmf / pmf.sum()
+    """χ² p-value of ``draws`` against ``pmf`` on a contiguous support; tails join the end bins.
+
+    Cells are first summed in blocks so that at most 20 000 remain (only for very wide laws), then
+    merged left to right until each bin expects at least 5 draws.
+    """
     observed = np.bincount(np.clip(draws, support[0], support[-1]) - support[0], minlength=pmf.size)
-    expected = draws.size * probability
+    expected = draws.size * pmf / pmf.sum()
+    starts = np.arange(0, pmf.size, max(1, pmf.size // 20_000))
     bins_observed, bins_expected = [0.0], [0.0]
-    for count, mean in zip(observed, expected, strict=True):
+    for count, mean in zip(
+        np.add.reduceat(observed, starts), np.add.reduceat(expected, starts), strict=True
+    ):
         if bins_expected[-1] >= 5:
             bins_observed.append(0.0)
             bins_expected.append(0.0)
@@ -114,19 +120,25 @@ def test_discrete_laplace_fits_exact_pmf_and_variance(scale):
 @pytest.mark.parametrize("scale", LAPLACE_CASES, ids=str)
 @pytest.mark.parametrize("factor", [Fraction(13, 10), Fraction(7, 10)], ids=["+30%", "-30%"])
 def test_laplace_fit_rejects_a_scale_thirty_percent_off(scale, factor):
-    draws = discrete_laplace(scale * factor, 20_000, rng_for("laplace power", str(scale), str(factor)))
+    draws = discrete_laplace(
+        scale * factor, 20_000, rng_for("laplace power", str(scale), str(factor))
+    )
     assert_rejects(draws, laplace_law(scale))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma2", GAUSSIAN_CASES + [PRODUCTION_STATE_TOTAL, PRODUCTION_BLOCK_TOTAL], ids=str)
+@pytest.mark.parametrize(
+    "sigma2", GAUSSIAN_CASES + [PRODUCTION_STATE_TOTAL, PRODUCTION_BLOCK_TOTAL], ids=str
+)
 def test_discrete_gaussian_fits_with_a_million_draws(sigma2):
     law = gaussian_law(sigma2)
     draws = discrete_gaussian(sigma2, 1_000_000, rng_for("big fit", str(sigma2)))
     assert_fits(draws, law)
     assert_variance_matches(draws, law)
     for factor in (TOO_LARGE, TOO_SMALL):
-        wrong = discrete_gaussian(sigma2 * factor, 1_000_000, rng_for("big power", str(sigma2), str(factor)))
+        wrong = discrete_gaussian(
+            sigma2 * factor, 1_000_000, rng_for("big power", str(sigma2), str(factor))
+        )
         assert_rejects(wrong, law)
 
 
@@ -138,7 +150,9 @@ def test_discrete_laplace_fits_with_a_million_draws(scale):
     assert_fits(draws, law)
     assert_variance_matches(draws, law)
     for factor in (Fraction(13, 10), Fraction(7, 10)):
-        wrong = discrete_laplace(scale * factor, 1_000_000, rng_for("big laplace power", str(scale), str(factor)))
+        wrong = discrete_laplace(
+            scale * factor, 1_000_000, rng_for("big laplace power", str(scale), str(factor))
+        )
         assert_rejects(wrong, law)
 
 
@@ -154,16 +168,33 @@ def test_production_budget_exponents_need_big_integers():
     assert_fits(draws, gaussian_law(PRODUCTION_BLOCK_TOTAL))
 
 
-@pytest.mark.parametrize("digit_bits", [1, 3])
+def test_large_sigma_tabulates_only_the_distinct_magnitudes():
+    """Magnitudes past the dense-table limit (σ = 10⁵ here) take the distinct-values path."""
+    sigma2 = Fraction(10**10)
+    draws = discrete_gaussian(sigma2, 20_000, rng_for("large sigma"))
+    assert np.abs(draws).max() >= samplers._DENSE_TABLE_LIMIT
+    assert_fits(draws, gaussian_law(sigma2))
+
+
+def test_distinct_values_path_is_exact_for_small_sigma(monkeypatch):
+    monkeypatch.setattr(samplers, "_DENSE_TABLE_LIMIT", 2)
+    for sigma2 in (Fraction(101, 10), PRODUCTION_STATE_TOTAL):
+        draws = discrete_gaussian(sigma2, 50_000, rng_for("distinct values", str(sigma2)))
+        assert_fits(draws, gaussian_law(sigma2))
+
+
+@pytest.mark.parametrize("digit_bits", [2, 4])
 def test_samplers_stay_exact_when_most_draws_tie_on_the_first_digit(monkeypatch, digit_bits):
-    """With 1- or 3-bit digits, ties (settled with Python integers) decide much of each draw."""
+    """With 2- or 4-bit digits, ties (settled with Python integers) decide much of each draw."""
     monkeypatch.setattr(samplers, "_DIGIT_BITS", digit_bits)
     for sigma2 in (Fraction(101, 10), PRODUCTION_STATE_TOTAL):
         draws = discrete_gaussian(sigma2, 30_000, rng_for("ties", digit_bits, str(sigma2)))
         assert_fits(draws, gaussian_law(sigma2))
     draws = discrete_laplace(Fraction(5, 2), 30_000, rng_for("ties laplace", digit_bits))
     assert_fits(draws, laplace_law(Fraction(5, 2)))
-    wrong = discrete_gaussian(Fraction(101, 10) * TOO_LARGE, 30_000, rng_for("ties power", digit_bits))
+    wrong = discrete_gaussian(
+        Fraction(101, 10) * TOO_LARGE, 30_000, rng_for("ties power", digit_bits)
+    )
     assert_rejects(wrong, gaussian_law(Fraction(101, 10)))
 
 
@@ -196,7 +227,9 @@ def test_geometric_count_has_ratio_exp_minus_one():
 # --- the exact law ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sigma2", [Fraction(1, 3), Fraction(1), Fraction(5, 2), Fraction(101, 10)], ids=str)
+@pytest.mark.parametrize(
+    "sigma2", [Fraction(1, 3), Fraction(1), Fraction(5, 2), Fraction(101, 10)], ids=str
+)
 def test_pmf_and_variance_match_direct_summation(sigma2):
     xs = range(-400, 401)
     weights = [math.exp(-(x * x) / (2 * float(sigma2))) for x in xs]
@@ -210,7 +243,9 @@ def test_pmf_and_variance_match_direct_summation(sigma2):
 def test_variance_is_below_sigma2_and_approaches_it():
     assert discrete_gaussian_variance(Fraction(1, 2)) < 0.5
     assert discrete_gaussian_variance(Fraction(10**6)) == pytest.approx(10**6, rel=1e-12)
-    assert discrete_gaussian_pmf(Fraction(7956), np.arange(-4000, 4001)).sum() == pytest.approx(1, rel=1e-12)
+    assert discrete_gaussian_pmf(Fraction(7956), np.arange(-4000, 4001)).sum() == pytest.approx(
+        1, rel=1e-12
+    )
 
 
 # --- the interface ------------------------------------------------------------------------------
@@ -239,7 +274,9 @@ def test_a_float_scale_is_refused_with_a_pointer_to_fraction(sampler, value):
 @pytest.mark.parametrize("sampler", [discrete_gaussian, discrete_laplace])
 @pytest.mark.parametrize("value", [0, -3, Fraction(-1, 2)])
 def test_a_non_positive_scale_is_refused_naming_it(sampler, value):
-    with pytest.raises(ValueError, match=f"must be positive, got {value!r}".replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match=f"must be positive, got {value!r}".replace("(", r"\(").replace(")", r"\)")
+    ):
         sampler(value, 10, rng_for("negative"))
 
 

@@ -21,9 +21,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from censusdp_spark.model.config import RunConfig
-from censusdp_spark.solvers import ChildrenProblem, round_children, solve_children
+from censusdp_spark.solvers.least_squares import solve_children
+from censusdp_spark.solvers.rounding import round_children
+from censusdp_spark.solvers.subproblem import ChildrenProblem
 
 ESTIMATE_SCHEMA = "level string, geocode string, cells array<int>, counts array<bigint>"
+# Rounding is an exact MILP; a family that HiGHS cannot prove optimal within this many seconds
+# keeps the best feasible rounding found (every constraint still holds exactly).
+ROUNDING_TIME_LIMIT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ def solve_family(plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFr
             parent=None if parent is None else parent[active].astype(np.int64),
             child_totals=child_totals,
         )
-        x = round_children(problem, solve_children(problem))
+        x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
     cells, counts = [], []
     for row in x:
         keep = row > 0

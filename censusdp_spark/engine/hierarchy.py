@@ -32,16 +32,28 @@ def aggregate_to(hist: DataFrame, digits: int) -> DataFrame:
 
 
 def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
-    """All levels' node histograms, each level aggregated from the one below it."""
-    current = blocks
-    per_level = [blocks.withColumn("level", F.lit(hierarchy.leaf.name))]
-    for level in reversed(hierarchy.levels[:-1]):
-        current = aggregate_to(current, level.digits)
-        per_level.append(current.withColumn("level", F.lit(level.name)))
-    out = per_level[0]
-    for df in per_level[1:]:
-        out = out.unionByName(df)
-    return out.select("level", "geocode", "cells", "counts")
+    """All levels' node histograms in one aggregation: every block row is fanned out to its
+    ancestor at each level, then summed by (level, node, cell). Zero-population nodes keep a
+    row with empty arrays."""
+    ancestors = F.array(
+        *[
+            F.struct(F.lit(lv.name).alias("level"), (F.substring("geocode", 1, lv.digits) if lv.digits else F.lit("")).alias("node"))
+            for lv in hierarchy.levels
+        ]
+    )
+    fanned = blocks.select(F.explode(ancestors).alias("a"), F.explode_outer(F.arrays_zip("cells", "counts")).alias("e"))
+    sums = fanned.groupBy(F.col("a.level").alias("level"), F.col("a.node").alias("geocode"), F.col("e.cells").alias("cell")).agg(
+        F.sum("e.counts").alias("count")
+    )
+    nodes = sums.groupBy("level", "geocode").agg(
+        F.sort_array(F.collect_list(F.when(F.col("cell").isNotNull(), F.struct("cell", "count")))).alias("h")
+    )
+    return nodes.select(
+        "level",
+        "geocode",
+        F.col("h.cell").cast("array<int>").alias("cells"),
+        F.col("h.count").cast("array<bigint>").alias("counts"),
+    )
 
 
 def node_totals(nodes: DataFrame) -> DataFrame:

@@ -8,6 +8,7 @@ an existing session is reused as it is.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -31,14 +32,21 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit the master and --jars come from the command line; leave them alone.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.master(master or os.environ.get("CENSUSDP_MASTER", "local[*]")).config(
-            "spark.jars", ",".join(str(j) for j in delta_jars())
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers use this interpreter
+        master = master or os.environ.get("CENSUSDP_MASTER", "local[*]")
+        if master.startswith("local"):
+            builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        builder = (
+            builder.master(master)
+            .config("spark.jars", ",".join(str(j) for j in delta_jars()))
         )
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
+        # Let adaptive execution size shuffles by the data, also under persisted DataFrames.
+        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .getOrCreate()

@@ -8,6 +8,7 @@ order) or column, and the rule; nothing is written before the input has passed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 
@@ -49,12 +50,25 @@ def _row_number(df: DataFrame, condition: Column) -> int:
     return int(hit[0]) + 1
 
 
-def _fail_on(df: DataFrame, source: str, condition: Column, column: str, rule: str) -> None:
-    """Raise for the first row where ``condition`` holds (one cheap Spark job when none does)."""
-    bad = df.filter(condition).limit(1).collect()
-    if bad:
-        row = _row_number(df, condition)
-        raise InputError(source, f"row {row}, column {column}", rule)
+@dataclass(frozen=True)
+class RowRule:
+    """A rule every row must keep: ``broken`` is true on a row that breaks it."""
+
+    broken: Column
+    column: str
+    rule: str
+
+
+def _enforce(df: DataFrame, source: str, rules: list[RowRule]) -> None:
+    """Check all rules in one Spark job; raise for the first rule broken, at its first row."""
+    if not rules:
+        return
+    counts = df.agg(*[F.count_if(r.broken).alias(f"r{i}") for i, r in enumerate(rules)]).first()
+    assert counts is not None
+    for i, rule in enumerate(rules):
+        if counts[f"r{i}"]:
+            row = _row_number(df, rule.broken)
+            raise InputError(source, f"row {row}, column {rule.column}", rule.rule)
 
 
 def _check_columns(df: DataFrame, spec: InputSpec) -> None:
@@ -75,17 +89,23 @@ def _geocode(spec: InputSpec) -> Column:
     return F.concat(*parts) if len(parts) > 1 else parts[0]
 
 
-def _check_geocodes(df: DataFrame, spec: InputSpec, digits: int, unique: bool) -> None:
+def _geocode_rule(spec: InputSpec, digits: int) -> RowRule:
+    geo = F.col("geocode")
+    return RowRule(
+        geo.isNull() | ~geo.rlike(rf"^[0-9]{{{digits}}}$"),
+        "+".join(spec.geocode_columns),
+        f"geocode must be exactly {digits} digits",
+    )
+
+
+def _check_unique_geocodes(df: DataFrame, spec: InputSpec) -> None:
     source = str(spec.path)
     name = "+".join(spec.geocode_columns)
-    geo = F.col("geocode")
-    _fail_on(df, source, geo.isNull() | ~geo.rlike(rf"^[0-9]{{{digits}}}$"), name, f"geocode must be exactly {digits} digits")
-    if unique:
-        dup = df.groupBy("geocode").count().filter("count > 1").limit(1).collect()
-        if dup:
-            code = dup[0]["geocode"]
-            row = _row_number(df, geo == code)
-            raise InputError(source, f"row {row}, column {name}", f"duplicate geocode {code}")
+    dup = df.groupBy("geocode").count().filter("count > 1").limit(1).collect()
+    if dup:
+        code = dup[0]["geocode"]
+        row = _row_number(df, F.col("geocode") == code)
+        raise InputError(source, f"row {row}, column {name}", f"duplicate geocode {code}")
 
 
 def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) -> DataFrame:
@@ -97,16 +117,20 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     df = raw.select(_geocode(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols])
     if not df.limit(1).collect():
         raise InputError(source, "rows", "the input is empty")
-    _check_geocodes(df, spec, leaf_digits, unique=True)
-    for c in count_cols:
-        _fail_on(df, source, F.col(c).isNull() | ~F.col(c).rlike(_INTEGER), c, "count must be a non-negative integer")
+    rules = [_geocode_rule(spec, leaf_digits)] + [
+        RowRule(F.col(c).isNull() | ~F.col(c).rlike(_INTEGER), c, "count must be a non-negative integer")
+        for c in count_cols
+    ]
+    _enforce(df, source, rules)
+    _check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
-    values = []
+    values, cell_rules = [], []
     for cell in spec.cells:
         terms = [F.col(c) for c in cell.plus] + [-F.col(c) for c in cell.minus]
         value = reduce(lambda a, b: a + b, terms)
-        _fail_on(typed, source, value < 0, cell.expr, f"cell value {cell.expr} is negative")
+        cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
         values.append(F.struct(F.lit(cell.cell).alias("cell"), value.alias("count")))
+    _enforce(typed, source, cell_rules)
     nonzero = F.filter(F.array(*values), lambda s: s["count"] > 0)
     return typed.select(
         "geocode",
@@ -126,19 +150,18 @@ def read_microdata(spark: SparkSession, spec: InputSpec, schema: Schema, leaf_di
     )
     if not df.limit(1).collect():
         raise InputError(source, "rows", "the input is empty")
-    _check_geocodes(df, spec, leaf_digits, unique=False)
     strides = schema.strides()
     cell = F.lit(0).cast("long")
+    rules = [_geocode_rule(spec, leaf_digits)]
     for pos, a in enumerate(spec.attributes):
         attr = schema.attribute(a.attribute)
         mapping = F.create_map(*[F.lit(x) for raw_v, lv in a.value_map.items() for x in (raw_v, attr.index_of(lv))])
         index = mapping[F.col(a.column)]
         allowed = sorted(a.value_map)
-        _fail_on(
-            df, source, index.isNull(), a.column,
-            f"value outside the schema of {a.attribute} (allowed: {allowed[:10]}{'...' if len(allowed) > 10 else ''})",
-        )
+        shown = f"{allowed[:10]}{'...' if len(allowed) > 10 else ''}"
+        rules.append(RowRule(index.isNull(), a.column, f"value outside the schema of {a.attribute} (allowed: {shown})"))
         cell = cell + index.cast("long") * int(strides[pos])
+    _enforce(df, source, rules)
     counted = df.groupBy("geocode", cell.cast("int").alias("cell")).agg(F.count("*").alias("count"))
     per_block = counted.groupBy("geocode").agg(F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h"))
     return per_block.select("geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts"))

@@ -98,12 +98,19 @@ def allocate_by_shares(
     extra = set(level_shares) - set(levels)
     if extra:
         raise BudgetError(f"budget.levels: unknown levels {sorted(extra)}")
-    path_sum = sum((_positive(level_shares[lv], f"budget.levels.{lv}.share") for lv in levels), Fraction(0))
+    path_sum = sum(
+        (_positive(level_shares[lv], f"budget.levels.{lv}.share") for lv in levels), Fraction(0)
+    )
     if path_sum != 1:
-        raise BudgetError(f"budget.levels: level shares sum to {path_sum} along the root-to-leaf path, not 1")
+        raise BudgetError(
+            f"budget.levels: level shares sum to {path_sum} along the root-to-leaf path, not 1"
+        )
     entries = []
     for level in levels:
-        shares = {q: _positive(s, f"budget.levels.{level}.queries.{q}") for q, s in query_shares[level].items()}
+        shares = {
+            q: _positive(s, f"budget.levels.{level}.queries.{q}")
+            for q, s in query_shares[level].items()
+        }
         level_sum = sum(shares.values(), Fraction(0))
         if level_sum != 1:
             raise BudgetError(f"budget.levels.{level}.queries: shares sum to {level_sum}, not 1")
@@ -138,7 +145,9 @@ def allocate_per_query_rho(
 
 def budget_table(allocation: ZcdpAllocation, delta: float) -> str:
     """A printable table: per level and query the shares, rho, sigma; then totals and epsilon."""
-    header = f"{'level':<14}{'query':<34}{'level share':>14}{'query share':>14}{'rho':>12}{'sigma':>10}"
+    header = (
+        f"{'level':<14}{'query':<34}{'level share':>14}{'query share':>14}{'rho':>12}{'sigma':>10}"
+    )
     lines = [header, "-" * len(header)]
     for e in allocation.entries:
         sigma = float(e.sigma2) ** 0.5
@@ -170,7 +179,9 @@ class PureDpSplit:
     def __post_init__(self) -> None:
         spent = sum(self.level_epsilon.values(), Fraction(0))
         if spent != self.total_epsilon:
-            raise BudgetError(f"allocated epsilon {spent} differs from the total {self.total_epsilon}")
+            raise BudgetError(
+                f"allocated epsilon {spent} differs from the total {self.total_epsilon}"
+            )
 
     def scale(self, level: str, sensitivity: int) -> Fraction:
         return Fraction(sensitivity) / self.level_epsilon[level]

@@ -10,8 +10,8 @@ A ρ-zCDP mechanism is (ε, δ)-DP for every δ ∈ (0, 1) with
 
 Every α > 1 gives a valid ε, so the numerical search below can only cost tightness, never
 validity. The second bound is never above the first: the first is the minimum over α of
-αρ + ln(1/δ)/(α − 1), and the second's objective adds two non-positive terms to it. :func:`approx_dp_to_zcdp` is the inverse: the largest ρ whose tight ε
-at δ is within a target.
+αρ + ln(1/δ)/(α − 1), and the second's objective adds two non-positive terms to it.
+:func:`approx_dp_to_zcdp` is the inverse: the largest ρ whose tight ε at δ is within a target.
 
 Numerics: with a = α − 1 the derivative of the objective is ρ − (ln(1/δ) − ln(1 + a))/a², which
 is negative below its only root and positive above it, and the root lies in

@@ -19,37 +19,40 @@ Trust assumptions
   :func:`censusdp_spark.privacy.keyed_rng` (ChaCha20); the claims are only as good as its bits.
 * Rejection sampling runs a random number of rounds, so the time a call takes depends on the noise
   it drew. This module does not hide that: never expose per-call timings to an adversary.
-* An event of probability below exp(−2**31) (a geometric count overflowing int64) raises
-  ``OverflowError`` rather than returning a wrong value.
+* A value that does not fit in int64 raises ``OverflowError`` instead of wrapping. For σ or b
+  below 2**40 that has probability below exp(−2**20).
 
 Method
 ------
 The samplers are CKS20 Algorithms 1–3. Every rejection loop runs on the array of draws still
-pending (index arrays shrink each round), never on one draw at a time; the rejections of
-Algorithm 2 and 3 are merged into one accept test per candidate, which leaves the output law
-unchanged because each candidate is an independent trial.
+pending (index arrays shrink each round), never on one draw at a time. The rejections of
+Algorithms 2 and 3 are merged into one accept test per candidate, and independent tests run in
+the cheapest order. Neither changes the output law, because candidates are independent trials.
 
-*Exact Bernoulli(x) for a rational x = n/d* is the event U < x for a uniform real U. Its first
-32-bit digit is one word from the generator, compared with ⌊2³²·x⌋ (an int64); only when the two
-are equal (probability 2⁻³²) are later digits compared, with Python integers, for that draw
-alone. Bernoulli(x/K) uses the digit ⌊⌊2³²·x⌋/K⌋ = ⌊2³²·x/K⌋, so the K loop of Algorithm 1 needs
-no big products either.
+*Exact Bernoulli(n/d).* This is the event "uniform integer in [0, d) < n", drawn lazily as
+U < n/d for a uniform real U. U's first 16-bit digit is one draw from the generator, compared
+with ⌊2¹⁶·n/d⌋. Only when the two are equal (probability 2⁻¹⁶) are later digits compared, with
+Python integers, for that draw alone. Bernoulli(x/K) in the K loop of Algorithm 1 compares with
+⌊⌊2¹⁶·x⌋/K⌋ = ⌊2¹⁶·x/K⌋, so it needs no products either. No int64 can overflow, whatever the
+size of n and d.
 
 *Bernoulli(exp(−1))*: Algorithm 1 with γ = 1 reads independent digits U_K ∈ {0, …, K−1} for
-K = 2, 3, … (the event "A = 1" is U_K = 0), stops at the first non-zero digit and returns 1 iff K is
-odd. U_2…U_12 are the mixed-radix digits of one uniform integer M ∈ [0, 12!), so one 32-bit draw
-decides the outcome except when all eleven digits are zero; we relabel the values of M so that the
-odd stops come first (the law depends only on how many values lead to each outcome) and finish
-the all-zero case, one value in 12!, with the ordinary loop from K = 13.
+K = 2, 3, … (the event "A = 1" is U_K = 0), stops at the first non-zero digit and returns 1 iff K
+is odd. U_2…U_7 are the mixed-radix digits of one uniform integer M ∈ [0, 7!), so one 16-bit
+draw decides the outcome unless all six digits are zero. The law depends only on how many values
+of M lead to each outcome, so we relabel M: the values of the odd stops come first, then those
+of the even stops, and the last value (all digits zero, one in 5040) finishes with the ordinary
+loop from K = 8.
 
 *Big integers.* With σ² = p/q and t = ⌊σ⌋ + 1 the acceptance exponent of Algorithm 3 is
-γ(y) = (q·t·y − p)² / (2·p·q·t²) for y = |Y|; for the production budgets p and q are near 10¹²
-and the denominator near 10³⁰, far past int64. γ depends only on y, so ⌊γ(y)⌋, the first digit of
-its fractional part and the exact remainder are computed with Python integers once per value of y
-(a table over 0…max y, cached per σ², or over the distinct values when that range is large) and
-gathered into int64 arrays. Every σ² takes this one path, so the same code serves the small
-fractions of the tests and the production budget. Its cost is about one microsecond per table
-entry, about 20σ entries: negligible against 10⁶ draws for σ ≲ 10⁴, dominant for much larger σ.
+γ(y) = (q·t·y − p)² / (2·p·q·t²) for y = |Y|. For the production budgets p and q are near 10¹²
+and the denominator near 2⁸⁰, past int64. γ depends only on y, so ⌊γ(y)⌋, the first digit of
+its fractional part and the exact remainder are computed with Python integers once per value of
+y and gathered into numpy arrays: a table over 0…max y, cached per σ², or over the distinct
+values of y when that range passes 2¹⁶. All σ² take this one path, so there is no separate int64
+path to get wrong; its cost is about a microsecond per table entry, and there are about 20σ
+entries. That is negligible against 10⁶ draws for σ ≲ 3000. For larger σ the distinct values are
+tabulated on every call, which bounds the rate near 2 M draws/s at σ = 10⁵.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ _DIGIT_DTYPE = np.uint16
 _RADIX_TOP = 7
 """Bernoulli(exp(−1)) reads the CKS digits U_2…U_7 from one uniform integer below 7! = 5040."""
 
-_DENSE_TABLE_LIMIT = 1 << 18
+_DENSE_TABLE_LIMIT = 1 << 16
 """Largest exponent table indexed directly by |Y|; beyond it, tabulate the distinct values."""
 
 _INT64_LIMIT = 1 << 63
@@ -91,10 +94,14 @@ def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator)
     return _fill(size, lambda trials: _signed(_laplace_magnitudes(t, s, trials, rng), rng))
 
 
-def discrete_gaussian_pmf(sigma2: Fraction | int, support: Iterable[int] | np.ndarray) -> np.ndarray:
+def discrete_gaussian_pmf(
+    sigma2: Fraction | int, support: Iterable[int] | np.ndarray
+) -> np.ndarray:
     """Pr[N_Z(0, sigma2) = x] for each integer x in ``support``, in float64."""
     variance = _exact_positive(sigma2, "sigma2")
-    x = np.asarray(support, dtype=np.int64)
+    x = np.asarray(support)
+    if x.size and x.dtype.kind not in "iu":
+        raise TypeError(f"support must hold integers, got dtype {x.dtype}")
     log_weight = -np.square(x.astype(np.float64)) * _half_inverse(variance)
     return np.exp(log_weight) / _gaussian_sums(variance)[0]
 
@@ -184,9 +191,7 @@ def _laplace_magnitudes(t: int, s: int, trials: int, rng: np.random.Generator) -
     return np.asarray(exact.astype(np.int64))
 
 
-def _gaussian_batch(
-    sigma2: Fraction, t: int, trials: int, rng: np.random.Generator
-) -> np.ndarray:
+def _gaussian_batch(sigma2: Fraction, t: int, trials: int, rng: np.random.Generator) -> np.ndarray:
     """Accepted draws of N_Z(0, sigma2) from ``trials`` candidates (Alg. 3, rejections merged).
 
     The sign is drawn last: it is independent of the acceptance test, which depends on |Y| only.
@@ -217,7 +222,7 @@ class _Fractions:
 
     lead: np.ndarray
     key: np.ndarray
-    numerators: Sequence[int]
+    numerators: Sequence[int] | np.ndarray
     denom: int
 
     def take(self, index: np.ndarray) -> _Fractions:
@@ -365,7 +370,7 @@ class _ExponentTable:
 
     whole: np.ndarray
     lead: np.ndarray
-    remainders: list[int]
+    remainders: np.ndarray
     denom: int
 
 
@@ -379,33 +384,26 @@ def _gaussian_exponents(
         key = magnitude
     else:
         values, key = np.unique(magnitude, return_inverse=True)
-        table = _exponent_table(sigma2, t, values.tolist(), _DIGIT_BITS)
+        table = _exponent_table(sigma2, t, values, _DIGIT_BITS)
     fraction = _Fractions(table.lead[key], key, table.remainders, table.denom)
     return table.whole[key], fraction
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=64)
 def _dense_exponent_table(sigma2: Fraction, t: int, size: int, digit_bits: int) -> _ExponentTable:
     """The exponent table for y = 0 … size−1."""
-    return _exponent_table(sigma2, t, range(size), digit_bits)
+    return _exponent_table(sigma2, t, np.arange(size), digit_bits)
 
 
-def _exponent_table(
-    sigma2: Fraction, t: int, ys: Iterable[int], digit_bits: int
-) -> _ExponentTable:
+def _exponent_table(sigma2: Fraction, t: int, ys: np.ndarray, digit_bits: int) -> _ExponentTable:
+    """γ(y) for each y in ``ys``, computed on Python integers (numpy object arrays)."""
     p, q = sigma2.numerator, sigma2.denominator
     denom = 2 * p * q * t * t
-    whole: list[int] = []
-    lead: list[int] = []
-    remainders: list[int] = []
-    for y in ys:
-        g, r = divmod((q * t * y - p) ** 2, denom)
-        whole.append(g)
-        remainders.append(r)
-        lead.append((r << digit_bits) // denom)
-    return _ExponentTable(
-        np.array(whole, dtype=np.int64), np.array(lead, dtype=_DIGIT_DTYPE), remainders, denom
-    )
+    numerator = np.square(ys.astype(object) * (q * t) - p)
+    whole = numerator // denom
+    remainders = numerator - whole * denom
+    lead = (remainders << digit_bits) // denom
+    return _ExponentTable(whole.astype(np.int64), lead.astype(_DIGIT_DTYPE), remainders, denom)
 
 
 # --- the exact law, for tests and evaluation -------------------------------------------------

@@ -9,8 +9,9 @@ ChaCha20 a secure stream cipher. With it, every stream is reproducible, so a res
 exactly the noise it drew before and never draws fresh noise for a measurement already released
 (which would spend budget again).
 
-Distinct key tuples give independent streams, because the key encoding is injective: every part
-is tagged with its type and prefixed with its length, so ("a", "bc") ≠ ("ab", "c") and 1 ≠ "1".
+Distinct key tuples give streams that no efficient test can tell from independent ones: distinct
+encodings give unrelated ChaCha20 keys, and the encoding is injective, because every part is
+tagged with its type and prefixed with its length, so ("a", "bc") ≠ ("ab", "c") and 1 ≠ "1".
 
 The secret is the whole of the protection. It is never logged or printed; a file holding it must
 not be readable by group or others; :func:`secret_fingerprint` identifies it in manifests without

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -134,6 +135,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     def lap(name: str, since: float) -> float:
         now = time.perf_counter()
         timings[name] = now - since
+        print(f"[censusdp] {name}: {now - since:.1f} s", file=sys.stderr, flush=True)
         return now
 
     config = _apply_options(config, options)

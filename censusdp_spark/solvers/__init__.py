@@ -6,6 +6,7 @@
 """
 
 from censusdp_spark.solvers.least_squares import solve_children, weighted_squared_error
+from censusdp_spark.solvers.rounding import round_children
 from censusdp_spark.solvers.subproblem import ChildrenProblem
 
-__all__ = ["ChildrenProblem", "solve_children", "weighted_squared_error"]
+__all__ = ["ChildrenProblem", "round_children", "solve_children", "weighted_squared_error"]

@@ -43,7 +43,7 @@ import numpy as np
 from censusdp_spark.solvers.subproblem import ChildrenProblem
 
 _MAX_PDAS_STEPS = 30
-_MAX_PRIMAL_STEPS = 100_000
+_MAX_PRIMAL_STEPS = 5_000
 _MAX_PROXIMAL_STEPS = 50
 
 
@@ -121,7 +121,7 @@ def _solve_reduced(hessian: np.ndarray, linear: np.ndarray, sums: _Constraints) 
         return _solve_definite(hessian, linear, sums, start=None)
     # Proximal point: each step solves the problem plus delta/2 ||x - x_prev||^2, which has a
     # definite Hessian; the iterates converge to a minimiser of the original problem.
-    delta = 1e-6 * scale
+    delta = 1e-2 * scale
     shifted = hessian + delta * np.eye(hessian.shape[0])
     x = _solve_definite(shifted, linear, sums, start=None)
     for _ in range(_MAX_PROXIMAL_STEPS):

@@ -4,9 +4,10 @@ Given the L2 estimate ``x_hat`` (shape ``(k, n)``), the rounded histograms are
 ``x = floor(x_hat) + b`` with ``b`` in ``{0, 1}`` chosen to
 
     minimise   sum_q sum_c || Q_q x_c - Q_q x_hat_c ||_1
-    subject to sum_c x_c = parent          (cell by cell, when a parent is given),
+    subject to sum_c x_c = parent                (cell by cell, when a parent is given),
                sum_j x_{c,j} = child_totals[c]   (when child totals are given),
-               sum_j x_j = T               (at the root: T = child_totals[0], else round(sum x_hat)).
+               sum_j x_j = T                     (at the root: T = child_totals[0] if given,
+                                                  else round(sum x_hat)).
 
 Only entries with a fractional part can move, and only the marginal cells that contain such an
 entry can deviate, so the problem is a small mixed-integer program: one binary per fractional
@@ -30,49 +31,55 @@ INTEGRAL_TOLERANCE = 1e-9
 """An estimate within this distance of an integer is taken to be that integer."""
 
 
-def round_children(problem: ChildrenProblem, x_hat: np.ndarray) -> np.ndarray:
+def round_children(
+    problem: ChildrenProblem, x_hat: np.ndarray, time_limit: float | None = None
+) -> np.ndarray:
     """Integer histograms closest to ``x_hat`` in every query's answers, meeting the invariants.
 
     Returns an int64 array of shape ``(k, n)`` with entries ``floor(x_hat)`` or one more, that
     meets the constraints in the module docstring and minimises the total L1 deviation of all
     query answers from those of ``x_hat``. Integral input is returned unchanged.
 
+    Without ``time_limit`` the rounding is proven optimal, which for thousands of fractional
+    entries under crossing marginals can take minutes. With ``time_limit`` (seconds) the best
+    rounding HiGHS has found by then is returned: it meets every constraint but may not be
+    optimal; ``RuntimeError`` if it has found none.
+
     Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off, or
     does not meet the constraints closely enough for a rounding to exist.
     """
     floor, fraction = _split(problem, x_hat)
-    column_need, row_need = _needs(problem, x_hat, floor)
     moving = fraction > 0
+    column_need, row_need = _needs(problem, x_hat, floor, moving)
     if not moving.any():
         return floor
     children, cells = np.nonzero(moving)
     n_binary = children.shape[0]
-    rows, row_bounds = _sum_constraints(problem, children, cells, column_need, row_need)
-    deviation_rows, deviation_bounds, n_deviation = _deviation_constraints(
+    rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
+    binary_cost, deviation_rows, lower, upper = _deviation_terms(
         problem, children, cells, fraction[children, cells]
     )
+    n_deviation = deviation_rows.shape[1] - n_binary
     matrix = sparse.vstack(
-        [
-            sparse.hstack([rows, sparse.csr_matrix((rows.shape[0], n_deviation))]),
-            deviation_rows,
-        ],
+        [sparse.hstack([rows, sparse.csr_matrix((rows.shape[0], n_deviation))]), deviation_rows],
         format="csr",
     )
-    lower = np.concatenate([row_bounds, deviation_bounds[0]])
-    upper = np.concatenate([row_bounds, deviation_bounds[1]])
-    cost = np.concatenate([np.zeros(n_binary), np.ones(n_deviation)])
-    integrality = np.concatenate([np.ones(n_binary), np.zeros(n_deviation)])
+    options: dict[str, float] = {"mip_rel_gap": 0.0}
+    if time_limit is not None:
+        options["time_limit"] = time_limit
     result = milp(
-        cost,
-        constraints=LinearConstraint(matrix, lower, upper),
-        integrality=integrality,
+        np.concatenate([binary_cost, np.ones(n_deviation)]),
+        constraints=LinearConstraint(
+            matrix, np.concatenate([row_bounds, lower]), np.concatenate([row_bounds, upper])
+        ),
+        integrality=np.concatenate([np.ones(n_binary), np.zeros(n_deviation)]),
         bounds=Bounds(
             np.zeros(n_binary + n_deviation),
             np.concatenate([np.ones(n_binary), np.full(n_deviation, np.inf)]),
         ),
-        options={"mip_rel_gap": 0.0, "presolve": True},
+        options=options,
     )
-    if result.status != 0 or result.x is None:
+    if result.x is None or result.status not in (0, 1):
         raise RuntimeError(f"controlled rounding failed: {result.message}")
     rounded = floor.copy()
     rounded[children, cells] += np.round(result.x[:n_binary]).astype(np.int64)
@@ -94,13 +101,12 @@ def _split(problem: ChildrenProblem, x_hat: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def _needs(
-    problem: ChildrenProblem, x_hat: np.ndarray, floor: np.ndarray
+    problem: ChildrenProblem, x_hat: np.ndarray, floor: np.ndarray, moving: np.ndarray
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """How many entries to round up per cell (column) and per child (row), where constrained.
 
     At the root the row target is the child total if given, else the rounded grand total.
     """
-    moving = x_hat - floor > INTEGRAL_TOLERANCE
     column_need = None
     if problem.parent is not None:
         column_need = problem.parent - floor.sum(axis=0)
@@ -121,7 +127,6 @@ def _check_need(name: str, need: np.ndarray, available: np.ndarray) -> None:
 
 
 def _sum_constraints(
-    problem: ChildrenProblem,
     children: np.ndarray,
     cells: np.ndarray,
     column_need: np.ndarray | None,
@@ -131,10 +136,7 @@ def _sum_constraints(
     n_binary = children.shape[0]
     blocks = []
     targets = []
-    for index, need, size in (
-        (cells, column_need, problem.n_cells),
-        (children, row_need, problem.n_children),
-    ):
+    for index, need in ((cells, column_need), (children, row_need)):
         if need is None:
             continue
         used = np.unique(index)
@@ -145,42 +147,65 @@ def _sum_constraints(
             )
         )
         targets.append(need[used].astype(float))
-        untouched = np.setdiff1d(np.arange(size), used)
-        if np.any(need[untouched] != 0):
-            raise AssertionError("a constraint with no moving entry needs rounding up")
     if not blocks:
         return sparse.csr_matrix((0, n_binary)), np.zeros(0)
     return sparse.vstack(blocks, format="csr"), np.concatenate(targets)
 
 
-def _deviation_constraints(
+def _deviation_terms(
     problem: ChildrenProblem, children: np.ndarray, cells: np.ndarray, fraction: np.ndarray
-) -> tuple[sparse.csr_matrix, tuple[np.ndarray, np.ndarray], int]:
-    """Rows ``|sum_{cells in marginal} b - sum fraction| <= e`` for every affected marginal cell.
+) -> tuple[np.ndarray, sparse.csr_matrix, np.ndarray, np.ndarray]:
+    """The L1 deviation of every affected marginal cell, as costs and constraints.
 
-    Each affected (query, child, marginal cell) gets a deviation variable ``e`` and two rows:
-    ``sum b - e <= F`` and ``sum b + e >= F``, with ``F`` its total fractional part.
+    For an affected (query, child, marginal cell) with moving entries ``B`` and total fractional
+    part ``F``, the deviation is ``|s - F|`` with the integer ``s = sum_{B} b``.
+
+    * With one moving entry it is linear in that entry, ``f + (1 - 2 f) b``: no new variable.
+    * Otherwise a variable ``e`` bounds it with ``e >= s - F``, ``e >= F - s`` and the cut
+      ``e >= phi + (1 - 2 phi) (s - floor(F))`` (``phi = F - floor(F)``), which with the other
+      two describes the convex hull of ``{(s, |s - F|): s integer}``; without it the LP
+      relaxation would always have the useless bound 0.
+
+    Returns ``(binary_cost, rows, lower, upper)``: the cost added to each binary and the rows over
+    ``[b, e]``, one ``e`` per column beyond the binaries.
     """
     n_binary = children.shape[0]
-    groups = []
-    offset = 0
+    binary_cost = np.zeros(n_binary)
+    members: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    n_deviation = 0
     for cell_to_marginal, size in zip(problem.marginals, problem.marginal_sizes, strict=True):
         key = children * size + cell_to_marginal[cells]
-        used, group = np.unique(key, return_inverse=True)
-        groups.append(group + offset)
-        offset += used.size
+        _, group, counts = np.unique(key, return_inverse=True, return_counts=True)
+        single = counts[group] == 1
+        binary_cost[single] += 1.0 - 2.0 * fraction[single]
+        shared = np.flatnonzero(~single)
+        _, shared_group = np.unique(group[shared], return_inverse=True)
+        members.append(shared)
+        groups.append(shared_group + n_deviation)
+        n_shared = int(shared_group.max(initial=-1)) + 1
+        targets.append(np.bincount(shared_group, weights=fraction[shared], minlength=n_shared))
+        n_deviation += n_shared
+    member = np.concatenate(members)
     group = np.concatenate(groups)
-    n_deviation = offset
-    binary = np.tile(np.arange(n_binary), len(groups))
+    target = np.concatenate(targets)
+    below = np.floor(target)
+    phi = target - below
+    slope = 1.0 - 2.0 * phi
     membership = sparse.csr_matrix(
-        (np.ones(group.size), (group, binary)), shape=(n_deviation, n_binary)
+        (np.ones(member.size), (group, member)), shape=(n_deviation, n_binary)
     )
-    target = np.bincount(group, weights=np.tile(fraction, len(groups)), minlength=n_deviation)
     identity = sparse.identity(n_deviation, format="csr")
     rows = sparse.vstack(
-        [sparse.hstack([membership, -identity]), sparse.hstack([membership, identity])],
+        [
+            sparse.hstack([membership, -identity]),
+            sparse.hstack([membership, identity]),
+            sparse.hstack([sparse.diags(slope) @ membership, -identity]),
+        ],
         format="csr",
     )
-    lower = np.concatenate([np.full(n_deviation, -np.inf), target])
-    upper = np.concatenate([target, np.full(n_deviation, np.inf)])
-    return rows, (lower, upper), n_deviation
+    unbounded = np.full(n_deviation, np.inf)
+    lower = np.concatenate([-unbounded, target, -unbounded])
+    upper = np.concatenate([target, unbounded, slope * below - phi])
+    return binary_cost, rows, lower, upper

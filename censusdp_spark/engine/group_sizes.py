@@ -1,0 +1,479 @@
+"""Group-size release on Spark: leaf histograms, the noise pass, post-processing level by level.
+
+Privacy claim
+-------------
+Neighbouring datasets differ by one individual joining or leaving an existing group (the
+groups, their number per node ``G^r`` and the geography are public, as in Kuo et al.), which
+moves one group of every ancestor node from size j to j +/- 1 (or leaves it in the top-coded
+bucket). Per node that changes the size histogram by at most 2 in L1 and the cumulative
+histogram ``H_1..H_{N-1}`` by at most 1 (``H_N = G^r`` does not change). Level ``l`` adds
+two-sided geometric noise of scale ``Delta / epsilon_l`` to every cell of every node (every
+size, zeros included), so each level is ``epsilon_l``-DP; nodes of a level are disjoint
+(parallel composition) and levels compose to ``sum_l epsilon_l = epsilon`` (checked exactly by
+``split_epsilon``). With the paper's even split: scale ``2L/epsilon`` (histograms) and
+``L/epsilon`` (cumulative). The noise comes from ``keyed_rng(secret, "pgsr", measurement, level,
+geocode)``: a retried task redraws identical noise. ``dp`` and ``relaxed`` share the histogram
+measurement, so with one secret they post-process the *same* noisy table. Everything after
+``measure`` reads only the ``noisy_measurements`` table (noisy values and the public ``G^r``),
+so it is post-processing.
+
+Data shapes
+-----------
+leaves ``geocode, cells, counts`` (cells = size - 1, non-zero only; confidential) ->
+node histograms ``level, geocode, cells, counts`` (confidential, memory only) ->
+``noisy_measurements`` ``level, geocode, measurement, groups, noisy`` (dense; written once) ->
+per mechanism, level by level: ``cost_tables`` (dp, bottom-up), ``relaxed_solution`` (relaxed)
+-> ``group_sizes`` ``geocode, level, size, count`` (size 1..N, every size of every node).
+Families are grouped by parent (``groupBy(parent).cogroup(...).applyInPandas``); nothing per
+node is collected to the driver except the root's own row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from censusdp_spark.io.readers import read_table
+from censusdp_spark.model.errors import InputError
+from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.pgsr_config import GroupInputSpec, GroupSizes, PgsrConfig
+from censusdp_spark.privacy import discrete_laplace, keyed_rng
+from censusdp_spark.solvers.group_sizes import (
+    CostTable,
+    GroupTree,
+    node_tables,
+    relaxed_qp,
+    solve_family,
+    solve_root,
+)
+from censusdp_spark.solvers.group_sizes_cumulative import (
+    from_cumulative,
+    solve_cumulative_family,
+    to_cumulative,
+)
+
+NOISY_SCHEMA = "level string, geocode string, measurement string, groups bigint, noisy array<bigint>"
+TABLE_SCHEMA = (
+    "level string, geocode string, size int, lo bigint, base bigint, lengths array<bigint>, slopes array<bigint>"
+)
+SOLUTION_SCHEMA = "level string, geocode string, solution array<double>"
+RELEASE_SCHEMA = "geocode string, level string, size int, count bigint"
+_INTEGER = r"^\s*[0-9]+\s*$"
+
+
+# --- input -----------------------------------------------------------------------------------
+
+
+def _fail_at(df: DataFrame, source: str, condition: Column, column: str, rule: str) -> None:
+    """Raise ``InputError`` naming the first data row (file order) where ``condition`` holds."""
+    flagged = df.select(condition.alias("bad")).rdd.zipWithIndex()
+    row = flagged.filter(lambda pair: bool(pair[0]["bad"])).map(lambda pair: pair[1]).first()
+    raise InputError(source, f"row {int(row) + 1}, column {column}", rule)
+
+
+def _check_rows(df: DataFrame, source: str, rules: list[tuple[Column, str, str]]) -> None:
+    """Check every ``(condition, column, rule)`` in one pass; fail on the first rule broken."""
+    flags = df.select(*[F.max(cond.cast("int")).alias(f"r{i}") for i, (cond, _, _) in enumerate(rules)]).collect()[0]
+    for i, (condition, column, rule) in enumerate(rules):
+        if flags[f"r{i}"]:
+            _fail_at(df, source, condition, column, rule)
+
+
+def _check_columns(df: DataFrame, spec: GroupInputSpec) -> None:
+    source = str(spec.path)
+    for col in spec.used_columns():
+        if col not in df.columns:
+            raise InputError(source, f"column {col}", "missing (named in the config's [input])")
+    extra = set(df.columns) - set(spec.used_columns()) - set(spec.ignore)
+    if extra:
+        raise InputError(source, f"column {sorted(extra)[0]}", "not used by the config; list it in input.ignore if intended")
+
+
+def _geocode(spec: GroupInputSpec) -> Column:
+    parts = [F.trim(F.col(c).cast("string")) for c in spec.geocode_columns]
+    return F.concat(*parts) if len(parts) > 1 else parts[0]
+
+
+def _geocode_rule(spec: GroupInputSpec, digits: int) -> tuple[Column, str, str]:
+    bad = F.col("geocode").isNull() | ~F.col("geocode").rlike(rf"^[0-9]{{{digits}}}$")
+    return bad, "+".join(spec.geocode_columns), f"geocode must be exactly {digits} digits"
+
+
+def _integer_rule(column: str, rule: str) -> tuple[Column, str, str]:
+    value = F.col(column).cast("string")
+    return value.isNull() | ~value.rlike(_INTEGER), column, rule
+
+
+def _as_long(column: str) -> Column:
+    return F.trim(F.col(column).cast("string")).cast("long").alias(column)
+
+
+def _fail_on_duplicate(df: DataFrame, source: str, key: str, column: str, rule: str) -> None:
+    dup = df.groupBy(key).count().filter("count > 1").limit(1).collect()
+    if dup:
+        _fail_at(df, source, F.col(key) == dup[0][key], column, rule)
+
+
+def _sparse(per_leaf: DataFrame) -> DataFrame:
+    """``geocode, cell, count`` rows -> ``geocode, cells, counts`` (sorted, non-zero only)."""
+    nested = per_leaf.groupBy("geocode").agg(
+        F.sort_array(F.collect_list(F.struct(F.col("cell").cast("int").alias("cell"), "count"))).alias("h")
+    )
+    nonzero = F.filter("h", lambda s: s["count"] > 0)
+    return nested.select(
+        "geocode",
+        F.transform(nonzero, lambda s: s["cell"]).alias("cells"),
+        F.transform(nonzero, lambda s: s["count"]).cast("array<bigint>").alias("counts"),
+    )
+
+
+def _size_rules(groups: GroupSizes, column: str) -> list[tuple[Column, str, str]]:
+    """Sizes must be >= 1, and <= N unless the last size is top-coded ("N or more")."""
+    rules = [(F.col("size") < 1, column, "a group must have size >= 1")]
+    if not groups.topcode:
+        rules.append((F.col("size") > groups.max_size, column, f"size above max_size = {groups.max_size} (topcode = false)"))
+    return rules
+
+
+def read_leaf_histograms(spark: SparkSession, spec: GroupInputSpec, groups: GroupSizes, digits: int) -> DataFrame:
+    """Per-leaf size histograms ``geocode, cells, counts``; every input rule is checked first."""
+    source = str(spec.path)
+    raw = read_table(spark, spec.path, spec.format)
+    _check_columns(raw, spec)
+    if not raw.limit(1).collect():
+        raise InputError(source, "rows", "the input is empty")
+    df = raw.withColumn("geocode", _geocode(spec))
+    geocode_name = "+".join(spec.geocode_columns)
+    if spec.layout == "size_counts":
+        rules = [_geocode_rule(spec, digits)]
+        rules += [_integer_rule(c, "count must be a non-negative integer") for c in spec.size_columns]
+        _check_rows(df, source, rules)
+        _fail_on_duplicate(df, source, "geocode", geocode_name, "duplicate geocode")
+        typed = df.select("geocode", *[_as_long(c) for c in spec.size_columns])
+        cells = F.array(*[F.struct(F.lit(i).alias("cell"), F.col(c).alias("count")) for i, c in enumerate(spec.size_columns)])
+        return _sparse(typed.select("geocode", F.explode(cells).alias("e")).select("geocode", "e.cell", "e.count"))
+    household_name = str(spec.household_column)
+    df = df.withColumn("household", F.trim(F.col(household_name).cast("string")))
+    empty_id = (F.col("household").isNull() | (F.col("household") == ""), household_name, "household id is empty")
+    if spec.size_column is not None:
+        size_name = spec.size_column
+        rules = [_geocode_rule(spec, digits), empty_id, _integer_rule(size_name, "size must be a non-negative integer")]
+        _check_rows(df, source, rules)
+        _fail_on_duplicate(df, source, "household", household_name, "duplicate household (one row per household)")
+        households = df.select("geocode", _as_long(size_name).alias("size"))
+        _check_rows(households, source, _size_rules(groups, size_name))
+    else:
+        size_name = str(spec.member_column)
+        rules = [_geocode_rule(spec, digits), empty_id, _integer_rule(size_name, "member quantity must be a non-negative integer")]
+        _check_rows(df, source, rules)
+        per_household = df.groupBy("household").agg(
+            F.countDistinct("geocode").alias("leaves"), F.first("geocode").alias("geocode"), F.sum(_as_long(size_name)).alias("size")
+        )
+        split = per_household.filter("leaves > 1").limit(1).collect()
+        if split:
+            where = F.col("household") == split[0]["household"]
+            _fail_at(df, source, where, household_name, "a household's members lie in different leaves")
+        bad = per_household.filter(F.col("size") < 1).limit(1).collect()
+        if bad:
+            raise InputError(source, f"household {bad[0]['household']}", f"members' {size_name} sum to 0 (sizes start at 1)")
+        households = per_household.select("geocode", "size")
+        _check_rows(households, source, _size_rules(groups, size_name))
+    cell = F.least(F.col("size"), F.lit(groups.max_size)) - 1
+    return _sparse(households.groupBy("geocode", cell.alias("cell")).agg(F.count("*").alias("count")))
+
+
+# --- measurement -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoisePlan:
+    """What the noise pass needs (picklable, small)."""
+
+    measurement: str  # "histogram" (dp, relaxed) or "cumulative"
+    sizes: int
+    scales: Mapping[str, Fraction]  # geometric scale per level
+
+
+def noise_plan(config: PgsrConfig, mechanism: str) -> NoisePlan:
+    measurement = "cumulative" if mechanism == "cumulative" else "histogram"
+    sensitivity = 1 if measurement == "cumulative" else 2
+    scales = {lv: config.budget.scale(lv, sensitivity) for lv in config.hierarchy.names}
+    return NoisePlan(measurement, config.groups.max_size, scales)
+
+
+def noisy_node(secret: bytes, plan: NoisePlan, level: str, geocode: str, histogram: np.ndarray) -> np.ndarray:
+    """One node's noisy histogram (N cells) or noisy cumulative counts ``H_1..H_{N-1}``."""
+    exact = histogram if plan.measurement == "histogram" else to_cumulative(histogram)
+    if exact.size == 0:
+        return exact
+    rng = keyed_rng(secret, "pgsr", plan.measurement, level, geocode)
+    return exact + discrete_laplace(plan.scales[level], exact.size, rng)
+
+
+def _dense(cells: object, counts: object, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    out[np.asarray(cells, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
+    return out
+
+
+def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes) -> DataFrame:
+    """Noisy measurements of every node (lazy; the caller writes them once)."""
+
+    def noise(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            rows = []
+            for level, geocode, cells, counts in batch[["level", "geocode", "cells", "counts"]].itertuples(index=False):
+                hist = _dense(cells, counts, plan.sizes)
+                noisy = noisy_node(secret, plan, level, geocode, hist)
+                rows.append((level, geocode, plan.measurement, int(hist.sum()), noisy))
+            yield pd.DataFrame(rows, columns=["level", "geocode", "measurement", "groups", "noisy"])
+
+    return nodes.mapInPandas(noise, NOISY_SCHEMA)
+
+
+# --- post-processing: shared plumbing ----------------------------------------------------------
+
+
+def _parent_key(digits: int) -> Column:
+    return (F.substring("geocode", 1, digits) if digits > 0 else F.lit("")).alias("parent")
+
+
+def _ints(values: object) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _release_rows(level: str, geocodes: list[str], counts: np.ndarray) -> pd.DataFrame:
+    k, n = counts.shape
+    return pd.DataFrame(
+        {
+            "geocode": np.repeat(np.asarray(geocodes, dtype=object), n),
+            "level": level,
+            "size": np.tile(np.arange(1, n + 1, dtype=np.int32), k),
+            "count": counts.ravel().astype(np.int64),
+        }
+    )
+
+
+def released_histograms(released: DataFrame) -> DataFrame:
+    """Long ``geocode, size, count`` -> ``geocode, counts`` (dense, by size)."""
+    nested = released.groupBy("geocode").agg(F.sort_array(F.collect_list(F.struct("size", "count"))).alias("h"))
+    return nested.select("geocode", F.col("h.count").alias("counts"))
+
+
+def _family(
+    children: DataFrame, parents: DataFrame, parent_digits: int, task: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame], schema: str
+) -> DataFrame:
+    """Apply ``task(children of one parent, that parent's row)`` to every family of a level."""
+    keyed = children.select(_parent_key(parent_digits), *children.columns)
+    return keyed.groupBy("parent").cogroup(parents.groupBy("geocode")).applyInPandas(task, schema)
+
+
+def root_row(noisy: DataFrame, hierarchy: Hierarchy) -> tuple[str, int, np.ndarray]:
+    """The root's ``geocode, groups, noisy`` (one row: noisy values and the public G)."""
+    row = noisy.filter(F.col("level") == hierarchy.root.name).select("geocode", "groups", "noisy").collect()
+    if len(row) != 1:
+        raise RuntimeError(f"expected one root node, found {len(row)}")
+    return row[0]["geocode"], int(row[0]["groups"]), _ints(row[0]["noisy"])
+
+
+# --- dp: cost tables bottom-up, then families top-down ----------------------------------------
+
+
+def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
+    pdf = pdf.sort_values(["geocode", "size"], kind="stable")
+    geocodes, tables = [], []
+    for geocode, rows in pdf.groupby("geocode", sort=True):
+        geocodes.append(str(geocode))
+        tables.append(
+            [
+                CostTable(int(lo), int(base), _ints(lengths), _ints(slopes))
+                for lo, base, lengths, slopes in rows[["lo", "base", "lengths", "slopes"]].itertuples(index=False)
+            ]
+        )
+    return geocodes, tables
+
+
+def _table_rows(level: str, geocode: str, tables: list[CostTable]) -> list[tuple]:
+    return [(level, geocode, j + 1, t.lo, t.base, t.lengths, t.slopes) for j, t in enumerate(tables)]
+
+
+def _table_frame(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["level", "geocode", "size", "lo", "base", "lengths", "slopes"])
+
+
+def dp_tables(noisy_level: DataFrame, child_tables: DataFrame | None, digits: int, norm: str) -> DataFrame:
+    """Cost tables of one level's nodes, from their noisy rows and their children's tables."""
+    if child_tables is None:
+
+        def leaves(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            for batch in batches:
+                rows = []
+                for level, geocode, groups, noisy in batch[["level", "geocode", "groups", "noisy"]].itertuples(index=False):
+                    rows += _table_rows(level, geocode, node_tables(_ints(noisy), int(groups), [], norm))
+                yield _table_frame(rows)
+
+        return noisy_level.mapInPandas(leaves, TABLE_SCHEMA)
+
+    def parent(children: pd.DataFrame, node: pd.DataFrame) -> pd.DataFrame:
+        if node.empty:
+            return _table_frame([])
+        level, geocode, groups, noisy = node[["level", "geocode", "groups", "noisy"]].iloc[0]
+        _, kids = _tables_of(children)
+        return _table_frame(_table_rows(level, geocode, node_tables(_ints(noisy), int(groups), kids, norm)))
+
+    return _family(child_tables.drop("level"), noisy_level, digits, parent, TABLE_SCHEMA)
+
+
+def dp_root(root_tables: DataFrame, groups: int) -> tuple[np.ndarray, int]:
+    """The root's histogram (the dummy root of T^dp holding G) and the lower bound opt(P_dp)."""
+    _, tables = _tables_of(root_tables.toPandas())
+    counts = solve_root(tables[0], groups)
+    return counts, sum(t.value(int(v)) for t, v in zip(tables[0], counts, strict=True))
+
+
+def dp_families(level: str, child_tables: DataFrame, parent_release: DataFrame, parent_digits: int) -> DataFrame:
+    """One level's released histograms from its cost tables and the parents' released rows."""
+
+    def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
+        if children.empty:
+            return pd.DataFrame(columns=["geocode", "level", "size", "count"])
+        geocodes, tables = _tables_of(children)
+        groups = np.array([t[0].hi for t in tables], dtype=np.int64)
+        counts = solve_family(tables, _ints(parent["counts"].iloc[0]), groups)
+        return _release_rows(level, geocodes, counts)
+
+    return _family(child_tables.drop("level"), parent_release, parent_digits, family, RELEASE_SCHEMA)
+
+
+# --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------
+
+
+def relaxed_families(noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int) -> DataFrame:
+    """One level's relaxed (real-valued) solution, family by family below the fixed parents."""
+
+    def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
+        if children.empty:
+            return pd.DataFrame(columns=["level", "geocode", "solution"])
+        children = children.sort_values("geocode", kind="stable")
+        fixed = np.asarray(parent["solution"].iloc[0], dtype=np.float64)
+        k = len(children)
+        noisy = np.vstack([np.zeros(fixed.size, dtype=np.int64), *map(_ints, children["noisy"])])
+        groups = np.concatenate([[children["groups"].sum()], children["groups"].to_numpy(dtype=np.int64)])
+        tree = GroupTree(np.array([-1] + [0] * k), noisy, groups)
+        solution = relaxed_qp(tree, fixed_root=fixed)[1:]
+        return pd.DataFrame({"level": children["level"].to_numpy(), "geocode": children["geocode"].to_numpy(), "solution": list(solution)})
+
+    columns = noisy_level.select("level", "geocode", "groups", "noisy")
+    return _family(columns, parent_solution.select("geocode", "solution"), parent_digits, family, SOLUTION_SCHEMA)
+
+
+def relaxed_root(noisy: np.ndarray, groups: int) -> np.ndarray:
+    tree = GroupTree(np.array([-1]), noisy[None, :], np.array([groups]))
+    return relaxed_qp(tree)[0]
+
+
+def rounded_release(solution: DataFrame) -> DataFrame:
+    """The relaxed solution rounded cell by cell to the nearest integer (the paper's baseline)."""
+    return solution.select(
+        "geocode", "level", F.posexplode("solution").alias("pos", "value")
+    ).select("geocode", "level", (F.col("pos") + 1).cast("int").alias("size"), F.round("value").cast("long").alias("count"))
+
+
+# --- cumulative: per-family integer programs top-down ------------------------------------------
+
+
+def cumulative_root(noisy: np.ndarray, groups: int) -> np.ndarray:
+    g = np.array([groups], dtype=np.int64)
+    return from_cumulative(solve_cumulative_family(noisy[None, :], g, None), g)[0]
+
+
+def cumulative_families(level: str, noisy_level: DataFrame, parent_release: DataFrame, parent_digits: int) -> DataFrame:
+    """One level's released histograms: monotone, consistent, faithful cumulative counts."""
+
+    def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
+        if children.empty:
+            return pd.DataFrame(columns=["geocode", "level", "size", "count"])
+        children = children.sort_values("geocode", kind="stable")
+        noisy = np.vstack([_ints(v) for v in children["noisy"]])
+        groups = children["groups"].to_numpy(dtype=np.int64)
+        parent_cumulative = to_cumulative(_ints(parent["counts"].iloc[0]))
+        cumulative = solve_cumulative_family(noisy, groups, parent_cumulative)
+        return _release_rows(level, list(children["geocode"]), from_cumulative(cumulative, groups))
+
+    columns = noisy_level.select("geocode", "groups", "noisy")
+    return _family(columns, parent_release, parent_digits, family, RELEASE_SCHEMA)
+
+
+# --- guarantees, objective, evaluation --------------------------------------------------------
+
+
+def release_violations(released: DataFrame, noisy: DataFrame, hierarchy: Hierarchy) -> dict[str, int]:
+    """Counts of broken guarantees: negative cells, (parent, size) pairs whose children do not
+    sum to the parent, nodes whose sizes do not sum to their public number of groups (or that
+    are missing). Only counts reach the driver."""
+    negative = released.filter(F.col("count") < 0).count()
+    sums = None
+    for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
+        prefix = F.substring("geocode", 1, parent.digits) if parent.digits else F.lit("")
+        part = released.filter(F.col("level") == child.name).select(
+            F.lit(parent.name).alias("level"), prefix.alias("geocode"), "size", "count"
+        )
+        sums = part if sums is None else sums.unionByName(part)
+    assert sums is not None
+    children = sums.groupBy("level", "geocode", "size").agg(F.sum("count").alias("children"))
+    parents = released.filter(F.col("level") != hierarchy.leaf.name)
+    inconsistent = (
+        parents.join(children, ["level", "geocode", "size"], "full_outer")
+        .filter(F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0)))
+        .count()
+    )
+    totals = released.groupBy("level", "geocode").agg(F.sum("count").alias("total"))
+    unfaithful = (
+        noisy.select("level", "geocode", "groups")
+        .join(totals, ["level", "geocode"], "full_outer")
+        .filter(F.coalesce(F.col("total"), F.lit(-1)) != F.coalesce(F.col("groups"), F.lit(-1)))
+        .count()
+    )
+    return {"negative_counts": negative, "children_not_summing_to_parent": inconsistent, "sizes_not_summing_to_groups": unfaithful}
+
+
+def release_objective(released: DataFrame, noisy: DataFrame, norm: str) -> int:
+    """``sum f(count - noisy)`` over every cell (histogram measurement; noisy values only)."""
+    cells = noisy.select("level", "geocode", F.posexplode("noisy").alias("pos", "noisy")).select(
+        "level", "geocode", (F.col("pos") + 1).alias("size"), "noisy"
+    )
+    diff = released.join(cells, ["level", "geocode", "size"]).select((F.col("count") - F.col("noisy")).alias("d"))
+    term = F.col("d") * F.col("d") if norm == "l2" else F.abs("d")
+    return int(diff.agg(F.sum(term).alias("s")).collect()[0]["s"] or 0)
+
+
+EVALUATION_SCHEMA = "level string, nodes long, mae double, emd_mean double, emd_max double"
+
+
+def evaluation(nodes: DataFrame, released: DataFrame) -> DataFrame:
+    """Per level: mean absolute error per cell, and the earthmover distance (L1 between
+    cumulative histograms) per node, mean and max. Uses the truth: internal only."""
+    truth = nodes.select("level", "geocode", F.explode(F.arrays_zip("cells", "counts")).alias("e")).select(
+        "level", "geocode", (F.col("e.cells") + 1).alias("size"), F.col("e.counts").alias("true")
+    )
+    diff = released.join(truth, ["level", "geocode", "size"], "full_outer").select(
+        "level", "geocode", "size", (F.coalesce("count", F.lit(0)) - F.coalesce("true", F.lit(0))).alias("d")
+    )
+    running = F.sum("d").over(Window.partitionBy("level", "geocode").orderBy("size"))
+    per_node = (
+        diff.withColumn("cumulative", running)
+        .groupBy("level", "geocode")
+        .agg(F.sum(F.abs("d")).alias("l1"), F.count("*").alias("cells"), F.sum(F.abs("cumulative")).alias("emd"))
+    )
+    return per_node.groupBy("level").agg(
+        F.count("*").alias("nodes"),
+        (F.sum("l1") / F.sum("cells")).alias("mae"),
+        F.avg("emd").alias("emd_mean"),
+        F.max("emd").cast("double").alias("emd_max"),
+    )

@@ -1,0 +1,4 @@
+"""Synthetic inputs for scaling runs, clearly labelled SYNTHETIC (pure numpy/pandas/pyarrow).
+
+``national``: block-level counts for the 2020 United States on the real tract spine.
+"""

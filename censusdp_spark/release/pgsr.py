@@ -1,0 +1,318 @@
+"""The group-size release job (PGSR), shared by ``censusdp pgsr`` and ``spark-submit jobs/pgsr.py``.
+
+For every node of the hierarchy and every size s = 1..N: the number of groups (households) of
+size s, ε-DP, consistent, valid and faithful (see ``censusdp_spark.engine.group_sizes`` for the
+privacy claim and ``censusdp_spark.solvers.group_sizes`` for what each post-processing solves).
+
+Mechanisms:
+* ``dp`` (M_H^dp): histogram noise, cost tables bottom-up (``cost_tables``), the root by the
+  dummy root of T^dp, then each family exactly given its parent (node faithfulness).
+* ``relaxed`` (M_H, the paper's baseline): the same noisy histograms; the convex relaxation
+  solved per family top-down (the parent's real-valued solution fixed, Clarabel), written to
+  ``relaxed_solution``, then rounded cell by cell. Rounding may break consistency and
+  faithfulness: the violations are counted and reported, not raised.
+* ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
+
+Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node
+histograms (confidential, memory only) -> the noise pass, written once to
+``noisy_measurements`` -> post-processing reading only that table, level by level ->
+``group_sizes`` -> guarantees checked (a violation fails dp and cumulative loudly) -> with
+``--evaluate``, errors against the truth in ``evaluation/`` (internal) -> the manifest, last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine import group_sizes as gs
+from censusdp_spark.engine.checks import GuaranteeViolation
+from censusdp_spark.engine.hierarchy import node_histograms
+from censusdp_spark.io import delta
+from censusdp_spark.model.pgsr_config import MECHANISMS, PgsrConfig, load_pgsr_config
+from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
+from censusdp_spark.release.manifest import versions, write_manifest
+from censusdp_spark.release.topdown import OutputExistsError, prepare_output
+
+GROUP_SIZES = "group_sizes"
+COST_TABLES = "cost_tables"
+RELAXED_SOLUTION = "relaxed_solution"
+
+
+@dataclass(frozen=True)
+class PgsrOptions:
+    mechanism: str | None = None  # None: the config's default
+    input: Path | None = None
+    output: Path | None = None
+    secret_file: Path | None = None
+    evaluate: bool = False
+    overwrite: bool = False
+
+
+@dataclass
+class PgsrSummary:
+    output: Path
+    mechanism: str
+    epsilon: str
+    nodes: dict[str, int]
+    checks: dict[str, int]
+    elapsed_s: float
+    timings: dict[str, float] = field(default_factory=dict)
+    optimality: dict[str, int] = field(default_factory=dict)
+    evaluation: list[dict[str, Any]] = field(default_factory=list)
+
+    def text(self) -> str:
+        lines = [
+            f"group-size release ({self.mechanism}) written to {self.output}",
+            "  levels: " + ", ".join(f"{lv} ({n} nodes)" for lv, n in self.nodes.items()),
+            f"  privacy: epsilon = {self.epsilon} (pure DP)",
+            "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items()),
+            f"  elapsed: {self.elapsed_s:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items()) + ")",
+            f"  tables: {delta.table_path(self.output, delta.NOISY_MEASUREMENTS)}, {delta.table_path(self.output, GROUP_SIZES)}",
+            f"  manifest: {self.output / 'manifest.json'}",
+        ]
+        if self.optimality:
+            lines.insert(4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items()))
+        if self.evaluation:
+            lines.append(f"  evaluation (internal, not for release): {self.output / 'evaluation'}")
+        return "\n".join(lines)
+
+
+def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
+    run = config.run
+    if options.output is not None:
+        run = replace(run, output=options.output)
+    if options.secret_file is not None:
+        run = replace(run, secret_file=options.secret_file)
+    if config.input is None:
+        raise ValueError(f"{config.source}: [input] missing: the group-size release needs an input table")
+    spec = config.input if options.input is None else replace(config.input, path=options.input)
+    return replace(config, run=run, input=spec, mechanism=options.mechanism or config.mechanism)
+
+
+def _privacy(config: PgsrConfig) -> dict[str, Any]:
+    sensitivity = 1 if config.mechanism == "cumulative" else 2
+    return {
+        "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
+        "(groups, their number per node and the geography are public invariants)",
+        "epsilon": str(config.budget.total_epsilon),
+        "measurement": "cumulative" if config.mechanism == "cumulative" else "histogram",
+        "sensitivity_per_node": sensitivity,
+        "levels": [
+            {
+                "level": lv,
+                "epsilon": str(config.budget.level_epsilon[lv]),
+                "geometric_scale": str(config.budget.scale(lv, sensitivity)),
+            }
+            for lv in config.hierarchy.names
+        ],
+    }
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = now - self.last
+        self.last = now
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def _root_release(spark: SparkSession, config: PgsrConfig, geocode: str, counts: Any) -> DataFrame:
+    rows = [(geocode, config.hierarchy.root.name, j + 1, int(c)) for j, c in enumerate(counts)]
+    return spark.createDataFrame(rows, gs.RELEASE_SCHEMA)
+
+
+def _parent_release(spark: SparkSession, output: Path, level: str) -> DataFrame:
+    released = delta.read_table(spark, output, GROUP_SIZES).filter(F.col("level") == level)
+    return gs.released_histograms(released)
+
+
+def _post_process_dp(spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock) -> dict[str, int]:
+    output, levels = config.run.output, config.hierarchy.levels
+    child_tables = None
+    for level in reversed(levels):
+        tables = gs.dp_tables(noisy.filter(F.col("level") == level.name), child_tables, level.digits, config.norm)
+        delta.write_level(tables, output, COST_TABLES, level.name)
+        child_tables = delta.read_table(spark, output, COST_TABLES).filter(F.col("level") == level.name)
+        clock.lap(f"cost_tables_{level.name}")
+    all_tables = delta.read_table(spark, output, COST_TABLES)
+    geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
+    counts, lower_bound = gs.dp_root(all_tables.filter(F.col("level") == levels[0].name), groups)
+    delta.write_level(_root_release(spark, config, geocode, counts), output, GROUP_SIZES, levels[0].name)
+    for parent, level in zip(levels, levels[1:], strict=False):
+        released = gs.dp_families(
+            level.name,
+            all_tables.filter(F.col("level") == level.name),
+            _parent_release(spark, output, parent.name),
+            parent.digits,
+        )
+        delta.write_level(released, output, GROUP_SIZES, level.name)
+        clock.lap(f"release_{level.name}")
+    objective = gs.release_objective(delta.read_table(spark, output, GROUP_SIZES), noisy, config.norm)
+    return {"objective": objective, "lower_bound": int(lower_bound), "gap": objective - int(lower_bound)}
+
+
+def _post_process_relaxed(spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock) -> None:
+    output, levels = config.run.output, config.hierarchy.levels
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
+    solution = gs.relaxed_root(root_noisy, groups)
+    root = spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], gs.SOLUTION_SCHEMA)
+    delta.write_level(root, output, RELAXED_SOLUTION, levels[0].name)
+    for parent, level in zip(levels, levels[1:], strict=False):
+        parents = delta.read_table(spark, output, RELAXED_SOLUTION).filter(F.col("level") == parent.name)
+        solved = gs.relaxed_families(noisy.filter(F.col("level") == level.name), parents, parent.digits)
+        delta.write_level(solved, output, RELAXED_SOLUTION, level.name)
+        clock.lap(f"relaxed_{level.name}")
+    rounded = gs.rounded_release(delta.read_table(spark, output, RELAXED_SOLUTION))
+    delta.write_table(rounded, output, GROUP_SIZES, partition_by="level")
+    clock.lap("rounding")
+
+
+def _post_process_cumulative(spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock) -> None:
+    output, levels = config.run.output, config.hierarchy.levels
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
+    root_counts = gs.cumulative_root(root_noisy, groups)
+    delta.write_level(_root_release(spark, config, geocode, root_counts), output, GROUP_SIZES, levels[0].name)
+    for parent, level in zip(levels, levels[1:], strict=False):
+        released = gs.cumulative_families(
+            level.name, noisy.filter(F.col("level") == level.name), _parent_release(spark, output, parent.name), parent.digits
+        )
+        delta.write_level(released, output, GROUP_SIZES, level.name)
+        clock.lap(f"release_{level.name}")
+
+
+def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
+    clock = _Clock()
+    config = _apply_options(config, options)
+    assert config.input is not None
+    output, hierarchy = config.run.output, config.hierarchy
+    if output.exists() and any(output.iterdir()) and not options.overwrite:
+        raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it")
+    secret = load_or_create_secret(config.run.secret_file, config.run.secret_env, config.run.private_dir)
+
+    leaves = gs.read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
+    leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
+    # Few, larger partitions: every pandas task has a fixed start-up cost.
+    parallelism = spark.sparkContext.defaultParallelism
+    nodes = node_histograms(leaves, hierarchy).coalesce(parallelism).persist(StorageLevel.MEMORY_AND_DISK)
+    node_counts = {r["level"]: int(r["count"]) for r in nodes.groupBy("level").count().collect()}
+    clock.lap("read_and_validate")
+
+    prepare_output(output, options.overwrite)
+    plan = gs.noise_plan(config, config.mechanism)
+    delta.write_table(gs.measure(nodes, plan, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level")
+    clock.lap("measure")
+
+    noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS).persist(StorageLevel.MEMORY_AND_DISK)
+    optimality: dict[str, int] = {}
+    if config.mechanism == "dp":
+        optimality = _post_process_dp(spark, config, noisy, clock)
+    elif config.mechanism == "relaxed":
+        _post_process_relaxed(spark, config, noisy, clock)
+    else:
+        _post_process_cumulative(spark, config, noisy, clock)
+
+    released = delta.read_table(spark, output, GROUP_SIZES)
+    checks = gs.release_violations(released, noisy, hierarchy)
+    clock.lap("check_guarantees")
+    if config.mechanism != "relaxed" and any(checks.values()):
+        raise GuaranteeViolation(f"the {config.mechanism} release breaks guarantees: {checks}")
+
+    evaluation_rows: list[dict[str, Any]] = []
+    if options.evaluate:
+        table = gs.evaluation(nodes, released)
+        eval_dir = output / "evaluation"
+        table.coalesce(1).write.format("delta").save(str(eval_dir / "table"))
+        frame = table.toPandas()
+        order = {lv: i for i, lv in enumerate(hierarchy.names)}
+        frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
+        frame.to_csv(eval_dir / "errors.csv", index=False)
+        evaluation_rows = frame.to_dict("records")
+        clock.lap("evaluate")
+        summary_extra = {"violations": checks, "timings_s": clock.timings, "errors": evaluation_rows}
+        (eval_dir / "summary.json").write_text(json.dumps(summary_extra, indent=2, default=str))
+
+    summary = PgsrSummary(
+        output=output,
+        mechanism=config.mechanism,
+        epsilon=str(config.budget.total_epsilon),
+        nodes={lv: node_counts.get(lv, 0) for lv in hierarchy.names},
+        checks=checks,
+        elapsed_s=clock.elapsed(),
+        timings=clock.timings,
+        optimality=optimality,
+        evaluation=evaluation_rows,
+    )
+    tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
+    tables += {"dp": [COST_TABLES], "relaxed": [RELAXED_SOLUTION], "cumulative": []}[config.mechanism]
+    software = versions()
+    if config.mechanism == "relaxed":
+        software["clarabel"] = version("clarabel")
+    write_manifest(
+        output / "manifest.json",
+        {
+            "run": config.run.name,
+            "release": "group sizes (PGSR)",
+            "mechanism": config.mechanism,
+            "norm": config.norm if config.mechanism != "relaxed" else "l2",
+            "config_file": config.source,
+            "config_text": Path(config.source).read_text(),
+            "input": str(config.input.path),
+            "groups": {"max_size": config.groups.max_size, "topcode": config.groups.topcode},
+            "privacy": _privacy(config),
+            "secret_fingerprint": secret_fingerprint(secret),
+            "nodes": summary.nodes,
+            "guarantee_checks": checks,
+            "optimality": optimality,
+            "timings_s": clock.timings,
+            "elapsed_s": summary.elapsed_s,
+            "versions": software,
+            "tables": tables,
+        },
+    )
+    leaves.unpersist()
+    nodes.unpersist()
+    noisy.unpersist()
+    return summary
+
+
+def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``pgsr`` to the CLI's subparsers."""
+    parser = subparsers.add_parser("pgsr", help="run the group-size release (PGSR)")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)")
+    parser.add_argument("--input", type=Path, help="override [input].path")
+    parser.add_argument("--output", type=Path, help="override [run].output")
+    parser.add_argument("--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)")
+    parser.add_argument("--evaluate", action="store_true", help="also write error against the truth (internal)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    return parser
+
+
+def run_pgsr_from_args(args: argparse.Namespace) -> int:
+    """``censusdp pgsr``: user errors propagate to the CLI, which prints one line and exits 2."""
+    from censusdp_spark.engine.session import spark_session
+
+    config = load_pgsr_config(args.config)
+    options = PgsrOptions(args.mechanism, args.input, args.output, args.secret_file, args.evaluate, args.overwrite)
+    spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master)
+    spark.sparkContext.setLogLevel("WARN")
+    summary = run_pgsr(spark, config, options)
+    print(summary.text())
+    return 0

@@ -1,0 +1,530 @@
+"""Post-processing of the group-size release (PGSR): cost-table dynamic program, relaxed QP.
+
+Pure numpy/scipy; nothing here knows about Spark. The Spark engine moves one node (bottom-up)
+or one family (top-down) at a time to these functions.
+
+Privacy claim
+-------------
+Every function here reads only the noisy histograms ``c~`` (ε-DP by the geometric mechanism
+of the measurement pass) and public invariants: the hierarchy and the number of groups ``G^r``
+of every node (public in Kuo et al.'s model, as the households and their geography are). By
+post-processing immunity the outputs are ε-DP with the measurement's ε. No true count is read.
+
+The problem (Fioretto, Van Hentenryck & Zhu, Model 1, with Kuo et al.'s per-node invariant)
+------------------------------------------------------------------------------------------
+For every node ``r`` of a tree and size ``j = 1..N`` find integers ``x^r_j`` minimising
+``sum_r sum_j f(x^r_j - c~^r_j)`` (``f`` = square "l2" or absolute value "l1") subject to
+
+* consistency: ``x^r_j = sum_{c in ch(r)} x^c_j`` for every internal node and size;
+* validity: ``x^r_j >= 0``, integer;
+* faithfulness: ``sum_j x^r_j = G^r`` for every node.
+
+Call this P. With node faithfulness P is a convex-cost flow on N per-size trees *glued at their
+leaves* by the leaf constraints: the graph has cycles, so no tree dynamic program solves P
+exactly. ``solve_exact_milp`` solves it (and its relaxation below) with HiGHS, as a reference.
+
+What the dynamic program solves exactly (``dp_release``)
+--------------------------------------------------------
+P_dp: the paper's T^dp, a dummy root holding ``G^root`` above N independent per-size trees:
+consistency, validity, the implied bounds ``0 <= x^r_j <= G^r`` and faithfulness at the
+root only. P_dp is a relaxation of P, so its optimum is a lower bound on P's.
+
+* Cost tables. ``phi^r_j(v)`` = least cost of node r's size-j subtree with ``x^r_j = v``, on the
+  integers ``0..G^r``. ``phi^r_j = f(. - c~^r_j) + (inf-convolution of the children's phi^c_j)``.
+  Each table is convex piecewise linear with integer breakpoints (``CostTable``): the leaf term
+  because f is convex (for l2 it is the interpolation of the square at the integers, equal to it
+  there), the inf-convolution because the min-plus convolution of discrete convex functions is
+  the *merge of their slope sequences* (start every child at 0, then add units in increasing
+  slope order), and sums of convex functions are convex. The merge never looks at the size of a
+  count: an l1 table has at most 2 * height + 3 distinct slopes; an l2 table has one unit
+  segment per integer of ``0..G^r`` (the square's slope changes at every integer), so l2 work is
+  O(N * G) per level.
+* Root: ``x^root = argmin sum_j phi^root_j(v_j) s.t. sum_j v_j = G^root``, the greedy merge of
+  the N root tables (the dummy root of T^dp). Its value is ``opt(P_dp)``.
+
+Top-down, P's node faithfulness is restored family by family (``solve_family``): given the
+parent's released histogram ``x^r``, the children's histograms minimise
+``sum_c sum_j phi^c_j(v^c_j)`` s.t. ``sum_c v^c_j = x^r_j`` and ``sum_j v^c_j = G^c``: a
+transportation problem with convex separable costs, solved exactly (integral, since the
+transportation matrix is totally unimodular) by successive shortest paths started from the
+per-size greedy split (the paper's top-down retrieval), which is optimal for its own row sums
+and so leaves no negative cycle. When the per-size retrieval already meets every ``G^c`` no
+path is needed and the release *is* the P_dp optimum, hence also P's optimum. Otherwise the
+release is feasible for P with ``opt(P_dp) <= opt(P) <= objective(release)``: ``DpRelease``
+reports both numbers, so every run carries a certificate of its optimality gap.
+
+The relaxed baseline (``relaxed_qp``)
+-------------------------------------
+The paper's M_H: P without integrality, solved by a generic interior-point QP solver (Clarabel),
+then rounded to the nearest integer; the rounding may break consistency and faithfulness, and
+``violations`` counts how often.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from censusdp_spark.model.pgsr_config import NORMS
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """A convex piecewise-linear function on the integers ``lo..hi``.
+
+    ``base`` is its value at ``lo``; then segment ``i`` has length ``lengths[i]`` (> 0) and slope
+    ``slopes[i]`` (strictly increasing), so the domain ends at ``hi = lo + sum(lengths)``.
+    """
+
+    lo: int
+    base: int
+    lengths: np.ndarray
+    slopes: np.ndarray
+
+    @property
+    def hi(self) -> int:
+        return self.lo + int(self.lengths.sum())
+
+    def breaks(self) -> np.ndarray:
+        """The breakpoints ``lo = b_0 < b_1 < ... < b_m = hi``."""
+        return self.lo + np.concatenate(([0], np.cumsum(self.lengths)))
+
+    def value(self, v: int) -> int:
+        if not self.lo <= v <= self.hi:
+            raise ValueError(f"{v} outside the domain {self.lo}..{self.hi}")
+        covered = np.minimum(np.maximum(v - self.breaks()[:-1], 0), self.lengths)
+        return self.base + int(covered @ self.slopes)
+
+    def minimum(self) -> int:
+        """The least value (attained at the first breakpoint where the slope turns >= 0)."""
+        return self.base + int(self.lengths[self.slopes < 0] @ self.slopes[self.slopes < 0])
+
+    def step_up(self, v: int) -> tuple[float, int]:
+        """Cost of ``v -> v + 1`` and how many further units cost the same (inf, 0 at ``hi``)."""
+        if v >= self.hi:
+            return np.inf, 0
+        b = self.breaks()
+        i = int(np.searchsorted(b, v, side="right")) - 1
+        return float(self.slopes[i]), int(b[i + 1] - v)
+
+    def step_down(self, v: int) -> tuple[float, int]:
+        """Cost of ``v -> v - 1`` and how many further units cost the same (inf, 0 at ``lo``)."""
+        if v <= self.lo:
+            return np.inf, 0
+        b = self.breaks()
+        i = int(np.searchsorted(b, v, side="left")) - 1
+        return float(-self.slopes[i]), int(v - b[i])
+
+
+def _table(lo: int, base: int, lengths: np.ndarray, slopes: np.ndarray) -> CostTable:
+    keep = lengths > 0
+    return CostTable(
+        int(lo), int(base), lengths[keep].astype(np.int64), slopes[keep].astype(np.int64)
+    )
+
+
+def deviation_table(noisy: int, groups: int, norm: str) -> CostTable:
+    """``f(v - noisy)`` on ``0..groups``: ``(v - noisy)^2`` ("l2") or ``|v - noisy|`` ("l1")."""
+    if norm == "l2":
+        units = np.arange(groups, dtype=np.int64)
+        return _table(0, noisy * noisy, np.ones(groups, dtype=np.int64), 2 * (units - noisy) + 1)
+    if norm == "l1":
+        turn = min(max(noisy, 0), groups)
+        return _table(0, abs(noisy), np.array([turn, groups - turn]), np.array([-1, 1]))
+    raise ValueError(f"unknown norm {norm!r}; use one of {NORMS}")
+
+
+def add_tables(a: CostTable, b: CostTable) -> CostTable:
+    """Pointwise sum of two tables on the same domain (slopes add piece by piece)."""
+    if (a.lo, a.hi) != (b.lo, b.hi):
+        raise ValueError(f"domains differ: {a.lo}..{a.hi} and {b.lo}..{b.hi}")
+    ba, bb = a.breaks(), b.breaks()
+    points = np.union1d(ba, bb)
+    starts = points[:-1]
+    slopes = (
+        a.slopes[np.searchsorted(ba, starts, side="right") - 1]
+        + b.slopes[np.searchsorted(bb, starts, side="right") - 1]
+    )
+    return _table(a.lo, a.base + b.base, np.diff(points), slopes)
+
+
+def merge_tables(tables: Sequence[CostTable]) -> CostTable:
+    """Infimal convolution ``v -> min { sum_c t_c(v_c) : sum_c v_c = v }``: a slope merge."""
+    slopes = np.concatenate([t.slopes for t in tables])
+    lengths = np.concatenate([t.lengths for t in tables])
+    distinct, which = np.unique(slopes, return_inverse=True)
+    merged = np.zeros(distinct.size, dtype=np.int64)
+    np.add.at(merged, which, lengths)
+    return _table(sum(t.lo for t in tables), sum(t.base for t in tables), merged, distinct)
+
+
+def node_tables(
+    noisy: np.ndarray, groups: int, children: Sequence[Sequence[CostTable]], norm: str
+) -> list[CostTable]:
+    """The N cost tables ``phi^r_j`` of one node from its noisy histogram and its children's.
+
+    ``children`` holds, per child, that child's N tables (empty for a leaf).
+    """
+    own = [deviation_table(int(c), groups, norm) for c in noisy]
+    if not children:
+        return own
+    merged = [merge_tables([child[j] for child in children]) for j in range(len(own))]
+    for m in merged:
+        if (m.lo, m.hi) != (0, groups):
+            raise ValueError(f"children's group counts sum to {m.hi}, not the node's {groups}")
+    return [add_tables(o, m) for o, m in zip(own, merged, strict=True)]
+
+
+def split_by_slopes(tables: Sequence[CostTable], total: int) -> np.ndarray:
+    """``argmin sum_c t_c(v_c) s.t. sum_c v_c = total``: fill units in increasing slope order.
+
+    Ties go to the lower index, so the split is deterministic.
+    """
+    lo = np.array([t.lo for t in tables], dtype=np.int64)
+    need = total - int(lo.sum())
+    capacity = sum(int(t.lengths.sum()) for t in tables)
+    if not 0 <= need <= capacity:
+        raise ValueError(
+            f"total {total} outside the merged domain {lo.sum()}..{lo.sum() + capacity}"
+        )
+    slopes = np.concatenate([t.slopes for t in tables])
+    lengths = np.concatenate([t.lengths for t in tables])
+    owner = np.repeat(np.arange(len(tables)), [t.slopes.size for t in tables])
+    order = np.lexsort((owner, slopes))
+    filled_before = np.cumsum(lengths[order]) - lengths[order]
+    take = np.clip(need - filled_before, 0, lengths[order])
+    out = lo.copy()
+    np.add.at(out, owner[order], take)
+    return out
+
+
+def solve_root(tables: Sequence[CostTable], groups: int) -> np.ndarray:
+    """The root's histogram: the dummy root of T^dp holding ``groups`` over the N size tables."""
+    return split_by_slopes(tables, groups)
+
+
+class _Steps:
+    """Marginal costs of moving each cell of a family by one unit, kept up to date."""
+
+    def __init__(self, tables: Sequence[Sequence[CostTable]], v: np.ndarray) -> None:
+        self.tables = tables
+        k, n = v.shape
+        self.up = np.empty((k, n))
+        self.down = np.empty((k, n))
+        self.up_run = np.empty((k, n), dtype=np.int64)
+        self.down_run = np.empty((k, n), dtype=np.int64)
+        for c in range(k):
+            for j in range(n):
+                self.refresh(c, j, int(v[c, j]))
+
+    def refresh(self, c: int, j: int, value: int) -> None:
+        self.up[c, j], self.up_run[c, j] = self.tables[c][j].step_up(value)
+        self.down[c, j], self.down_run[c, j] = self.tables[c][j].step_down(value)
+
+
+def solve_family(
+    children: Sequence[Sequence[CostTable]], parent: np.ndarray, groups: np.ndarray
+) -> np.ndarray:
+    """Children's histograms (k x N) for a parent's released histogram, exactly.
+
+    Minimises ``sum_c sum_j children[c][j](v[c, j])`` s.t. column sums ``parent`` and row sums
+    ``groups``. Starts from the per-size optimum (column sums only), then moves units from
+    children with too many groups to children with too few along shortest paths of the residual
+    graph (child -> size: take a unit of that size; size -> child: give it), each time as many
+    units as keep every marginal cost on the path unchanged.
+    """
+    k, n = len(children), len(parent)
+    groups = np.asarray(groups, dtype=np.int64)
+    if int(np.sum(parent)) != int(groups.sum()):
+        raise ValueError(f"parent holds {np.sum(parent)} groups, the children {groups.sum()}")
+    v = np.stack(
+        [split_by_slopes([children[c][j] for c in range(k)], int(parent[j])) for j in range(n)], 1
+    )
+    excess = v.sum(axis=1) - groups
+    if not excess.any():
+        return v
+    steps = _Steps(children, v)
+    while (excess > 0).any():
+        dist_c = np.where(excess > 0, 0.0, np.inf)
+        dist_s = np.full(n, np.inf)
+        via_size = np.full(k, -1)  # size through which each child was reached
+        via_child = np.full(n, -1)  # child from which each size was reached
+        for _ in range(k + n + 2):
+            reach_s = dist_c[:, None] + steps.down
+            best_c = reach_s.argmin(axis=0)
+            cand_s = reach_s[best_c, np.arange(n)]
+            better_s = cand_s < dist_s
+            dist_s[better_s], via_child[better_s] = cand_s[better_s], best_c[better_s]
+            reach_c = dist_s[None, :] + steps.up
+            best_j = reach_c.argmin(axis=1)
+            cand_c = reach_c[np.arange(k), best_j]
+            better_c = cand_c < dist_c
+            dist_c[better_c], via_size[better_c] = cand_c[better_c], best_j[better_c]
+            if not better_s.any() and not better_c.any():
+                break
+        else:
+            raise RuntimeError("negative cycle in a family's residual graph (tables not convex?)")
+        deficit = np.flatnonzero(excess < 0)
+        target = int(deficit[np.argmin(dist_c[deficit])])
+        if not np.isfinite(dist_c[target]):
+            raise RuntimeError("no path from a child with surplus groups to one with too few")
+        gains, losses, c = [], [], target
+        while via_size[c] >= 0:
+            j = int(via_size[c])
+            gains.append((c, j))
+            c = int(via_child[j])
+            losses.append((c, j))
+        amount = min(int(excess[c]), int(-excess[target]))
+        amount = min(
+            [amount]
+            + [int(steps.up_run[g]) for g in gains]
+            + [int(steps.down_run[g]) for g in losses]
+        )
+        for cell in gains:
+            v[cell] += amount
+        for cell in losses:
+            v[cell] -= amount
+        for cell in gains + losses:
+            steps.refresh(cell[0], cell[1], int(v[cell]))
+        excess[c] -= amount
+        excess[target] += amount
+    return v
+
+
+# --- whole trees (the reference implementation, tests and benchmarks) ------------------------
+
+
+@dataclass(frozen=True)
+class GroupTree:
+    """A hierarchy with one row per node, parents before children (node 0 is the root).
+
+    ``noisy`` holds the noisy histograms (n x N); ``groups`` the public number of groups.
+    """
+
+    parent: np.ndarray
+    noisy: np.ndarray
+    groups: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.parent.size
+        if self.parent[0] != -1 or (n > 1 and not (self.parent[1:] < np.arange(1, n)).all()):
+            raise ValueError("node 0 must be the root and every parent must precede its children")
+        if n > 1 and (self.parent[1:] < 0).any():
+            raise ValueError("only node 0 may be a root")
+        sums = np.zeros(n, dtype=np.int64)
+        np.add.at(sums, self.parent[1:], self.groups[1:])
+        internal = np.bincount(self.parent[1:], minlength=n) > 0
+        if (sums[internal] != self.groups[internal]).any():
+            raise ValueError("every internal node's groups must equal the sum of its children's")
+
+    @property
+    def sizes(self) -> int:
+        return int(self.noisy.shape[1])
+
+    def children(self) -> list[np.ndarray]:
+        order = np.argsort(self.parent[1:], kind="stable") + 1
+        bounds = np.searchsorted(self.parent[order], np.arange(self.parent.size + 1))
+        return [order[bounds[r] : bounds[r + 1]] for r in range(self.parent.size)]
+
+
+@dataclass(frozen=True)
+class DpRelease:
+    counts: np.ndarray  # (n, N) integers
+    objective: int  # sum of f(x - noisy) over the tree
+    lower_bound: int  # opt(P_dp) <= opt(P)
+
+
+def objective(tree: GroupTree, counts: np.ndarray, norm: str) -> int:
+    diff = counts.astype(np.int64) - tree.noisy
+    return int(np.square(diff).sum() if norm == "l2" else np.abs(diff).sum())
+
+
+def dp_release(tree: GroupTree, norm: str) -> DpRelease:
+    """M_H^dp post-processing of a whole tree in one process (the Spark engine splits it)."""
+    kids = tree.children()
+    tables: list[list[CostTable]] = [[] for _ in kids]
+    for r in reversed(range(len(kids))):
+        tables[r] = node_tables(
+            tree.noisy[r], int(tree.groups[r]), [tables[c] for c in kids[r]], norm
+        )
+    counts = np.zeros_like(tree.noisy)
+    counts[0] = solve_root(tables[0], int(tree.groups[0]))
+    lower = sum(t.value(int(v)) for t, v in zip(tables[0], counts[0], strict=True))
+    for r in range(len(kids)):
+        if kids[r].size:
+            counts[kids[r]] = solve_family(
+                [tables[c] for c in kids[r]], counts[r], tree.groups[kids[r]]
+            )
+    return DpRelease(counts, objective(tree, counts, norm), int(lower))
+
+
+def violations(tree: GroupTree, counts: np.ndarray) -> dict[str, int]:
+    """Cells that are negative or not integers, (parent, size) pairs whose children do not sum
+    to the parent, and nodes whose sizes do not sum to their number of groups."""
+    whole = np.equal(np.mod(counts, 1), 0)
+    sums = np.zeros(counts.shape, dtype=counts.dtype)
+    np.add.at(sums, tree.parent[1:], counts[1:])
+    internal = np.bincount(tree.parent[1:], minlength=tree.parent.size) > 0
+    return {
+        "negative_or_fractional": int((~whole | (counts < 0)).sum()),
+        "inconsistent": int((sums[internal] != counts[internal]).sum()),
+        "unfaithful": int((counts.sum(axis=1) != tree.groups).sum()),
+    }
+
+
+def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndarray:
+    """The convex relaxation of P solved by Clarabel; floats (n x N).
+
+    With ``fixed_root`` the root's histogram is given (a family below an already solved parent)
+    and only its descendants are variables. Faithfulness is imposed at the leaves (with
+    consistency it implies every node's); with a fixed root its last size is left out, since it
+    follows from the others (avoiding a redundant, to round-off inconsistent, equality).
+    """
+    import clarabel  # a generic QP solver, needed by this baseline only
+
+    n, m = tree.noisy.shape
+    kids = tree.children()
+    first = 0 if fixed_root is None else 1  # the first node that is a variable
+    var = np.full(n, -1)
+    var[first:] = np.arange(n - first)
+
+    def cols(r: int) -> np.ndarray:
+        return var[r] * m + np.arange(m)
+
+    rows, cols_, vals, rhs = [], [], [], []
+
+    def equation(columns: np.ndarray, coefficients: np.ndarray, value: float) -> None:
+        rows.extend([len(rhs)] * columns.size)
+        cols_.extend(columns.tolist())
+        vals.extend(coefficients.tolist())
+        rhs.append(value)
+
+    for r in range(n):
+        if kids[r].size == 0:
+            equation(cols(r), np.ones(m), float(tree.groups[r]))
+            continue
+        for j in range(m if r or fixed_root is None else m - 1):
+            child_cols = np.array([cols(c)[j] for c in kids[r]])
+            if r < first:
+                equation(child_cols, np.ones(child_cols.size), float(fixed_root[j]))  # type: ignore[index]
+            else:
+                equation(
+                    np.append(child_cols, cols(r)[j]),
+                    np.append(-np.ones(child_cols.size), 1.0),
+                    0.0,
+                )
+    size = (n - first) * m
+    a_eq = sparse.csc_matrix((vals, (rows, cols_)), shape=(len(rhs), size))
+    a = sparse.vstack([a_eq, -sparse.identity(size)], format="csc")
+    b = np.concatenate([rhs, np.zeros(size)])
+    p = sparse.identity(size, format="csc") * 2.0
+    q = -2.0 * tree.noisy[first:].astype(np.float64).ravel()
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    cones = [clarabel.ZeroConeT(len(rhs)), clarabel.NonnegativeConeT(size)]
+    solution = clarabel.DefaultSolver(p, q, a, b, cones, settings).solve()
+    if str(solution.status) not in ("Solved", "AlmostSolved"):
+        raise RuntimeError(f"relaxed QP: Clarabel stopped with status {solution.status}")
+    out = np.zeros((n, m))
+    if fixed_root is not None:
+        out[0] = fixed_root
+    out[first:] = np.maximum(np.asarray(solution.x).reshape(n - first, m), 0.0)
+    return out
+
+
+def round_naive(x: np.ndarray) -> np.ndarray:
+    """Nearest integer, cell by cell: the paper's rounding of the relaxed solution."""
+    return np.rint(x).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class MilpSolution:
+    counts: np.ndarray
+    objective: int
+    seconds: float
+
+
+def solve_exact_milp(
+    tree: GroupTree, norm: str, faithful: str = "node", time_limit: float | None = None
+) -> MilpSolution:
+    """P (``faithful="node"``) or P_dp (``"root"``) solved exactly by HiGHS branch and bound.
+
+    l1 uses ``|x - c~| <= t``; l2 the exact piecewise-linear interpolation of the square at the
+    integers of ``0..G^r`` (one unit segment per integer, so only for small counts).
+    """
+    if faithful not in ("node", "root"):
+        raise ValueError(f"faithful must be 'node' or 'root', not {faithful!r}")
+    n, m = tree.noisy.shape
+    kids = tree.children()
+    x_count = n * m
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo_b: list[float] = []
+    hi_b: list[float] = []
+
+    def constraint(
+        columns: Sequence[int], coefficients: Sequence[float], low: float, high: float
+    ) -> None:
+        rows.extend([len(lo_b)] * len(columns))
+        cols.extend(columns)
+        vals.extend(coefficients)
+        lo_b.append(low)
+        hi_b.append(high)
+
+    for r in range(n):
+        for j in range(m):
+            if kids[r].size:
+                constraint(
+                    [r * m + j, *(c * m + j for c in kids[r])], [1.0] + [-1.0] * kids[r].size, 0, 0
+                )
+        if faithful == "node" or r == 0:
+            constraint(
+                [r * m + j for j in range(m)],
+                [1.0] * m,
+                float(tree.groups[r]),
+                float(tree.groups[r]),
+            )
+    upper = np.repeat(tree.groups, m).astype(np.float64)
+    noisy = tree.noisy.ravel().astype(np.float64)
+    if norm == "l1":
+        extra = x_count
+        cost = np.concatenate([np.zeros(x_count), np.ones(extra)])
+        for i in range(x_count):  # t_i >= |x_i - c~_i|
+            constraint([x_count + i, i], [1.0, -1.0], -noisy[i], np.inf)
+            constraint([x_count + i, i], [1.0, 1.0], noisy[i], np.inf)
+        var_hi = np.concatenate([upper, np.full(extra, np.inf)])
+    elif norm == "l2":
+        segments = tree.groups.repeat(m).astype(np.int64)
+        owner = np.repeat(np.arange(x_count), segments)
+        unit = np.arange(owner.size) - np.repeat(np.cumsum(segments) - segments, segments)
+        for i in range(x_count):  # x_i = sum of its unit segments
+            own = np.flatnonzero(owner == i)
+            constraint([i, *(x_count + own).tolist()], [1.0] + [-1.0] * own.size, 0, 0)
+        cost = np.concatenate([np.zeros(x_count), 2.0 * (unit - noisy[owner]) + 1.0])
+        var_hi = np.concatenate([upper, np.ones(owner.size)])
+    else:
+        raise ValueError(f"unknown norm {norm!r}; use one of {NORMS}")
+    size = cost.size
+    a = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo_b), size))
+    integrality = np.zeros(size)
+    integrality[:x_count] = 1
+    options = {"time_limit": time_limit} if time_limit else {}
+    started = time.perf_counter()
+    result = milp(
+        cost,
+        constraints=LinearConstraint(a, np.array(lo_b), np.array(hi_b)),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(size), var_hi),
+        options=options,
+    )
+    seconds = time.perf_counter() - started
+    if result.x is None or result.status != 0:
+        raise RuntimeError(f"milp: {result.message}")
+    counts = np.rint(result.x[:x_count]).reshape(n, m).astype(np.int64)
+    return MilpSolution(counts, objective(tree, counts, norm), seconds)

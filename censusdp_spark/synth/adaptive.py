@@ -1,0 +1,195 @@
+"""Adaptive Measurements (Liu et al. 2021, Algorithm 1 of Liu & Wu): select, measure, refit.
+
+Round t = 1 … T, with the total ρ split exactly (``fractions.Fraction``) into T equal parts and
+each part into a selection share and a measurement share:
+
+1. **Select** the unmeasured candidate workload whose current model answers are worst, by the
+   exponential mechanism on the score u(w) = max over its cells |q(D) − q(model)| with
+   ε_t = √(8 ρ_select): the winner is argmax_w ε_t·u(w)/(2Δ) + Gumbel(0, 1) (Gumbel-max, exactly
+   the exponential mechanism). ε-DP implies ε²/8-zCDP for this mechanism (Cesar & Rogers 2021,
+   bounded range), so the step is ρ_select-zCDP.
+2. **Measure** every cell of the chosen workload with the Gaussian mechanism,
+   σ = Δ₂/√(2 ρ_measure) (ρ = Δ₂²/(2σ²), Bun & Steinke 2016); answers clipped to [0, 1].
+3. **Refit** the model to all measurements so far (post-processing).
+
+Neighbouring datasets (Liu & Wu §3): the individual attributes of one person change; the number
+of households N_G, of individuals N_I, every household's membership and group attributes, and
+M are fixed and public. Then each normalised query moves by at most Δ = 1/N_G (Q_G: one
+household's indicator; size: nothing moves) or 1/N_I ≤ 1/N_G (Q_I: one person's indicator), so
+every score has sensitivity Δ = 1/N_G (the paper's max over the classes). A whole workload moves
+in at most two cells (the person leaves one cell and enters another; for Q_G the household may
+lose one person-value combination and gain one), so its L2 sensitivity is √2/N_G for Q_G and
+size and √2/N_I for Q_I. By composition the run is ρ-zCDP with ρ = Σ_t (ρ_select + ρ_measure),
+which is checked to equal the configured total exactly.
+
+Trust assumptions: the Gaussian noise is numpy's floating-point normal (``Generator.normal``) and
+the Gumbel noise numpy's floating-point Gumbel, both drawn from a keyed ChaCha20 stream
+(:func:`censusdp_spark.privacy.keyed_rng`). These are the continuous mechanisms of the paper's
+code, computed in floating point; they are not the exact discrete samplers the TopDown counts use
+(see ``censusdp_spark.privacy.samplers``), and floating-point artefacts (Mironov 2012) are not
+defended against here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Protocol
+
+import numpy as np
+
+from censusdp_spark.privacy import keyed_rng
+from censusdp_spark.synth.product import Target
+from censusdp_spark.synth.workloads import GROUP, INDIVIDUAL, SIZE, Totals, Workload, WorkloadSet
+
+
+class BudgetSplitError(ValueError):
+    """A budget split that does not add up exactly."""
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    round: int
+    rho_select: Fraction
+    rho_measure: Fraction
+
+    @property
+    def epsilon_select(self) -> float:
+        """The exponential mechanism's ε: ε²/8 = ρ_select."""
+        return math.sqrt(8 * self.rho_select)
+
+
+def split_rounds(rho: Fraction, rounds: int, select_share: Fraction) -> tuple[RoundBudget, ...]:
+    """ρ/T per round, ``select_share`` of it for selection; the parts re-add to ρ exactly."""
+    if not isinstance(rho, Fraction) or not isinstance(select_share, Fraction):
+        raise BudgetSplitError("rho and select_share must be exact fractions")
+    if rho <= 0 or rounds < 1 or not 0 < select_share < 1:
+        raise BudgetSplitError(
+            f"need rho > 0, rounds >= 1, 0 < select_share < 1; got {rho}, {rounds}, {select_share}"
+        )
+    per_round = rho / rounds
+    out = tuple(
+        RoundBudget(t, per_round * select_share, per_round * (1 - select_share))
+        for t in range(1, rounds + 1)
+    )
+    spent = sum((b.rho_select + b.rho_measure for b in out), Fraction(0))
+    if spent != rho:
+        raise BudgetSplitError(f"rounds spend {spent}, not {rho}")
+    return out
+
+
+def selection_sensitivity(totals: Totals) -> float:
+    """Δ of every workload score: 1/N_G (≥ 1/N_I because every household has a member)."""
+    return 1.0 / totals.households
+
+
+def l2_sensitivity(workload: Workload, totals: Totals) -> float:
+    """L2 sensitivity of a whole normalised workload under the change-one-person neighbour."""
+    if workload.kind in (GROUP, SIZE):
+        return math.sqrt(2.0) / totals.households
+    if workload.kind == INDIVIDUAL:
+        return math.sqrt(2.0) / totals.individuals
+    raise ValueError(f"{workload.kind} workloads are evaluated, not measured")
+
+
+def gaussian_sigma(workload: Workload, totals: Totals, rho: Fraction) -> float:
+    return l2_sensitivity(workload, totals) / math.sqrt(2 * rho)
+
+
+def exponential_mechanism(
+    scores: np.ndarray, epsilon: float, sensitivity: float, rng: np.random.Generator
+) -> int:
+    """Index drawn with probability ∝ exp(ε·score/(2Δ)) (Gumbel-max); −inf scores never win."""
+    noisy = epsilon * scores / (2 * sensitivity) + rng.gumbel(size=scores.shape)
+    return int(np.argmax(noisy))
+
+
+def gaussian_measure(answers: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Answers plus N(0, σ²) per cell, clipped to [0, 1] (clipping is post-processing)."""
+    return np.clip(answers + rng.normal(0.0, sigma, size=answers.shape), 0.0, 1.0)
+
+
+def workload_max_errors(truth: np.ndarray, model: np.ndarray, workloads: WorkloadSet) -> np.ndarray:
+    return np.maximum.reduceat(np.abs(truth - model), workloads.offsets[:-1])
+
+
+class Synthesiser(Protocol):
+    """What the loop needs of a method: current answers, and a refit to the measurements."""
+
+    def answers(self, workloads: WorkloadSet) -> np.ndarray: ...
+
+    def fit(self, targets: Sequence[Target]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Measurement:
+    round: int
+    workload: Workload
+    noisy: np.ndarray
+    sigma: float
+    rho_select: Fraction
+    rho_measure: Fraction
+    epsilon_select: float
+
+
+@dataclass
+class AdaptiveResult:
+    measurements: list[Measurement] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def rho_spent(self) -> Fraction:
+        return sum((m.rho_select + m.rho_measure for m in self.measurements), Fraction(0))
+
+    def targets(self) -> list[Target]:
+        return [Target(m.workload, m.noisy) for m in self.measurements]
+
+
+def adaptive_measurements(
+    synth: Synthesiser,
+    candidates: WorkloadSet,
+    truth: np.ndarray,
+    totals: Totals,
+    budgets: Sequence[RoundBudget],
+    secret: bytes,
+    stream: str,
+) -> AdaptiveResult:
+    """Run the rounds; ``truth`` (normalised answers of ``candidates``) is touched only by the
+    two mechanisms. Each round's randomness is its own keyed stream, so a rerun with the same
+    secret redraws exactly the same selections and noise."""
+    if len(budgets) > len(candidates):
+        raise ValueError(f"{len(budgets)} rounds but only {len(candidates)} candidate workloads")
+    result = AdaptiveResult()
+    measured = np.zeros(len(candidates), dtype=bool)
+    delta = selection_sensitivity(totals)
+    for budget in budgets:
+        started = time.perf_counter()
+        scores = workload_max_errors(truth, synth.answers(candidates), candidates)
+        scores[measured] = -np.inf
+        chosen = exponential_mechanism(
+            scores, budget.epsilon_select, delta, keyed_rng(secret, stream, "select", budget.round)
+        )
+        measured[chosen] = True
+        workload = candidates.workloads[chosen]
+        sigma = gaussian_sigma(workload, totals, budget.rho_measure)
+        noisy = gaussian_measure(
+            truth[candidates.cells(chosen)],
+            sigma,
+            keyed_rng(secret, stream, "measure", budget.round),
+        )
+        result.measurements.append(
+            Measurement(
+                budget.round,
+                workload,
+                noisy,
+                sigma,
+                budget.rho_select,
+                budget.rho_measure,
+                budget.epsilon_select,
+            )
+        )
+        synth.fit(result.targets())
+        result.seconds.append(time.perf_counter() - started)
+    return result

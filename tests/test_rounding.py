@@ -1,0 +1,160 @@
+"""round_children: optimal against brute force, constraints always hold, integral input kept."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from censusdp_spark.solvers import ChildrenProblem, round_children, solve_children
+
+
+def small_problem(
+    rng: np.random.Generator, n_children: int, with_totals: bool, root: bool = False
+) -> ChildrenProblem:
+    """A 2x2 histogram per child with total, one-way and detailed queries, Gaussian noise."""
+    maps = (np.zeros(4, dtype=np.int64), np.array([0, 0, 1, 1]), np.arange(4))
+    sizes = (1, 2, 4)
+    parent = rng.integers(0, 6, size=4).astype(np.int64)
+    share = rng.dirichlet(np.ones(n_children))
+    children = np.stack([rng.multinomial(count, share) for count in parent], axis=1)
+    noisy = tuple(
+        np.stack([np.bincount(m, child, minlength=s) for child in children])
+        + rng.normal(0.0, 1.5, (n_children, s))
+        for m, s in zip(maps, sizes, strict=True)
+    )
+    return ChildrenProblem(
+        maps,
+        sizes,
+        np.array([1.0, 0.7, 0.4]),
+        noisy,
+        None if root else parent,
+        children.sum(axis=1).astype(np.int64) if with_totals else None,
+    )
+
+
+def deviation(problem: ChildrenProblem, x: np.ndarray, x_hat: np.ndarray) -> float:
+    """``sum_q sum_c ||Q_q x_c - Q_q x_hat_c||_1``."""
+    total = 0.0
+    for m, s in zip(problem.marginals, problem.marginal_sizes, strict=True):
+        for row, row_hat in zip(x, x_hat, strict=True):
+            total += float(np.abs(np.bincount(m, row - row_hat, minlength=s)).sum())
+    return total
+
+
+def meets_constraints(problem: ChildrenProblem, x: np.ndarray, grand_total: int) -> bool:
+    if problem.parent is not None and not np.array_equal(x.sum(axis=0), problem.parent):
+        return False
+    if problem.child_totals is not None:
+        return bool(np.array_equal(x.sum(axis=1), problem.child_totals))
+    return problem.parent is not None or int(x.sum()) == grand_total
+
+
+def brute_force_best(problem: ChildrenProblem, x_hat: np.ndarray, grand_total: int) -> float:
+    """The least deviation over every floor-or-ceiling choice that meets the constraints."""
+    floor = np.floor(x_hat + 1e-9)
+    moving = np.argwhere(x_hat - floor > 1e-9)
+    best = np.inf
+    for bits in itertools.product((0, 1), repeat=len(moving)):
+        candidate = floor.copy()
+        for (c, j), bit in zip(moving, bits, strict=True):
+            candidate[c, j] += bit
+        if meets_constraints(problem, candidate, grand_total):
+            best = min(best, deviation(problem, candidate, x_hat))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_rounding_is_as_good_as_brute_force(seed: int, with_totals: bool) -> None:
+    rng = np.random.default_rng(seed)
+    problem = small_problem(rng, int(rng.integers(2, 4)), with_totals)
+    x_hat = solve_children(problem)
+    x = round_children(problem, x_hat)
+    assert x.dtype == np.int64
+    assert meets_constraints(problem, x, 0)
+    assert np.all((x == np.floor(x_hat + 1e-9)) | (x == np.floor(x_hat + 1e-9) + 1))
+    best = brute_force_best(problem, x_hat, 0)
+    assert deviation(problem, x, x_hat) == pytest.approx(best, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_root_rounds_to_the_rounded_grand_total(seed: int) -> None:
+    rng = np.random.default_rng(50 + seed)
+    problem = small_problem(rng, 1, with_totals=False, root=True)
+    x_hat = solve_children(problem)
+    x = round_children(problem, x_hat)
+    grand_total = int(np.round(x_hat.sum()))
+    assert int(x.sum()) == grand_total
+    assert deviation(problem, x, x_hat) == pytest.approx(
+        brute_force_best(problem, x_hat, grand_total), abs=1e-9
+    )
+
+
+def test_root_with_invariant_total_meets_it() -> None:
+    problem = small_problem(np.random.default_rng(3), 1, with_totals=True, root=True)
+    x = round_children(problem, solve_children(problem))
+    assert problem.child_totals is not None
+    assert int(x.sum()) == int(problem.child_totals[0])
+
+
+def test_constraints_hold_on_a_larger_problem() -> None:
+    rng = np.random.default_rng(4)
+    n_children, n_cells = 8, 24
+    maps = (np.zeros(n_cells, dtype=np.int64), np.arange(n_cells) // 6, np.arange(n_cells))
+    parent = rng.integers(0, 30, n_cells).astype(np.int64)
+    children = np.stack(
+        [rng.multinomial(c, rng.dirichlet(np.ones(n_children))) for c in parent], axis=1
+    )
+    noisy = tuple(
+        np.stack([np.bincount(m, child, minlength=s) for child in children])
+        + rng.normal(0.0, 2.0, (n_children, s))
+        for m, s in zip(maps, (1, 4, n_cells), strict=True)
+    )
+    problem = ChildrenProblem(
+        maps, (1, 4, n_cells), np.ones(3), noisy, parent, children.sum(axis=1).astype(np.int64)
+    )
+    x = round_children(problem, solve_children(problem))
+    np.testing.assert_array_equal(x.sum(axis=0), parent)
+    np.testing.assert_array_equal(x.sum(axis=1), problem.child_totals)
+    assert np.all(x >= 0)
+
+
+def test_integral_input_is_returned_unchanged() -> None:
+    rng = np.random.default_rng(5)
+    problem = small_problem(rng, 3, with_totals=True)
+    assert problem.parent is not None and problem.child_totals is not None
+    integral = np.zeros((3, 4), dtype=np.int64)
+    # Any integer table with the right margins: fill greedily.
+    rows, cols = problem.child_totals.copy(), problem.parent.copy()
+    for c in range(3):
+        for j in range(4):
+            integral[c, j] = min(rows[c], cols[j])
+            rows[c] -= integral[c, j]
+            cols[j] -= integral[c, j]
+    np.testing.assert_array_equal(round_children(problem, integral.astype(float)), integral)
+
+
+def test_values_within_tolerance_of_an_integer_are_that_integer() -> None:
+    rng = np.random.default_rng(6)
+    problem = small_problem(rng, 2, with_totals=False)
+    assert problem.parent is not None
+    exact = np.vstack([problem.parent, np.zeros(4, dtype=np.int64)]).astype(float)
+    noisy = exact + np.array([[1e-10, -1e-10, 5e-11, -3e-10], [-1e-10, 1e-10, -5e-11, 3e-10]])
+    noisy[1] = np.maximum(noisy[1], 0.0)
+    np.testing.assert_array_equal(round_children(problem, noisy), exact.astype(np.int64))
+
+
+def test_estimate_that_misses_the_parent_is_rejected() -> None:
+    rng = np.random.default_rng(7)
+    problem = small_problem(rng, 2, with_totals=False)
+    x_hat = solve_children(problem) + 1.0
+    with pytest.raises(ValueError, match="parent"):
+        round_children(problem, x_hat)
+
+
+def test_estimate_of_the_wrong_shape_is_rejected() -> None:
+    problem = small_problem(np.random.default_rng(8), 2, with_totals=False)
+    with pytest.raises(ValueError, match="x_hat"):
+        round_children(problem, np.zeros((3, 4)))
