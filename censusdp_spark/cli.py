@@ -10,6 +10,7 @@ from censusdp_spark.generate.cli import add_generate_parser, run_generate
 from censusdp_spark.model.config import load_config
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
+from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 from censusdp_spark.release.run_state import OutputExistsError, ResumeError
 
 
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument("--resume", action="store_true", help="continue a killed run from its last complete step")
     topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_generate_parser(sub)
+    add_synth_parser(sub)
     return parser
 
 
@@ -54,7 +56,7 @@ def _topdown(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        commands = {"budget": _budget, "topdown": _topdown, "generate": run_generate}
+        commands = {"budget": _budget, "topdown": _topdown, "generate": run_generate, "synth": run_synth_from_args}
         return commands[args.command](args)
     except (ConfigError, InputError, BudgetError, OutputExistsError, ResumeError, ValueError) as err:
         print(f"censusdp: error: {err}", file=sys.stderr)

@@ -26,3 +26,43 @@ def secret_file(tmp_path: Path) -> Path:
     path.write_text("ab" * 32)
     path.chmod(0o600)
     return path
+
+
+COUNTY = "44001"  # Bristol County, RI: 1,092 blocks of the real 2010 file
+
+
+@pytest.fixture(scope="session")
+def county_csv(tmp_path_factory) -> Path:
+    """The real RI 2010 blocks of one county, as a small TopDown input."""
+    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
+    path = tmp_path_factory.mktemp("input") / "bristol.csv"
+    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(COUNTY)]]) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def fixed_secret(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "secret.hex"
+    path.write_text("5e" * 32 + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="session")
+def reference_release(spark, county_csv, fixed_secret, tmp_path_factory) -> Path:
+    """An undisturbed TopDown run (with --evaluate) on the county, through the CLI."""
+    from censusdp_spark.cli import main
+
+    out = tmp_path_factory.mktemp("release") / "out"
+    code = main(["topdown", "--config", str(ROOT / "conf" / "ri_2010_demo.toml"), "--input", str(county_csv),
+                 "--output", str(out), "--secret-file", str(fixed_secret), "--evaluate"])
+    assert code == 0
+    return out
+
+
+def assert_same_tables(spark, a: Path, b: Path, tables=("noisy_measurements", "estimates", "microdata")) -> None:
+    for table in tables:
+        left = spark.read.format("delta").load(str(a / table))
+        right = spark.read.format("delta").load(str(b / table))
+        assert left.count() > 0, table
+        assert left.exceptAll(right).count() == 0 and right.exceptAll(left).count() == 0, table

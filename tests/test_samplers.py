@@ -212,13 +212,14 @@ def test_laplace_with_huge_numerator_and_denominator_is_exact(scale):
 @pytest.mark.parametrize("top", [2, 3, 7])
 def test_bernoulli_exp_minus_one_is_exact_with_any_radix_cut(top):
     """Small cuts send a sixth or a half of the draws down the K loop that finishes them."""
-    draws = samplers._bernoulli_exp_minus_one(400_000, rng_for("radix", top), top=top)
+    words = samplers._Words(rng_for("radix", top), 400_000)
+    draws = samplers._bernoulli_exp_minus_one(400_000, words, top=top)
     standard_error = math.sqrt(math.exp(-1) * (1 - math.exp(-1)) / draws.size)
     assert abs(draws.mean() - math.exp(-1)) < 5 * standard_error
 
 
 def test_geometric_count_has_ratio_exp_minus_one():
-    counts = samplers._geometric_exp_minus_one(200_000, rng_for("geometric"))
+    counts = samplers._geometric_exp_minus_one(200_000, samplers._Words(rng_for("geometric"), 0))
     support = np.arange(0, 60)
     pmf = (1 - math.exp(-1)) * np.exp(-support.astype(float))
     assert_fits(counts, (support, pmf))

@@ -8,38 +8,21 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from tests.conftest import assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[1]
-COUNTY = "44001"  # Bristol County, RI: 1,092 blocks of the real 2010 file
-
-
-@pytest.fixture(scope="module")
-def county_csv(tmp_path_factory) -> Path:
-    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
-    path = tmp_path_factory.mktemp("input") / "bristol.csv"
-    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(COUNTY)]]) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def secret(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("secret") / "secret.hex"
-    path.write_text("5e" * 32 + "\n")
-    path.chmod(0o600)
-    return path
-
-
 def run(spark, config: Path, *args: str) -> int:
     return main(["topdown", "--config", str(config), *args])
 
 
-@pytest.fixture(scope="module")
-def release(spark, county_csv, secret, tmp_path_factory):
-    out = tmp_path_factory.mktemp("release") / "out"
-    code = run(spark, ROOT / "conf" / "ri_2010_demo.toml", "--input", str(county_csv), "--output", str(out),
-               "--secret-file", str(secret), "--evaluate")
-    assert code == 0
-    return out
+@pytest.fixture
+def release(reference_release):
+    return reference_release
+
+
+@pytest.fixture
+def secret(fixed_secret):
+    return fixed_secret
 
 
 def delta(spark, path: Path):
@@ -87,9 +70,7 @@ def test_same_secret_reproduces_the_release_exactly(spark, release, county_csv, 
     again = tmp_path / "again"
     assert run(spark, ROOT / "conf" / "ri_2010_demo.toml", "--input", str(county_csv), "--output", str(again),
                "--secret-file", str(secret)) == 0
-    for table in ("noisy_measurements", "estimates"):
-        a, b = delta(spark, release / table), delta(spark, again / table)
-        assert a.exceptAll(b).count() == 0 and b.exceptAll(a).count() == 0, table
+    assert_same_tables(spark, release, again)
 
 
 def test_existing_output_is_not_overwritten_without_the_flag(spark, release, county_csv, secret, capsys):

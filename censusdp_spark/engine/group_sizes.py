@@ -379,10 +379,10 @@ def relaxed_root(noisy: np.ndarray, groups: int) -> np.ndarray:
 
 
 def rounded_release(solution: DataFrame) -> DataFrame:
-    """The relaxed solution rounded cell by cell to the nearest integer (the paper's baseline)."""
+    """The relaxed solution rounded cell by cell to the nearest integer, ties to even (as numpy)."""
     return solution.select(
         "geocode", "level", F.posexplode("solution").alias("pos", "value")
-    ).select("geocode", "level", (F.col("pos") + 1).cast("int").alias("size"), F.round("value").cast("long").alias("count"))
+    ).select("geocode", "level", (F.col("pos") + 1).cast("int").alias("size"), F.bround("value").cast("long").alias("count"))
 
 
 # --- cumulative: per-family integer programs top-down ------------------------------------------

@@ -27,9 +27,6 @@ from censusdp_spark.synth.config import SynthInput
 from censusdp_spark.synth.domain import HouseholdDomain, encode_joined
 from censusdp_spark.synth.workloads import Totals, WorkloadSet, count_answers, totals_of
 
-SYNTHETIC_HOUSEHOLDS = "synthetic_households"
-SYNTHETIC_PERSONS = "synthetic_persons"
-NOISY_MEASUREMENTS = "noisy_measurements"
 PARTIAL_SCHEMA = "key string, index long, count long, example string"
 _QUERY = "q"
 

@@ -69,6 +69,9 @@ _DIGIT_BITS = 16
 """Bits per digit of the uniform U in exact Bernoulli draws (tests shrink it to force ties)."""
 _DIGIT_DTYPE = np.uint16
 
+_WORD_BITS = 16
+"""Width of the raw words every draw is cut from."""
+
 _RADIX_TOP = 7
 """Bernoulli(exp(−1)) reads the CKS digits U_2…U_7 from one uniform integer below 7! = 5040."""
 
@@ -83,7 +86,12 @@ def discrete_gaussian(sigma2: Fraction | int, size: int, rng: np.random.Generato
     variance = _exact_positive(sigma2, "sigma2")
     _check_size(size)
     t = math.isqrt(variance.numerator // variance.denominator) + 1
-    return _fill(size, lambda trials: _gaussian_batch(variance, t, trials, rng))
+    words = _Words(rng, 16 * size)
+    return _fill(
+        size,
+        lambda trials: _gaussian_batch(variance, t, trials, words),
+        _gaussian_acceptance_rate(variance, t),
+    )
 
 
 def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -91,7 +99,12 @@ def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator)
     exact_scale = _exact_positive(scale, "scale")
     _check_size(size)
     t, s = exact_scale.numerator, exact_scale.denominator
-    return _fill(size, lambda trials: _signed(_laplace_magnitudes(t, s, trials, rng), rng))
+    words = _Words(rng, 8 * size)
+    return _fill(
+        size,
+        lambda trials: _signed(_laplace_magnitudes(t, s, trials, words), words),
+        _laplace_acceptance_rate(t, s),
+    )
 
 
 def discrete_gaussian_pmf(
@@ -140,35 +153,103 @@ def _check_size(size: object) -> None:
         raise ValueError(f"size must be non-negative, got {size}")
 
 
+# --- random words ----------------------------------------------------------------------------
+
+
+class _Words:
+    """Uniform 16-bit words cut from the generator's raw 64-bit output, each used once.
+
+    Reading raw output in blocks costs one numpy call per block, where ``rng.integers`` costs
+    about 8 µs per call; small calls (one node, one query) would otherwise be dominated by it.
+    """
+
+    def __init__(self, rng: np.random.Generator, block: int) -> None:
+        self.rng = rng
+        self._block = max(block, 256)
+        self._buffer = np.empty(0, dtype=np.uint16)
+        self._next = 0
+
+    def take(self, size: int) -> np.ndarray:
+        """The next ``size`` words (a read-only view)."""
+        if self._next + size > self._buffer.size:
+            raw = self.rng.bit_generator.random_raw(max(self._block, size) // 4 + 1)
+            fresh = np.asarray(raw, dtype=np.uint64).view(np.uint16)
+            self._buffer = np.concatenate((self._buffer[self._next :], fresh))
+            self._next = 0
+        self._next += size
+        return self._buffer[self._next - size : self._next]
+
+    def digits(self, size: int) -> np.ndarray:
+        """Uniform digits in [0, 2**_DIGIT_BITS): the top bits of fresh words."""
+        return self.take(size) >> (_WORD_BITS - _DIGIT_BITS)
+
+    def coins(self, size: int) -> np.ndarray:
+        """Fair coins, as booleans."""
+        return self.take(size) >= 1 << (_WORD_BITS - 1)
+
+    def below(self, bound: int, size: int) -> np.ndarray:
+        """Uniform integers in [0, bound), exactly: words past the last multiple of ``bound``
+        below 2**16 are redrawn. Bounds past 2**16 use ``rng.integers``, which is also exact."""
+        if bound > 1 << _WORD_BITS:
+            return self.rng.integers(0, bound, size=size, dtype=_uniform_dtype(bound))
+        limit = (1 << _WORD_BITS) // bound * bound
+        word = self.take(size)
+        redraw = (word >= limit).nonzero()[0]
+        if redraw.size:
+            word = word.copy()
+        while redraw.size:
+            word[redraw] = self.take(redraw.size)
+            redraw = redraw[word[redraw] >= limit]
+        return word % bound if bound < 1 << _WORD_BITS else word
+
+
+def _uniform_dtype(bound: int) -> type[np.integer]:
+    return np.uint32 if bound <= 1 << 32 else np.int64
+
+
 # --- batching --------------------------------------------------------------------------------
 
 
-def _fill(size: int, draw_batch: Callable[[int], np.ndarray]) -> np.ndarray:
+def _fill(size: int, draw_batch: Callable[[int], np.ndarray], rate: float) -> np.ndarray:
     """Concatenate accepted draws from batches of independent trials until there are ``size``.
 
     Keeping the first accepted draws of a batch selects by position, not value, so the kept draws
-    are still independent with the target law. Each batch is sized from the acceptance rate seen so
-    far, so two batches usually suffice.
+    are still independent with the target law. ``rate``, the expected fraction of trials
+    accepted, only sizes the batches (four standard deviations of margin, so one batch almost
+    always suffices); it decides nothing about any draw.
     """
     out = np.empty(size, dtype=np.int64)
-    filled, trials_run, accepted = 0, 0, 0
+    filled = 0
     while filled < size:
         wanted = size - filled
-        rate = accepted / trials_run if accepted else 0.5
-        trials = math.ceil(1.05 * wanted / rate) + 16
-        batch = draw_batch(trials)
+        batch = draw_batch(math.ceil((wanted + 4 * math.sqrt(wanted) + 4) / rate))
         take = min(batch.size, wanted)
         out[filled : filled + take] = batch[:take]
         filled += take
-        trials_run += trials
-        accepted += batch.size
     return out
 
 
-def _signed(magnitude: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+@lru_cache(maxsize=256)
+def _gaussian_acceptance_rate(sigma2: Fraction, t: int) -> float:
+    """Pr[a trial of Algorithm 3 is accepted] = (1 − e⁻¹)/(2t) · exp(−σ²/2t²) · Σ_y exp(−y²/2σ²)."""
+    return (
+        -math.expm1(-1)
+        / (2 * t)
+        * math.exp(-float(sigma2) / (2 * t * t))
+        * _gaussian_sums(sigma2)[0]
+    )
+
+
+def _laplace_acceptance_rate(t: int, s: int) -> float:
+    """Pr[a trial of Algorithm 2 is accepted] = Pr[U passes] · (1 − Pr[Y = 0]/2)."""
+    u_passes = -math.expm1(-1) / (t * -math.expm1(-1 / t))
+    return u_passes * (1 + math.exp(-s / t)) / 2
+
+
+def _signed(magnitude: np.ndarray, words: _Words) -> np.ndarray:
     """Attach a fair sign to each magnitude, dropping "−0" (CKS20 Algorithm 2, step 5)."""
-    negative = rng.integers(0, 2, size=magnitude.size, dtype=bool)
-    keep = np.flatnonzero(~(negative & (magnitude == 0)))
+    negative = words.coins(magnitude.size)
+    keep = (~(negative & (magnitude == 0))).nonzero()[0]
     magnitude = magnitude[keep]
     return np.where(negative[keep], -magnitude, magnitude)
 
@@ -176,12 +257,12 @@ def _signed(magnitude: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 # --- CKS20 Algorithms 2 and 3 ----------------------------------------------------------------
 
 
-def _laplace_magnitudes(t: int, s: int, trials: int, rng: np.random.Generator) -> np.ndarray:
+def _laplace_magnitudes(t: int, s: int, trials: int, words: _Words) -> np.ndarray:
     """⌊(U + t·V)/s⌋ for the trials whose U passes Bernoulli(exp(−U/t)) (Alg. 2, steps 1–4)."""
-    u = rng.integers(0, t, size=trials, dtype=_uniform_dtype(t))
+    u = words.below(t, trials)
     if t > 1:
-        u = u[np.flatnonzero(_bernoulli_exp_minus_fraction(_uniform_fractions(u, t), rng))]
-    v = _geometric_exp_minus_one(u.size, rng)
+        u = u[_bernoulli_exp_minus_fraction(_uniform_fractions(u, t), words).nonzero()[0]]
+    v = _geometric_exp_minus_one(u.size, words)
     u = u.astype(np.int64)
     if t * (int(v.max(initial=0)) + 1) < _INT64_LIMIT:
         x = u + t * v
@@ -191,22 +272,15 @@ def _laplace_magnitudes(t: int, s: int, trials: int, rng: np.random.Generator) -
     return np.asarray(exact.astype(np.int64))
 
 
-def _gaussian_batch(sigma2: Fraction, t: int, trials: int, rng: np.random.Generator) -> np.ndarray:
+def _gaussian_batch(sigma2: Fraction, t: int, trials: int, words: _Words) -> np.ndarray:
     """Accepted draws of N_Z(0, sigma2) from ``trials`` candidates (Alg. 3, rejections merged).
 
     The sign is drawn last: it is independent of the acceptance test, which depends on |Y| only.
     """
-    magnitude = _laplace_magnitudes(t, 1, trials, rng)
+    magnitude = _laplace_magnitudes(t, 1, trials, words)
     whole, fraction = _gaussian_exponents(sigma2, t, magnitude)
-    accepted = _bernoulli_exp_minus(whole, fraction, rng)
-    return _signed(magnitude[np.flatnonzero(accepted)], rng)
-
-
-def _uniform_dtype(t: int) -> type[np.integer]:
-    """The narrowest dtype that draws uniform integers below t with little rejection."""
-    if t <= 1 << 12:
-        return np.uint16
-    return np.uint32 if t <= 1 << 28 else np.int64
+    accepted = _bernoulli_exp_minus(whole, fraction, words)
+    return _signed(magnitude[accepted.nonzero()[0]], words)
 
 
 # --- exact Bernoulli draws ------------------------------------------------------------------
@@ -229,7 +303,7 @@ class _Fractions:
         return _Fractions(self.lead[index], self.key[index], self.numerators, self.denom)
 
     def numerator(self, i: int) -> int:
-        return self.numerators[int(self.key[i])]
+        return int(self.numerators[int(self.key[i])])
 
 
 def _uniform_fractions(u: np.ndarray, t: int) -> _Fractions:
@@ -241,13 +315,8 @@ def _uniform_fractions(u: np.ndarray, t: int) -> _Fractions:
     return _Fractions(lead.astype(_DIGIT_DTYPE), u, range(t), t)
 
 
-def _digits(size: int, rng: np.random.Generator) -> np.ndarray:
-    """Uniform digits in [0, 2**_DIGIT_BITS)."""
-    return rng.integers(0, 1 << _DIGIT_BITS, size=size, dtype=_DIGIT_DTYPE)
-
-
 def _bernoulli_fraction_over(
-    fraction: _Fractions, live: np.ndarray, lead: np.ndarray, k: int, rng: np.random.Generator
+    fraction: _Fractions, live: np.ndarray, lead: np.ndarray, k: int, words: _Words
 ) -> np.ndarray:
     """Bernoulli(f_i / k) for the live elements i: U < f_i/k, decided on U's first digit.
 
@@ -258,25 +327,25 @@ def _bernoulli_fraction_over(
         lead = np.zeros_like(lead)
     elif k > 1:
         lead = lead // k
-    digit = _digits(lead.size, rng)
+    digit = words.digits(lead.size)
     success = digit < lead
-    for i in np.flatnonzero(digit == lead):
+    for i in (digit == lead).nonzero()[0]:
         numerator = fraction.numerator(int(live[i]))
-        success[i] = _below_after_tie(numerator, fraction.denom * k, rng)
+        success[i] = _below_after_tie(numerator, fraction.denom * k, words)
     return success
 
 
-def _below_after_tie(numerator: int, denom: int, rng: np.random.Generator) -> bool:
+def _below_after_tie(numerator: int, denom: int, words: _Words) -> bool:
     """Whether U < numerator/denom < 1, given that U's first digit equalled the fraction's."""
     rest = (numerator << _DIGIT_BITS) % denom
     while True:
         target, rest = divmod(rest << _DIGIT_BITS, denom)
-        digit = int(_digits(1, rng)[0])
+        digit = int(words.digits(1)[0])
         if digit != target:
             return digit < target
 
 
-def _bernoulli_exp_minus_fraction(fraction: _Fractions, rng: np.random.Generator) -> np.ndarray:
+def _bernoulli_exp_minus_fraction(fraction: _Fractions, words: _Words) -> np.ndarray:
     """Bernoulli(exp(−f_i)) for f_i ∈ [0, 1): the K loop of CKS20 Algorithm 1.
 
     Draw A ~ Bernoulli(f/K) for K = 1, 2, … until A = 0; succeed iff that K is odd. Each round
@@ -288,42 +357,40 @@ def _bernoulli_exp_minus_fraction(fraction: _Fractions, rng: np.random.Generator
     k = 1
     while live.size:
         out[live] = k % 2 == 1
-        keep = np.flatnonzero(_bernoulli_fraction_over(fraction, live, lead, k, rng))
+        keep = _bernoulli_fraction_over(fraction, live, lead, k, words).nonzero()[0]
         live, lead = live[keep], lead[keep]
         k += 1
     return out
 
 
-def _bernoulli_exp_minus(
-    whole: np.ndarray, fraction: _Fractions, rng: np.random.Generator
-) -> np.ndarray:
+def _bernoulli_exp_minus(whole: np.ndarray, fraction: _Fractions, words: _Words) -> np.ndarray:
     """Bernoulli(exp(−(w_i + f_i))): w_i draws of Bernoulli(exp(−1)), then exp(−f_i) (Alg. 1)."""
-    success = _all_bernoulli_exp_minus_one(whole, rng)
-    passed = np.flatnonzero(success)
-    success[passed] = _bernoulli_exp_minus_fraction(fraction.take(passed), rng)
+    success = _all_bernoulli_exp_minus_one(whole, words)
+    passed = success.nonzero()[0]
+    success[passed] = _bernoulli_exp_minus_fraction(fraction.take(passed), words)
     return success
 
 
-def _all_bernoulli_exp_minus_one(count: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _all_bernoulli_exp_minus_one(count: np.ndarray, words: _Words) -> np.ndarray:
     """Whether ``count_i`` independent Bernoulli(exp(−1)) draws all succeed, for each i."""
     success = np.ones(count.size, dtype=bool)
-    live = np.flatnonzero(count > 0)
+    live = (count > 0).nonzero()[0]
     remaining = count[live]
     while live.size:
-        passed = _bernoulli_exp_minus_one(live.size, rng)
-        success[live[np.flatnonzero(~passed)]] = False
-        keep = np.flatnonzero(passed & (remaining > 1))
+        passed = _bernoulli_exp_minus_one(live.size, words)
+        success[live[(~passed).nonzero()[0]]] = False
+        keep = (passed & (remaining > 1)).nonzero()[0]
         live, remaining = live[keep], remaining[keep] - 1
     return success
 
 
-def _geometric_exp_minus_one(size: int, rng: np.random.Generator) -> np.ndarray:
+def _geometric_exp_minus_one(size: int, words: _Words) -> np.ndarray:
     """Successes of Bernoulli(exp(−1)) before the first failure: Pr[V ≥ v] = exp(−v)."""
     count = np.zeros(size, dtype=np.int64)
-    live = np.flatnonzero(_bernoulli_exp_minus_one(size, rng))
+    live = _bernoulli_exp_minus_one(size, words).nonzero()[0]
     while live.size:
         count[live] += 1
-        live = live[np.flatnonzero(_bernoulli_exp_minus_one(live.size, rng))]
+        live = live[_bernoulli_exp_minus_one(live.size, words).nonzero()[0]]
     return count
 
 
@@ -337,26 +404,24 @@ def _radix_split(top: int) -> tuple[int, int]:
     return span, odd_stops
 
 
-def _bernoulli_exp_minus_one(
-    size: int, rng: np.random.Generator, top: int = _RADIX_TOP
-) -> np.ndarray:
+def _bernoulli_exp_minus_one(size: int, words: _Words, top: int = _RADIX_TOP) -> np.ndarray:
     """Bernoulli(exp(−1)), mostly from one draw of M ∈ [0, top!) (see the module docstring)."""
     span, odd_stops = _radix_split(top)
-    m = rng.integers(0, span, size=size, dtype=np.uint16 if span <= 1 << 16 else np.int64)
+    m = words.below(span, size)
     success = m < odd_stops
-    undecided = np.flatnonzero(m == span - 1)
+    undecided = (m == span - 1).nonzero()[0]
     if undecided.size:
-        success[undecided] = _unit_loop_from(top + 1, undecided.size, rng)
+        success[undecided] = _unit_loop_from(top + 1, undecided.size, words)
     return success
 
 
-def _unit_loop_from(k: int, size: int, rng: np.random.Generator) -> np.ndarray:
+def _unit_loop_from(k: int, size: int, words: _Words) -> np.ndarray:
     """Finish Algorithm 1 with γ = 1 from K = k: stop at the first U_K ≠ 0; 1 iff K is odd."""
     out = np.empty(size, dtype=bool)
     live = np.arange(size)
     while live.size:
         out[live] = k % 2 == 1
-        live = live[np.flatnonzero(rng.integers(0, k, size=live.size) == 0)]
+        live = live[(words.below(k, live.size) == 0).nonzero()[0]]
         k += 1
     return out
 

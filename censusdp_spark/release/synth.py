@@ -27,22 +27,10 @@ import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from pyspark.sql import SparkSession
 
-from censusdp_spark.engine.synth import (
-    NOISY_MEASUREMENTS,
-    SYNTHETIC_HOUSEHOLDS,
-    SYNTHETIC_PERSONS,
-    check_encoding,
-    measurements_frame,
-    read_linked,
-    workload_counts,
-    write_frames,
-)
-from censusdp_spark.io import delta
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy import (
     approx_dp_to_zcdp,
@@ -53,7 +41,7 @@ from censusdp_spark.privacy import (
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
 from censusdp_spark.release.manifest import versions, write_manifest
-from censusdp_spark.release.topdown import OutputExistsError, prepare_output
+from censusdp_spark.release.run_state import OutputExistsError
 from censusdp_spark.synth.config import METHODS, SynthConfig, load_synth_config
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
@@ -65,6 +53,12 @@ from censusdp_spark.synth.workloads import (
     relationship_workloads,
 )
 
+if TYPE_CHECKING:  # Spark is imported when a run starts, so the CLI stays quick to load
+    from pyspark.sql import SparkSession
+
+SYNTHETIC_HOUSEHOLDS = "synthetic_households"
+SYNTHETIC_PERSONS = "synthetic_persons"
+NOISY_MEASUREMENTS = "noisy_measurements"
 EVALUATION = "evaluation"
 RHO_GRID = 10**12
 """ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
@@ -134,6 +128,16 @@ def resolve_rho(config: SynthConfig, options: SynthOptions) -> tuple[Fraction, f
 
 
 def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
+    from censusdp_spark.engine.synth import (
+        check_encoding,
+        measurements_frame,
+        read_linked,
+        workload_counts,
+        write_frames,
+    )
+    from censusdp_spark.io import delta
+    from censusdp_spark.release.topdown import prepare_output
+
     started = time.perf_counter()
     timings: dict[str, float] = {}
 

@@ -83,7 +83,10 @@ class RunSummary:
 def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     run = config.run
     if options.output is not None:
-        run = replace(run, output=options.output)
+        # A different output is a different run: its private area (state, generated secret)
+        # sits beside it rather than in the config's private_dir.
+        private = options.output.parent / f"{options.output.name}.private"
+        run = replace(run, output=options.output, private_dir=private)
     if options.secret_file is not None:
         run = replace(run, secret_file=options.secret_file)
     spec = config.input

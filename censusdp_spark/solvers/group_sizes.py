@@ -438,7 +438,7 @@ def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndar
 
 
 def round_naive(x: np.ndarray) -> np.ndarray:
-    """Nearest integer, cell by cell: the paper's rounding of the relaxed solution."""
+    """Nearest integer (ties to even), cell by cell: the paper's rounding of the relaxed solution."""
     return np.rint(x).astype(np.int64)
 
 

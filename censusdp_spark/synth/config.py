@@ -40,7 +40,7 @@ class SynthBudget:
 @dataclass(frozen=True)
 class MwemOptions:
     passes: int = 10  # multiplicative-weights passes over all measurements after each round
-    step: float = 0.5
+    step: float = 1.0  # η of the multiplicative update
     max_domain: int = 2_000_000
 
 

@@ -127,6 +127,8 @@ class Households:
     def __post_init__(self) -> None:
         if self.group.ndim != 2 or self.members.ndim != 3 or len(self.group) != len(self.members):
             raise ValueError("group must be (N, k_G) and members (N, M, k_I) with the same N")
+        if self.members.shape[2] == 0:
+            raise ValueError("members need at least one individual attribute")
 
     @property
     def n_households(self) -> int:
@@ -138,11 +140,7 @@ class Households:
 
     @property
     def present(self) -> np.ndarray:
-        return (
-            self.members[:, :, 0] != ABSENT
-            if self.members.shape[2]
-            else np.zeros(self.members.shape[:2], dtype=bool)
-        )
+        return self.members[:, :, 0] != ABSENT
 
     @property
     def sizes(self) -> np.ndarray:

@@ -13,6 +13,11 @@ that is selected and measured, Liu et al. 2021's "marginal trick"):
   values ``b`` on ``S_rel``. Normaliser N_R, the number of restricted individuals.
 * ``size``: the household-size histogram (fraction of households with 1 … M members).
 
+Q_G, Q_I and size are what the methods measure (sensitivities in :mod:`.adaptive`). Q_R is an
+evaluation workload: one person's change moves the indicators of up to M_R members of the
+household (the person and each relative), so Δ₁ ≤ M_R/N_R per query, and N_R itself moves when a
+relationship changes; it is answered on the synthetic tables, never measured.
+
 Cells are numbered in C order over (group attributes, person attributes, relative attributes),
 each in attribute order. Answers here are *counts*; :func:`normalise` divides by the totals.
 Every function is additive over households, so partial counts from disjoint parts of the data
