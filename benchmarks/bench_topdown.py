@@ -30,9 +30,22 @@ def run_once(state: str, rho: str, work: Path, secret: Path) -> dict:
     out = work / config.stem
     started = time.perf_counter()
     subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "censusdp"), "topdown", "--config", str(config), "--output", str(out),
-         "--secret-file", str(secret), "--evaluate", "--master", "local[2]"],
-        check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+        [
+            str(ROOT / ".venv" / "bin" / "censusdp"),
+            "topdown",
+            "--config",
+            str(config),
+            "--output",
+            str(out),
+            "--secret-file",
+            str(secret),
+            "--evaluate",
+            "--master",
+            "local[2]",
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - started
     manifest = json.loads((out / "manifest.json").read_text())
@@ -48,12 +61,33 @@ def mae_table(results: list[dict], levels: list[str]) -> list[str]:
     ]
     for r in results:
         for method in ("topdown", "block_by_block"):
-            vals = {e["level"]: float(e["value"]) for e in r["errors"] if e["method"] == method and e["metric"] == "mae_total"}
+            vals = {
+                e["level"]: float(e["value"])
+                for e in r["errors"]
+                if e["method"] == method and e["metric"] == "mae_total"
+            }
             lines.append(
                 f"| {r['state'].upper()} | {float(Fraction(r['rho'])):.3g} | {method} | "
-                + " | ".join(f"{vals[lv]:.2f}" for lv in levels) + " |"
+                + " | ".join(f"{vals[lv]:.2f}" for lv in levels)
+                + " |"
             )
     return lines
+
+
+def mae(result: dict, method: str, level: str) -> float:
+    return next(
+        float(e["value"])
+        for e in result["errors"]
+        if e["method"] == method and e["metric"] == "mae_total" and e["level"] == level
+    )
+
+
+def mae(result: dict, method: str, level: str) -> float:
+    return next(
+        float(e["value"])
+        for e in result["errors"]
+        if e["method"] == method and e["metric"] == "mae_total" and e["level"] == level
+    )
 
 
 def main() -> None:
@@ -89,15 +123,28 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        get = lambda m, lv: next(float(e["value"]) for e in r["errors"] if e["method"] == m and e["metric"] == "mae_total" and e["level"] == lv)  # noqa: E731
-        ratios = [get("block_by_block", lv) / max(get("topdown", lv), 1e-12) for lv in levels[2:]]
-        lines.append(f"| {r['state'].upper()} | {float(Fraction(r['rho'])):.3g} | " + " | ".join(f"{x:.1f}x" for x in ratios) + " |")
-    lines += ["", "Wall time per run (whole job incl. JVM start and evaluation) and per phase, seconds:", "",
-              "| state | rho | wall | " + " | ".join(results[0]["manifest"]["timings_s"]) + " |",
-              "|---|---|---|" + "---|" * len(results[0]["manifest"]["timings_s"])]
+        ratios = [
+            mae(r, "block_by_block", lv) / max(mae(r, "topdown", lv), 1e-12) for lv in levels[2:]
+        ]
+        lines.append(
+            f"| {r['state'].upper()} | {float(Fraction(r['rho'])):.3g} | "
+            + " | ".join(f"{x:.1f}x" for x in ratios)
+            + " |"
+        )
+    lines += [
+        "",
+        "Wall time per run (whole job incl. JVM start and evaluation) and per phase, seconds:",
+        "",
+        "| state | rho | wall | " + " | ".join(results[0]["manifest"]["timings_s"]) + " |",
+        "|---|---|---|" + "---|" * len(results[0]["manifest"]["timings_s"]),
+    ]
     for r in results:
         t = r["manifest"]["timings_s"]
-        lines.append(f"| {r['state'].upper()} | {float(Fraction(r['rho'])):.3g} | {r['wall_s']:.0f} | " + " | ".join(f"{v:.1f}" for v in t.values()) + " |")
+        lines.append(
+            f"| {r['state'].upper()} | {float(Fraction(r['rho'])):.3g} | {r['wall_s']:.0f} | "
+            + " | ".join(f"{v:.1f}" for v in t.values())
+            + " |"
+        )
     (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
     (ROOT / "benchmarks" / "results" / "topdown.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

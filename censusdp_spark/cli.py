@@ -10,8 +10,8 @@ from censusdp_spark.generate.cli import add_generate_parser, run_generate
 from censusdp_spark.model.config import load_config
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
-from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 from censusdp_spark.release.run_state import OutputExistsError, ResumeError
+from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,10 +23,16 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument("--config", required=True, type=Path)
     topdown.add_argument("--input", type=Path, help="override [input].path")
     topdown.add_argument("--output", type=Path, help="override [run].output")
-    topdown.add_argument("--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)")
-    topdown.add_argument("--evaluate", action="store_true", help="also write error against the truth (internal)")
+    topdown.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
+    topdown.add_argument(
+        "--evaluate", action="store_true", help="also write error against the truth (internal)"
+    )
     topdown.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    topdown.add_argument("--resume", action="store_true", help="continue a killed run from its last complete step")
+    topdown.add_argument(
+        "--resume", action="store_true", help="continue a killed run from its last complete step"
+    )
     topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_generate_parser(sub)
     add_synth_parser(sub)
@@ -45,7 +51,9 @@ def _topdown(args: argparse.Namespace) -> int:
     from censusdp_spark.release.topdown import TopDownOptions, run_topdown
 
     config = load_config(args.config)
-    options = TopDownOptions(args.input, args.output, args.secret_file, args.evaluate, args.overwrite, args.resume)
+    options = TopDownOptions(
+        args.input, args.output, args.secret_file, args.evaluate, args.overwrite, args.resume
+    )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master)
     spark.sparkContext.setLogLevel("WARN")
     summary = run_topdown(spark, config, options)
@@ -56,9 +64,21 @@ def _topdown(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        commands = {"budget": _budget, "topdown": _topdown, "generate": run_generate, "synth": run_synth_from_args}
+        commands = {
+            "budget": _budget,
+            "topdown": _topdown,
+            "generate": run_generate,
+            "synth": run_synth_from_args,
+        }
         return commands[args.command](args)
-    except (ConfigError, InputError, BudgetError, OutputExistsError, ResumeError, ValueError) as err:
+    except (
+        ConfigError,
+        InputError,
+        BudgetError,
+        OutputExistsError,
+        ResumeError,
+        ValueError,
+    ) as err:
         print(f"censusdp: error: {err}", file=sys.stderr)
         return 2
 

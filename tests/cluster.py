@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,18 +59,43 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
     def start(name: str, *args: str) -> None:
         log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         procs.append(
-            subprocess.Popen([str(BIN / "spark-class"), *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+            subprocess.Popen(
+                [str(BIN / "spark-class"), *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         )
 
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-              "--webui-port", str(ui))
+        start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        )
         url = f"spark://127.0.0.1:{port}"
         for i in range(workers):
-            start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                  "--cores", str(cores), "--memory", memory, "--webui-port", str(free_port()),
-                  "--work-dir", str(log_dir / f"work{i}"))
+            start(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(cores),
+                "--memory",
+                memory,
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(log_dir / f"work{i}"),
+            )
         deadline = time.time() + 120
         while _alive_workers(ui) < workers:
             if time.time() > deadline or any(p.poll() is not None for p in procs):
@@ -79,10 +104,8 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
         yield url
     finally:
         for p in procs:
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for p in procs:
             try:
                 p.wait(timeout=20)
@@ -92,8 +115,20 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
 
 def spark_submit(master: str, script: str, *args: str, log: Path) -> subprocess.CompletedProcess:
     jars = ",".join(str(p) for p in sorted((ROOT / "jars").glob("delta-*.jar")))
-    cmd = [str(BIN / "spark-submit"), "--master", master, "--jars", jars,
-           "--conf", "spark.sql.shuffle.partitions=4", "--conf", "spark.ui.enabled=false",
-           str(ROOT / script), *args]
+    cmd = [
+        str(BIN / "spark-submit"),
+        "--master",
+        master,
+        "--jars",
+        jars,
+        "--conf",
+        "spark.sql.shuffle.partitions=4",
+        "--conf",
+        "spark.ui.enabled=false",
+        str(ROOT / script),
+        *args,
+    ]
     with open(log, "w") as out:
-        return subprocess.run(cmd, env=cluster_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+        return subprocess.run(
+            cmd, env=cluster_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=900
+        )

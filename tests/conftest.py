@@ -36,7 +36,9 @@ def county_csv(tmp_path_factory) -> Path:
     """The real RI 2010 blocks of one county, as a small TopDown input."""
     lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
     path = tmp_path_factory.mktemp("input") / "bristol.csv"
-    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(COUNTY)]]) + "\n")
+    path.write_text(
+        "\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(COUNTY)]]) + "\n"
+    )
     return path
 
 
@@ -54,13 +56,27 @@ def reference_release(spark, county_csv, fixed_secret, tmp_path_factory) -> Path
     from censusdp_spark.cli import main
 
     out = tmp_path_factory.mktemp("release") / "out"
-    code = main(["topdown", "--config", str(ROOT / "conf" / "ri_2010_demo.toml"), "--input", str(county_csv),
-                 "--output", str(out), "--secret-file", str(fixed_secret), "--evaluate"])
+    code = main(
+        [
+            "topdown",
+            "--config",
+            str(ROOT / "conf" / "ri_2010_demo.toml"),
+            "--input",
+            str(county_csv),
+            "--output",
+            str(out),
+            "--secret-file",
+            str(fixed_secret),
+            "--evaluate",
+        ]
+    )
     assert code == 0
     return out
 
 
-def assert_same_tables(spark, a: Path, b: Path, tables=("noisy_measurements", "estimates", "microdata")) -> None:
+def assert_same_tables(
+    spark, a: Path, b: Path, tables=("noisy_measurements", "estimates", "microdata")
+) -> None:
     for table in tables:
         left = spark.read.format("delta").load(str(a / table))
         right = spark.read.format("delta").load(str(b / table))

@@ -23,7 +23,13 @@ def test_production_persons_budget_matches_the_certificate():
 
 
 @pytest.mark.parametrize(
-    "level, query, sigma", [("block", "detailed", 3.18), ("county", "total", 2.17), ("state", "total", 1.10), ("block", "total", 89.2)]
+    "level, query, sigma",
+    [
+        ("block", "detailed", 3.18),
+        ("county", "total", 2.17),
+        ("state", "total", 1.10),
+        ("block", "total", 89.2),
+    ],
 )
 def test_production_sigmas_match_the_published_table(level, query, sigma):
     config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
@@ -45,26 +51,39 @@ def test_budget_command_prints_the_table_and_totals(capsys):
 
 
 def test_shares_multiply_into_exact_per_query_rho():
-    alloc = allocate_by_shares(Fraction(1), {"a": Fraction(1, 3), "b": Fraction(2, 3)},
-                               {"a": {"total": Fraction(1)}, "b": {"total": Fraction(1, 4), "detailed": Fraction(3, 4)}}, ["a", "b"])
+    alloc = allocate_by_shares(
+        Fraction(1),
+        {"a": Fraction(1, 3), "b": Fraction(2, 3)},
+        {"a": {"total": Fraction(1)}, "b": {"total": Fraction(1, 4), "detailed": Fraction(3, 4)}},
+        ["a", "b"],
+    )
     assert alloc.rho_for("b", "detailed") == Fraction(1, 2)
     assert alloc.sigma2_for("b", "detailed") == 2
 
 
 def test_per_query_rho_mode_adds_up_and_derives_shares():
-    alloc = allocate_per_query_rho({"a": {"total": Fraction(1, 10)}, "b": {"detailed": Fraction(3, 10)}}, ["a", "b"])
+    alloc = allocate_per_query_rho(
+        {"a": {"total": Fraction(1, 10)}, "b": {"detailed": Fraction(3, 10)}}, ["a", "b"]
+    )
     assert alloc.total_rho == Fraction(2, 5)
     assert alloc.entries[1].level_share == Fraction(3, 4)
 
 
 def test_a_float_share_is_refused_naming_the_entry():
-    with pytest.raises(BudgetError, match=r"budget.levels.a.queries.total: 0.5 must be an exact fraction"):
+    with pytest.raises(
+        BudgetError, match=r"budget.levels.a.queries.total: 0.5 must be an exact fraction"
+    ):
         allocate_by_shares(Fraction(1), {"a": Fraction(1)}, {"a": {"total": 0.5}}, ["a"])  # type: ignore[dict-item]
 
 
 def test_a_missing_level_share_is_named():
     with pytest.raises(BudgetError, match="budget.levels.b: missing level share"):
-        allocate_by_shares(Fraction(1), {"a": Fraction(1)}, {"a": {"total": Fraction(1)}, "b": {"total": Fraction(1)}}, ["a", "b"])
+        allocate_by_shares(
+            Fraction(1),
+            {"a": Fraction(1)},
+            {"a": {"total": Fraction(1)}, "b": {"total": Fraction(1)}},
+            ["a", "b"],
+        )
 
 
 def test_pure_dp_split_gives_geometric_scales():

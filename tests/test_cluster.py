@@ -13,12 +13,27 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cluster
 
 
-def test_cluster_release_is_identical_to_local(spark, county_csv, fixed_secret, reference_release, tmp_path):
+def test_cluster_release_is_identical_to_local(
+    spark, county_csv, fixed_secret, reference_release, tmp_path
+):
     """The reference release ran in local mode with the same config, input and secret."""
-    args = ["--config", "conf/ri_2010_demo.toml", "--input", str(county_csv), "--secret-file", str(fixed_secret)]
+    args = [
+        "--config",
+        "conf/ri_2010_demo.toml",
+        "--input",
+        str(county_csv),
+        "--secret-file",
+        str(fixed_secret),
+    ]
     with standalone_cluster(tmp_path) as master:
-        run = spark_submit(master, "jobs/topdown.py", *args, "--output", str(tmp_path / "cluster"),
-                           log=tmp_path / "cluster.log")
+        run = spark_submit(
+            master,
+            "jobs/topdown.py",
+            *args,
+            "--output",
+            str(tmp_path / "cluster"),
+            log=tmp_path / "cluster.log",
+        )
     assert run.returncode == 0, (tmp_path / "cluster.log").read_text()[-3000:]
     assert "TopDown release written to" in (tmp_path / "cluster.log").read_text()
     assert_same_tables(spark, reference_release, tmp_path / "cluster")

@@ -41,8 +41,12 @@ def test_unknown_key_is_an_error_naming_it(tmp_path):
 
 
 def test_query_shares_not_summing_to_one_name_the_level(tmp_path):
-    path = edited(tmp_path, '"total" = "1/10", "detailed" = "9/10"', '"total" = "1/10", "detailed" = "8/10"')
-    with pytest.raises(ConfigError, match=r"budget.levels.block.queries: shares sum to 9/10, not 1"):
+    path = edited(
+        tmp_path, '"total" = "1/10", "detailed" = "9/10"', '"total" = "1/10", "detailed" = "8/10"'
+    )
+    with pytest.raises(
+        ConfigError, match=r"budget.levels.block.queries: shares sum to 9/10, not 1"
+    ):
         load_config(path, ROOT)
 
 
@@ -52,7 +56,9 @@ def test_level_shares_not_summing_to_one_are_refused(tmp_path):
         load_config(path, ROOT)
 
 
-@pytest.mark.parametrize("value, message", [('"0"', "must be > 0"), ('"-1/2"', "must be > 0"), ("0.5", "is a float")])
+@pytest.mark.parametrize(
+    "value, message", [('"0"', "must be > 0"), ('"-1/2"', "must be > 0"), ("0.5", "is a float")]
+)
 def test_bad_rho_is_refused(tmp_path, value, message):
     path = edited(tmp_path, 'rho = "293764/114921"', f"rho = {value}")
     with pytest.raises(ConfigError, match=message):
@@ -60,13 +66,17 @@ def test_bad_rho_is_refused(tmp_path, value, message):
 
 
 def test_a_level_without_query_shares_is_refused(tmp_path):
-    path = edited(tmp_path, 'queries = { "total" = "1/10", "detailed" = "9/10" }\n', "queries = {}\n")
+    path = edited(
+        tmp_path, 'queries = { "total" = "1/10", "detailed" = "9/10" }\n', "queries = {}\n"
+    )
     with pytest.raises(ConfigError, match="budget.levels.block.queries: missing query shares"):
         load_config(path, ROOT)
 
 
 def test_a_cell_level_outside_the_schema_is_refused(tmp_path):
-    path = edited(tmp_path, 'hisprace = "nhpi", expr = "vap_nhpi"', 'hisprace = "pacific", expr = "vap_nhpi"')
+    path = edited(
+        tmp_path, 'hisprace = "nhpi", expr = "vap_nhpi"', 'hisprace = "pacific", expr = "vap_nhpi"'
+    )
     with pytest.raises(ConfigError, match=r"input.cells\[\d+\].hisprace.*'pacific' is not a level"):
         load_config(path, ROOT)
 

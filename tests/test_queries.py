@@ -5,12 +5,18 @@ from censusdp_spark.model.queries import parse_query
 from censusdp_spark.model.schema import Attribute, Recode, Schema
 
 SCHEMA = Schema(
-    (Attribute("hhgq", ("hh", "inst", "noninst", "mil")), Attribute("va", ("u18", "18p")), Attribute("race", tuple("abc"))),
+    (
+        Attribute("hhgq", ("hh", "inst", "noninst", "mil")),
+        Attribute("va", ("u18", "18p")),
+        Attribute("race", tuple("abc")),
+    ),
     (Recode("hhinst", "hhgq", ("hh", "gq"), (0, 1, 1, 1)),),
 )
 
 
-@pytest.mark.parametrize("name", ["total", "detailed", "va", "hhgq * race", "va * race", "hhinst", "hhinst * va"])
+@pytest.mark.parametrize(
+    "name", ["total", "detailed", "va", "hhgq * race", "va * race", "hhinst", "hhinst * va"]
+)
 def test_cell_to_marginal_equals_the_kronecker_product(name):
     query = parse_query(name, SCHEMA)
     matrix = query.matrix()
@@ -33,7 +39,9 @@ def test_cells_are_row_major_and_invertible():
     assert SCHEMA.cell_of([[1, 0, 2]])[0] == 1 * 6 + 0 * 3 + 2
 
 
-@pytest.mark.parametrize("name, message", [("va * sex", "unknown attribute"), ("hhgq * hhinst", "more than once")])
+@pytest.mark.parametrize(
+    "name, message", [("va * sex", "unknown attribute"), ("hhgq * hhinst", "more than once")]
+)
 def test_bad_query_names_are_refused(name, message):
     with pytest.raises(ValueError, match=message):
         parse_query(name, SCHEMA)

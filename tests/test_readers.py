@@ -102,7 +102,9 @@ def test_corrupt_parquet_is_named(spark, demo, tmp_path):
 
 def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
     config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
-    lines = (ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv").read_text().splitlines()[:6]
+    lines = (
+        (ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv").read_text().splitlines()[:6]
+    )
     parts = lines[3].split(",")
     parts[-1] = "64"  # CENRACE has 63 categories
     lines[3] = ",".join(parts)
@@ -111,7 +113,9 @@ def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
     from dataclasses import replace
 
     assert config.input is not None
-    with pytest.raises(InputError, match=r"ppmf.csv: row 3, column CENRACE: value outside the schema of cenrace"):
+    with pytest.raises(
+        InputError, match=r"ppmf.csv: row 3, column CENRACE: value outside the schema of cenrace"
+    ):
         read_blocks(spark, replace(config.input, path=path), config.schema, 15)
 
 
@@ -119,5 +123,10 @@ def test_microdata_is_aggregated_to_block_histograms(spark):
     config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     assert config.input is not None
     blocks = read_blocks(spark, config.input, config.schema, 15)
-    total = blocks.selectExpr("aggregate(counts, 0L, (a, b) -> a + b) AS t").groupBy().sum("t").first()[0]
+    total = (
+        blocks.selectExpr("aggregate(counts, 0L, (a, b) -> a + b) AS t")
+        .groupBy()
+        .sum("t")
+        .first()[0]
+    )
     assert total == 10588 and blocks.count() == 511

@@ -209,6 +209,34 @@ def test_laplace_with_huge_numerator_and_denominator_is_exact(scale):
     assert_fits(draws, laplace_law(scale))
 
 
+def test_words_are_the_raw_stream_in_order_each_used_once():
+    words = samplers._Words(rng_for("words"), 256)
+    taken = np.concatenate([words.take(size) for size in (3, 1000, 1, 7, 5000)])
+    raw = rng_for("words").bit_generator.random_raw(2000).view(np.uint16)
+    assert np.array_equal(taken, raw[: taken.size])
+
+
+@pytest.mark.parametrize("bound", [2, 3, 5040, 40_000, 1 << 16, 100_003])
+def test_bounded_draws_are_uniform(bound):
+    """40 000 redraws 39% of words: without the redraw, residues below 25 536 come twice as often."""
+    draws = samplers._Words(rng_for("below", bound), 0).below(bound, 200_000)
+    assert draws.min() >= 0 and draws.max() < bound
+    bins = min(bound, 50)
+    observed = np.bincount(draws.astype(np.int64) * bins // bound, minlength=bins)
+    edges = -(-np.arange(bins + 1) * bound // bins)  # first value of each bin
+    expected = draws.size * np.diff(edges) / bound
+    assert stats.chisquare(observed, expected).pvalue > THRESHOLD
+
+
+def test_coins_and_digits_are_fair():
+    words = samplers._Words(rng_for("coins"), 0)
+    coins = words.coins(1_000_000)
+    assert abs(coins.mean() - 0.5) < 5 * 0.5 / 1000
+    digits = words.digits(1_000_000).astype(np.int64)
+    observed = np.bincount(digits >> 10, minlength=64)
+    assert stats.chisquare(observed).pvalue > THRESHOLD
+
+
 @pytest.mark.parametrize("top", [2, 3, 7])
 def test_bernoulli_exp_minus_one_is_exact_with_any_radix_cut(top):
     """Small cuts send a sixth or a half of the draws down the K loop that finishes them."""

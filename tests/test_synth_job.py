@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp_spark.engine.synth import read_linked, workload_counts
 from censusdp_spark.cli import main as synth_main
+from censusdp_spark.engine.synth import read_linked, workload_counts
 from censusdp_spark.synth.config import load_synth_config
 from censusdp_spark.synth.domain import encode_tables
 from censusdp_spark.synth.workloads import (

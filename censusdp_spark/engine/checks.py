@@ -19,7 +19,9 @@ class GuaranteeViolation(RuntimeError):
     """The released estimates break a guarantee; the run must not be published."""
 
 
-def check_estimates(estimates: DataFrame, hierarchy: Hierarchy, invariant_totals: DataFrame) -> dict[str, int]:
+def check_estimates(
+    estimates: DataFrame, hierarchy: Hierarchy, invariant_totals: DataFrame
+) -> dict[str, int]:
     """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``.
 
     ``estimates`` is long format ``level, geocode, cell, count``; ``invariant_totals`` is

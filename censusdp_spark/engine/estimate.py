@@ -61,7 +61,9 @@ def level_plan(config: RunConfig, level: str) -> LevelPlan:
     )
 
 
-def solve_family(plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFrame) -> pd.DataFrame:
+def solve_family(
+    plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFrame
+) -> pd.DataFrame:
     """Integer estimates for one parent's children.
 
     ``parent`` is the dense integer estimate of the parent (None at the root); ``children`` has
@@ -101,7 +103,9 @@ def solve_family(plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFr
         keep = row > 0
         cells.append(active[keep].astype(np.int32))
         counts.append(row[keep].astype(np.int64))
-    return pd.DataFrame({"level": plan.level, "geocode": geocodes, "cells": cells, "counts": counts})
+    return pd.DataFrame(
+        {"level": plan.level, "geocode": geocodes, "cells": cells, "counts": counts}
+    )
 
 
 def _dense(cells: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
@@ -126,7 +130,9 @@ def _worker_fault(fault: str) -> None:
             os._exit(23)
 
 
-def _family_task(plan: LevelPlan, fault: str) -> Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]:
+def _family_task(
+    plan: LevelPlan, fault: str
+) -> Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]:
     def task(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
         _worker_fault(fault)
         if children.empty:

@@ -20,7 +20,9 @@ from pyspark.sql import functions as F
 from censusdp_spark.model.config import RunConfig
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
 
-EVALUATION_SCHEMA = "method string, level string, metric string, query string, nodes long, value double"
+EVALUATION_SCHEMA = (
+    "method string, level string, metric string, query string, nodes long, value double"
+)
 
 
 def _per_node_error(diff: DataFrame, level: str, query: str, c2m: np.ndarray) -> DataFrame:
@@ -34,22 +36,55 @@ def _per_node_error(diff: DataFrame, level: str, query: str, c2m: np.ndarray) ->
     )
 
 
-def topdown_errors(truth: DataFrame, estimates: DataFrame, node_counts: dict[str, int], config: RunConfig) -> DataFrame:
+def topdown_errors(
+    truth: DataFrame, estimates: DataFrame, node_counts: dict[str, int], config: RunConfig
+) -> DataFrame:
     """TopDown's error rows; ``truth``/``estimates`` are long ``level, geocode, cell, count``."""
     diff = (
         truth.withColumnRenamed("count", "true")
-        .join(estimates.withColumnRenamed("count", "est"), ["level", "geocode", "cell"], "full_outer")
-        .select("level", "geocode", "cell", (F.coalesce("est", F.lit(0)) - F.coalesce("true", F.lit(0))).alias("diff"))
+        .join(
+            estimates.withColumnRenamed("count", "est"), ["level", "geocode", "cell"], "full_outer"
+        )
+        .select(
+            "level",
+            "geocode",
+            "cell",
+            (F.coalesce("est", F.lit(0)) - F.coalesce("true", F.lit(0))).alias("diff"),
+        )
     )
     totals = diff.groupBy("level", "geocode").agg(F.abs(F.sum("diff")).alias("abs_err"))
     rows = totals.groupBy("level").agg(F.sum("abs_err").alias("s")).collect()
-    out = [("topdown", r["level"], "mae_total", "total", node_counts[r["level"]], r["s"] / node_counts[r["level"]]) for r in rows]
+    out = [
+        (
+            "topdown",
+            r["level"],
+            "mae_total",
+            "total",
+            node_counts[r["level"]],
+            r["s"] / node_counts[r["level"]],
+        )
+        for r in rows
+    ]
     seen = {r["level"] for r in rows}
-    out += [("topdown", lv, "mae_total", "total", n, 0.0) for lv, n in node_counts.items() if lv not in seen]
+    out += [
+        ("topdown", lv, "mae_total", "total", n, 0.0)
+        for lv, n in node_counts.items()
+        if lv not in seen
+    ]
     for level in config.hierarchy.names:
         for q in config.queries[level]:
-            s = _per_node_error(diff, level, q.name, q.cell_to_marginal).agg(F.sum("l1")).first()[0] or 0
-            out.append(("topdown", level, "mean_l1", q.name, node_counts[level], float(s) / node_counts[level]))
+            row = _per_node_error(diff, level, q.name, q.cell_to_marginal).agg(F.sum("l1")).first()
+            s = (row[0] if row is not None else None) or 0
+            out.append(
+                (
+                    "topdown",
+                    level,
+                    "mean_l1",
+                    q.name,
+                    node_counts[level],
+                    float(s) / node_counts[level],
+                )
+            )
     return diff.sparkSession.createDataFrame(out, EVALUATION_SCHEMA)
 
 
@@ -57,7 +92,11 @@ def _baseline_noise(secret: bytes, sigma2: Fraction, n_cells: int):
     def noise(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
             sums = [
-                int(discrete_gaussian(sigma2, n_cells, keyed_rng(secret, "baseline", "block", g, "detailed")).sum())
+                int(
+                    discrete_gaussian(
+                        sigma2, n_cells, keyed_rng(secret, "baseline", "block", g, "detailed")
+                    ).sum()
+                )
                 for g in batch["geocode"]
             ]
             yield pd.DataFrame({"geocode": batch["geocode"], "noise_total": sums})
@@ -83,7 +122,10 @@ def baseline_errors(blocks: DataFrame, config: RunConfig, secret: bytes) -> Data
             .agg(F.count("*").alias("n"), F.sum("e").alias("s"))
             .first()
         )
-        rows.append(("block_by_block", level.name, "mae_total", "total", agg["n"], agg["s"] / agg["n"]))
+        assert agg is not None
+        rows.append(
+            ("block_by_block", level.name, "mae_total", "total", agg["n"], agg["s"] / agg["n"])
+        )
     return blocks.sparkSession.createDataFrame(rows, EVALUATION_SCHEMA)
 
 

@@ -37,16 +37,25 @@ def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
     row with empty arrays."""
     ancestors = F.array(
         *[
-            F.struct(F.lit(lv.name).alias("level"), (F.substring("geocode", 1, lv.digits) if lv.digits else F.lit("")).alias("node"))
+            F.struct(
+                F.lit(lv.name).alias("level"),
+                (F.substring("geocode", 1, lv.digits) if lv.digits else F.lit("")).alias("node"),
+            )
             for lv in hierarchy.levels
         ]
     )
-    fanned = blocks.select(F.explode(ancestors).alias("a"), F.explode_outer(F.arrays_zip("cells", "counts")).alias("e"))
-    sums = fanned.groupBy(F.col("a.level").alias("level"), F.col("a.node").alias("geocode"), F.col("e.cells").alias("cell")).agg(
-        F.sum("e.counts").alias("count")
+    fanned = blocks.select(
+        F.explode(ancestors).alias("a"), F.explode_outer(F.arrays_zip("cells", "counts")).alias("e")
     )
+    sums = fanned.groupBy(
+        F.col("a.level").alias("level"),
+        F.col("a.node").alias("geocode"),
+        F.col("e.cells").alias("cell"),
+    ).agg(F.sum("e.counts").alias("count"))
     nodes = sums.groupBy("level", "geocode").agg(
-        F.sort_array(F.collect_list(F.when(F.col("cell").isNotNull(), F.struct("cell", "count")))).alias("h")
+        F.sort_array(
+            F.collect_list(F.when(F.col("cell").isNotNull(), F.struct("cell", "count")))
+        ).alias("h")
     )
     return nodes.select(
         "level",
@@ -58,4 +67,8 @@ def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
 
 def node_totals(nodes: DataFrame) -> DataFrame:
     """``level, geocode, total`` for node histograms."""
-    return nodes.select("level", "geocode", F.aggregate("counts", F.lit(0).cast("long"), lambda a, b: a + b).alias("total"))
+    return nodes.select(
+        "level",
+        "geocode",
+        F.aggregate("counts", F.lit(0).cast("long"), lambda a, b: a + b).alias("total"),
+    )

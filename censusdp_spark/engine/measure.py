@@ -45,10 +45,18 @@ def noise_plan(config: RunConfig) -> dict[str, tuple[QueryNoise, ...]]:
 
 
 def noisy_answers(
-    secret: bytes, mechanism: str, level: str, geocode: str, cells: np.ndarray, counts: np.ndarray, query: QueryNoise
+    secret: bytes,
+    mechanism: str,
+    level: str,
+    geocode: str,
+    cells: np.ndarray,
+    counts: np.ndarray,
+    query: QueryNoise,
 ) -> np.ndarray:
     """Noisy marginal answer of one node for one query (pure numpy; the privacy core's draw)."""
-    exact = np.bincount(query.cell_to_marginal[cells], weights=counts, minlength=query.size).astype(np.int64)
+    exact = np.bincount(query.cell_to_marginal[cells], weights=counts, minlength=query.size).astype(
+        np.int64
+    )
     rng = keyed_rng(secret, mechanism, level, geocode, query.name)
     return exact + discrete_gaussian(query.sigma2, query.size, rng)
 
@@ -57,15 +65,21 @@ def _noise_batches(secret: bytes, plan: dict[str, tuple[QueryNoise, ...]]):
     def noise(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
             levels, geocodes, names, values = [], [], [], []
-            for level, geocode, cells, counts in batch[["level", "geocode", "cells", "counts"]].itertuples(index=False):
+            for level, geocode, cells, counts in batch[
+                ["level", "geocode", "cells", "counts"]
+            ].itertuples(index=False):
                 cells_a = np.asarray(cells, dtype=np.int64)
                 counts_a = np.asarray(counts, dtype=np.int64)
                 for query in plan[level]:
                     levels.append(level)
                     geocodes.append(geocode)
                     names.append(query.name)
-                    values.append(noisy_answers(secret, MECHANISM, level, geocode, cells_a, counts_a, query))
-            yield pd.DataFrame({"level": levels, "geocode": geocodes, "query": names, "noisy": values})
+                    values.append(
+                        noisy_answers(secret, MECHANISM, level, geocode, cells_a, counts_a, query)
+                    )
+            yield pd.DataFrame(
+                {"level": levels, "geocode": geocodes, "query": names, "noisy": values}
+            )
 
     return noise
 

@@ -11,7 +11,9 @@ from censusdp_spark.model.schema import Schema
 def microdata(block_estimates: DataFrame, schema: Schema) -> DataFrame:
     """``geocode`` plus one column per attribute (its level label), ``count`` rows per cell."""
     persons = block_estimates.select(
-        "geocode", "cell", F.explode(F.array_repeat(F.lit(1), F.col("count").cast("int"))).alias("_one")
+        "geocode",
+        "cell",
+        F.explode(F.array_repeat(F.lit(1), F.col("count").cast("int"))).alias("_one"),
     )
     strides = schema.strides()
     columns = [F.col("geocode")]

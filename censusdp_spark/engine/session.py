@@ -35,14 +35,17 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers use this interpreter
         master = master or os.environ.get("CENSUSDP_MASTER", "local[*]")
         if master.startswith("local"):
-            builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-        builder = (
-            builder.master(master)
-            .config("spark.jars", ",".join(str(j) for j in delta_jars()))
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
+        builder = builder.master(master).config(
+            "spark.jars", ",".join(str(j) for j in delta_jars())
         )
     return (
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config(
+            "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        )
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
         # Let adaptive execution size shuffles by the data, also under persisted DataFrames.

@@ -49,6 +49,10 @@ def long_cells(hist: DataFrame) -> DataFrame:
 
 def sparse_nodes(long: DataFrame) -> DataFrame:
     """Inverse of ``long_cells`` (nodes with no non-zero cell do not appear)."""
-    return long.groupBy("level", "geocode").agg(
-        F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")
-    ).select("level", "geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts"))
+    return (
+        long.groupBy("level", "geocode")
+        .agg(F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h"))
+        .select(
+            "level", "geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts")
+        )
+    )

@@ -30,16 +30,25 @@ def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
         raise InputError(source, "file", "not found")
     try:
         if fmt == "csv":
-            df = spark.read.option("header", True).option("inferSchema", False).option("mode", "FAILFAST").csv(source)
+            df = (
+                spark.read.option("header", True)
+                .option("inferSchema", False)
+                .option("mode", "FAILFAST")
+                .csv(source)
+            )
         elif fmt == "parquet":
             df = spark.read.parquet(source)
         else:
             df = spark.read.format("delta").load(source)
         df.schema  # noqa: B018 - forces the footer/log read so corrupt files fail here
     except AnalysisException as err:
-        raise InputError(source, "file", f"unreadable as {fmt}: {str(err).splitlines()[0]}") from None
+        raise InputError(
+            source, "file", f"unreadable as {fmt}: {str(err).splitlines()[0]}"
+        ) from None
     except Exception as err:  # Py4J errors from a corrupt file surface as generic exceptions
-        raise InputError(source, "file", f"unreadable as {fmt}: {str(err).splitlines()[0][:300]}") from None
+        raise InputError(
+            source, "file", f"unreadable as {fmt}: {str(err).splitlines()[0][:300]}"
+        ) from None
     return df
 
 
@@ -80,7 +89,9 @@ def _check_columns(df: DataFrame, spec: InputSpec) -> None:
     extra = present - set(spec.used_columns()) - set(spec.ignore)
     if extra:
         raise InputError(
-            source, f"column {sorted(extra)[0]}", "not used by the config; list it in input.ignore if intended"
+            source,
+            f"column {sorted(extra)[0]}",
+            "not used by the config; list it in input.ignore if intended",
         )
 
 
@@ -114,11 +125,15 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     raw = read_table(spark, spec.path, spec.format)
     _check_columns(raw, spec)
     count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)})
-    df = raw.select(_geocode(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols])
+    df = raw.select(
+        _geocode(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
+    )
     if not df.limit(1).collect():
         raise InputError(source, "rows", "the input is empty")
     rules = [_geocode_rule(spec, leaf_digits)] + [
-        RowRule(F.col(c).isNull() | ~F.col(c).rlike(_INTEGER), c, "count must be a non-negative integer")
+        RowRule(
+            F.col(c).isNull() | ~F.col(c).rlike(_INTEGER), c, "count must be a non-negative integer"
+        )
         for c in count_cols
     ]
     _enforce(df, source, rules)
@@ -139,7 +154,9 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     )
 
 
-def read_microdata(spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int) -> DataFrame:
+def read_microdata(
+    spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int
+) -> DataFrame:
     """One row per person: attribute columns are mapped to levels and aggregated per block."""
     source = str(spec.path)
     raw = read_table(spark, spec.path, spec.format)
@@ -155,19 +172,33 @@ def read_microdata(spark: SparkSession, spec: InputSpec, schema: Schema, leaf_di
     rules = [_geocode_rule(spec, leaf_digits)]
     for pos, a in enumerate(spec.attributes):
         attr = schema.attribute(a.attribute)
-        mapping = F.create_map(*[F.lit(x) for raw_v, lv in a.value_map.items() for x in (raw_v, attr.index_of(lv))])
+        mapping = F.create_map(
+            *[F.lit(x) for raw_v, lv in a.value_map.items() for x in (raw_v, attr.index_of(lv))]
+        )
         index = mapping[F.col(a.column)]
         allowed = sorted(a.value_map)
         shown = f"{allowed[:10]}{'...' if len(allowed) > 10 else ''}"
-        rules.append(RowRule(index.isNull(), a.column, f"value outside the schema of {a.attribute} (allowed: {shown})"))
+        rules.append(
+            RowRule(
+                index.isNull(),
+                a.column,
+                f"value outside the schema of {a.attribute} (allowed: {shown})",
+            )
+        )
         cell = cell + index.cast("long") * int(strides[pos])
     _enforce(df, source, rules)
     counted = df.groupBy("geocode", cell.cast("int").alias("cell")).agg(F.count("*").alias("count"))
-    per_block = counted.groupBy("geocode").agg(F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h"))
-    return per_block.select("geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts"))
+    per_block = counted.groupBy("geocode").agg(
+        F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")
+    )
+    return per_block.select(
+        "geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts")
+    )
 
 
-def read_blocks(spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int) -> DataFrame:
+def read_blocks(
+    spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int
+) -> DataFrame:
     if spec.layout == "block_counts":
         return read_block_counts(spark, spec, leaf_digits)
     return read_microdata(spark, spec, schema, leaf_digits)

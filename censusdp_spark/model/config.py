@@ -15,6 +15,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy, Level
 from censusdp_spark.model.queries import MarginalQuery, parse_query
@@ -106,7 +108,13 @@ class ConfigReader:
     def fail(self, key: str, rule: str) -> ConfigError:
         return ConfigError(self.source, key, rule)
 
-    def table(self, doc: Any, key: str, allowed: set[str], required: set[str] = frozenset()) -> dict:  # type: ignore[assignment]
+    def table(
+        self,
+        doc: Any,
+        key: str,
+        allowed: set[str],
+        required: frozenset[str] | set[str] = frozenset(),
+    ) -> dict:
         if not isinstance(doc, dict):
             raise self.fail(key, "must be a table")
         unknown = set(doc) - allowed
@@ -123,8 +131,10 @@ class ConfigReader:
         return value.strip()
 
     def fraction(self, value: Any, key: str) -> Fraction:
-        if isinstance(value, bool) or isinstance(value, float):
-            raise self.fail(key, f"{value!r} is a float; write an exact fraction as a string, e.g. '1/10'")
+        if isinstance(value, bool | float):
+            raise self.fail(
+                key, f"{value!r} is a float; write an exact fraction as a string, e.g. '1/10'"
+            )
         if isinstance(value, int):
             return Fraction(value)
         if isinstance(value, str):
@@ -155,7 +165,9 @@ def schema_section(r: ConfigReader, doc: Any) -> Schema:
     for i, a in enumerate(doc["attributes"]):
         key = f"schema.attributes[{i}]"
         a = r.table(a, key, {"name", "levels"}, {"name", "levels"})
-        attrs.append(Attribute(r.string(a["name"], f"{key}.name"), _levels(r, a["levels"], f"{key}.levels")))
+        attrs.append(
+            Attribute(r.string(a["name"], f"{key}.name"), _levels(r, a["levels"], f"{key}.levels"))
+        )
     names = [a.name for a in attrs]
     if len(set(names)) != len(names):
         raise r.fail("schema.attributes", f"attribute names must be unique: {names}")
@@ -208,7 +220,10 @@ def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> ZcdpAllocation:
     levels = r.table(doc["levels"], "budget.levels", set(doc["levels"]))
     unknown = set(levels) - set(hierarchy.names)
     if unknown:
-        raise r.fail("budget.levels", f"unknown level(s) {sorted(unknown)}; levels are {list(hierarchy.names)}")
+        raise r.fail(
+            "budget.levels",
+            f"unknown level(s) {sorted(unknown)}; levels are {list(hierarchy.names)}",
+        )
     query_values: dict[str, dict[str, Fraction]] = {}
     level_shares: dict[str, Fraction] = {}
     for name, spec in levels.items():
@@ -227,7 +242,9 @@ def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> ZcdpAllocation:
                 r.fraction(doc["rho"], "budget.rho"), level_shares, query_values, hierarchy.names
             )
         if "rho" in doc:
-            raise r.fail("budget.rho", "not used with mode = 'per_query_rho' (the total is the sum)")
+            raise r.fail(
+                "budget.rho", "not used with mode = 'per_query_rho' (the total is the sum)"
+            )
         return allocate_per_query_rho(query_values, hierarchy.names)
     except BudgetError as err:
         raise ConfigError(r.source, "budget", str(err)) from None
@@ -235,7 +252,9 @@ def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> ZcdpAllocation:
 
 def _cell_columns(r: ConfigReader, cells: Any, schema: Schema) -> tuple[CellColumn, ...]:
     if not isinstance(cells, list) or not cells:
-        raise r.fail("input.cells", "must be a non-empty list of {<attribute> = <level>, expr = ...}")
+        raise r.fail(
+            "input.cells", "must be a non-empty list of {<attribute> = <level>, expr = ...}"
+        )
     out: dict[int, CellColumn] = {}
     for i, c in enumerate(cells):
         key = f"input.cells[{i}]"
@@ -244,13 +263,18 @@ def _cell_columns(r: ConfigReader, cells: Any, schema: Schema) -> tuple[CellColu
         for attr in schema.attributes:
             level = r.string(c[attr.name], f"{key}.{attr.name}")
             if level not in attr.levels:
-                raise r.fail(f"{key}.{attr.name}", f"{level!r} is not a level of {attr.name} {list(attr.levels)}")
+                raise r.fail(
+                    f"{key}.{attr.name}",
+                    f"{level!r} is not a level of {attr.name} {list(attr.levels)}",
+                )
             index.append(attr.index_of(level))
-        cell = int(schema.cell_of([index])[0])
+        cell = int(schema.cell_of(np.array([index]))[0])
         if cell in out:
             raise r.fail(key, "this cell is given twice")
         expr = r.string(c["expr"], f"{key}.expr")
-        plus, minus, pos = [], [], 0
+        plus: list[str] = []
+        minus: list[str] = []
+        pos = 0
         while pos < len(expr):
             m = _TERM.match(expr, pos)
             if not m or (m.group(1) == "" and pos > 0):
@@ -263,7 +287,10 @@ def _cell_columns(r: ConfigReader, cells: Any, schema: Schema) -> tuple[CellColu
 
 def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     doc = r.table(
-        doc, "input", {"path", "format", "layout", "geocode", "cells", "attributes", "ignore"}, {"path", "layout", "geocode"}
+        doc,
+        "input",
+        {"path", "format", "layout", "geocode", "cells", "attributes", "ignore"},
+        {"path", "layout", "geocode"},
     )
     ignore = tuple(r.string(c, "input.ignore") for c in doc.get("ignore", []))
     fmt = doc.get("format", "csv")
@@ -273,8 +300,10 @@ def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     if layout not in INPUT_LAYOUTS:
         raise r.fail("input.layout", f"{layout!r} must be one of {INPUT_LAYOUTS}")
     geo = doc["geocode"]
-    geocode = (r.string(geo, "input.geocode"),) if isinstance(geo, str) else tuple(
-        r.string(g, f"input.geocode[{i}]") for i, g in enumerate(geo)
+    geocode = (
+        (r.string(geo, "input.geocode"),)
+        if isinstance(geo, str)
+        else tuple(r.string(g, f"input.geocode[{i}]") for i, g in enumerate(geo))
     )
     path = Path(r.string(doc["path"], "input.path"))
     spec = InputSpec(path if path.is_absolute() else base / path, fmt, layout, geocode)
@@ -290,15 +319,21 @@ def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     for attr in schema.attributes:
         key = f"input.attributes.{attr.name}"
         spec_a = r.table(attrs[attr.name], key, {"column", "map"}, {"column"})
-        value_map = {str(k): v for k, v in spec_a.get("map", {lv: lv for lv in attr.levels}).items()}
+        value_map = {
+            str(k): v for k, v in spec_a.get("map", {lv: lv for lv in attr.levels}).items()
+        }
         bad = [v for v in value_map.values() if v not in attr.levels]
         if bad:
             raise r.fail(f"{key}.map", f"maps to {bad}, which are not levels of {attr.name}")
-        columns.append(AttributeColumn(attr.name, r.string(spec_a["column"], f"{key}.column"), value_map))
+        columns.append(
+            AttributeColumn(attr.name, r.string(spec_a["column"], f"{key}.column"), value_map)
+        )
     return InputSpec(spec.path, fmt, layout, geocode, attributes=tuple(columns), ignore=ignore)
 
 
-def _estimation(r: ConfigReader, doc: Any, schema: Schema, hierarchy: Hierarchy) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _estimation(
+    r: ConfigReader, doc: Any, schema: Schema, hierarchy: Hierarchy
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
     doc = r.table(doc, "estimation", {"invariants", "structural_zeros"})
     invariants = tuple(r.string(v, "estimation.invariants") for v in doc.get("invariants", []))
     for lv in invariants:
@@ -320,7 +355,9 @@ def _estimation(r: ConfigReader, doc: Any, schema: Schema, hierarchy: Hierarchy)
 
 
 def run_options(r: ConfigReader, doc: Any, base: Path, default_name: str) -> RunOptions:
-    doc = r.table(doc, "run", {"name", "output", "private_dir", "secret_file", "secret_env", "delta"})
+    doc = r.table(
+        doc, "run", {"name", "output", "private_dir", "secret_file", "secret_env", "delta"}
+    )
     name = r.string(doc.get("name", default_name), "run.name")
     delta = doc.get("delta", 1e-10)
     if isinstance(delta, str):
@@ -363,7 +400,12 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
     path = Path(path)
     doc, r = parse_toml(path)
     source = r.source
-    r.table(doc, "top level", {"run", "schema", "geography", "budget", "input", "estimation"}, {"schema", "geography", "budget"})
+    r.table(
+        doc,
+        "top level",
+        {"run", "schema", "geography", "budget", "input", "estimation"},
+        {"schema", "geography", "budget"},
+    )
     base = project_root or Path.cwd()
     run = run_options(r, doc.get("run", {}), base, path.stem)
     schema = schema_section(r, doc["schema"])

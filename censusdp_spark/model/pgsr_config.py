@@ -94,7 +94,17 @@ def _names(r: ConfigReader, value: Any, key: str) -> tuple[str, ...]:
 
 
 def _input(r: ConfigReader, doc: Any, groups: GroupSizes, base: Path) -> GroupInputSpec:
-    keys = {"path", "format", "layout", "geocode", "size_columns", "household", "size", "member_quantity", "ignore"}
+    keys = {
+        "path",
+        "format",
+        "layout",
+        "geocode",
+        "size_columns",
+        "household",
+        "size",
+        "member_quantity",
+        "ignore",
+    }
     doc = r.table(doc, "input", keys, {"path", "layout", "geocode"})
     fmt = doc.get("format", "csv")
     if fmt not in INPUT_FORMATS:
@@ -128,12 +138,17 @@ def _input(r: ConfigReader, doc: Any, groups: GroupSizes, base: Path) -> GroupIn
     if "household" not in doc:
         raise r.fail("input", "missing required key 'household' (layout = 'households')")
     if ("size" in doc) == ("member_quantity" in doc):
-        raise r.fail("input", "give exactly one of 'size' (a row per household) or 'member_quantity' (a row per member)")
+        raise r.fail(
+            "input",
+            "give exactly one of 'size' (a row per household) or 'member_quantity' (a row per member)",
+        )
     return GroupInputSpec(
         **common,
         household_column=r.string(doc["household"], "input.household"),
         size_column=r.string(doc["size"], "input.size") if "size" in doc else None,
-        member_column=r.string(doc["member_quantity"], "input.member_quantity") if "member_quantity" in doc else None,
+        member_column=r.string(doc["member_quantity"], "input.member_quantity")
+        if "member_quantity" in doc
+        else None,
     )
 
 
@@ -167,7 +182,12 @@ def load_pgsr_config(path: Path | str, project_root: Path | None = None) -> Pgsr
     (default: the current directory). Raises ``ConfigError`` naming the file and the key."""
     path = Path(path)
     doc, r = parse_toml(path)
-    r.table(doc, "top level", {"run", "geography", "groups", "input", "budget", "mechanism"}, {"geography", "groups", "budget"})
+    r.table(
+        doc,
+        "top level",
+        {"run", "geography", "groups", "input", "budget", "mechanism"},
+        {"geography", "groups", "budget"},
+    )
     run_doc = doc.get("run", {})
     if isinstance(run_doc, dict) and "delta" in run_doc:
         raise r.fail("run.delta", "not used: the group-size release is pure epsilon-DP")

@@ -35,7 +35,11 @@ class MarginalQuery:
         mats = []
         for attr in self.schema.attributes:
             recode = next(
-                (r for r in self.schema.recodes if r.attribute == attr.name and r.name in self.factors),
+                (
+                    r
+                    for r in self.schema.recodes
+                    if r.attribute == attr.name and r.name in self.factors
+                ),
                 None,
             )
             if attr.name in self.factors:

@@ -47,7 +47,16 @@ def privacy_summary(config: RunConfig) -> dict[str, Any]:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for pkg in ("censusdp-spark", "pyspark", "delta-spark", "numpy", "scipy", "pandas", "pyarrow", "randomgen"):
+    for pkg in (
+        "censusdp-spark",
+        "pyspark",
+        "delta-spark",
+        "numpy",
+        "scipy",
+        "pandas",
+        "pyarrow",
+        "randomgen",
+    ):
         out[pkg] = version(pkg)
     return out
 

@@ -57,5 +57,7 @@ def resume_state(private_dir: Path, digest: str, output: Path) -> RunState:
     if state is None:
         raise ResumeError(f"{RunState.path(private_dir)}: no run state to resume from")
     if state.config_sha256 != digest or state.output != str(output):
-        raise ResumeError(f"{RunState.path(private_dir)}: the run was started with another config, input or output")
+        raise ResumeError(
+            f"{RunState.path(private_dir)}: the run was started with another config, input or output"
+        )
     return state

@@ -22,6 +22,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -38,7 +39,12 @@ from censusdp_spark.model.config import RunConfig
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
 from censusdp_spark.privacy.streams import SECRET_FILE_NAME
 from censusdp_spark.release.manifest import budget_rows, privacy_summary, versions, write_manifest
-from censusdp_spark.release.run_state import OutputExistsError, RunState, config_digest, resume_state
+from censusdp_spark.release.run_state import (
+    OutputExistsError,
+    RunState,
+    config_digest,
+    resume_state,
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,9 @@ def prepare_output(output: Path, overwrite: bool) -> None:
     """Refuse to touch an existing release unless ``overwrite``; then start from an empty folder."""
     if output.exists() and any(output.iterdir()):
         if not overwrite:
-            raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it (or --resume)")
+            raise OutputExistsError(
+                f"{output}: output exists; pass --overwrite to replace it (or --resume)"
+            )
         shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
 
@@ -149,12 +157,16 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     if options.resume:
         state = resume_state(private, digest, output)
     elif output.exists() and any(output.iterdir()) and not options.overwrite:
-        raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it (or --resume)")
+        raise OutputExistsError(
+            f"{output}: output exists; pass --overwrite to replace it (or --resume)"
+        )
     hierarchy = config.hierarchy
     secret = _run_secret(config, fresh=not options.resume)
 
     t = time.perf_counter()
-    blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(StorageLevel.MEMORY_AND_DISK)
+    blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
     t = lap("read_and_validate", t)
@@ -165,14 +177,18 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
         state.save(private)
     if not state.measured:
         shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
-        delta.write_table(measure(nodes, config, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level")
+        delta.write_table(
+            measure(nodes, config, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level"
+        )
         state.measured = True
         state.save(private)
         t = lap("measure", t)
 
     inv_levels = invariant_levels(config)
     invariants = (
-        node_totals(nodes).filter(F.col("level").isin(inv_levels)).withColumnRenamed("total", "inv_total")
+        node_totals(nodes)
+        .filter(F.col("level").isin(inv_levels))
+        .withColumnRenamed("total", "inv_total")
     ).persist(StorageLevel.MEMORY_AND_DISK)
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
     fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
@@ -200,9 +216,13 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     released = delta.read_table(spark, output, delta.ESTIMATES)
     checks = check_estimates(released, hierarchy, invariants)
     t = lap("check_guarantees", t)
-    shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # only an uncommitted leftover can be here
+    shutil.rmtree(
+        output / delta.MICRODATA, ignore_errors=True
+    )  # only an uncommitted leftover can be here
     delta.write_table(
-        microdata(released.filter(F.col("level") == hierarchy.leaf.name), config.schema), output, delta.MICRODATA
+        microdata(released.filter(F.col("level") == hierarchy.leaf.name), config.schema),
+        output,
+        delta.MICRODATA,
     )
     t = lap("microdata", t)
 
@@ -215,9 +235,14 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
         eval_dir = output / "evaluation"
         shutil.rmtree(eval_dir, ignore_errors=True)
         evaluation.coalesce(1).write.format("delta").save(str(eval_dir / "table"))
-        table = evaluation.toPandas()
+        table: pd.DataFrame = evaluation.toPandas()
         table.to_csv(eval_dir / "errors.csv", index=False)
-        plot_errors(table, hierarchy.names, str(eval_dir / "error_by_level.png"), f"{config.run.name}: rho = {float(config.budget.total_rho):.3g}")
+        plot_errors(
+            table,
+            hierarchy.names,
+            str(eval_dir / "error_by_level.png"),
+            f"{config.run.name}: rho = {float(config.budget.total_rho):.3g}",
+        )
         evaluation_rows = table.to_dict("records")
         t = lap("evaluate", t)
 
