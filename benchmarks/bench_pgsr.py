@@ -60,10 +60,21 @@ def calm() -> Dataset:
     with CALM.open() as f:
         rows = list(csv.DictReader(f))
     digits = [0, 3, 9, 12, 16]
-    leaves = {r["county"] + r["tract"] + r["block_group"] + r["taz"]: [int(r[f"HHSIZE{j}"]) for j in range(1, 5)] for r in rows}
+    leaves = {
+        r["county"] + r["tract"] + r["block_group"] + r["taz"]: [
+            int(r[f"HHSIZE{j}"]) for j in range(1, 5)
+        ]
+        for r in rows
+    }
     nodes = [(d, code) for d in digits for code in sorted({g[:d] for g in leaves})]
     index = {node: i for i, node in enumerate(nodes)}
-    parent = np.array([-1] + [index[(digits[digits.index(d) - 1], c[: digits[digits.index(d) - 1]])] for d, c in nodes[1:]])
+    parent = np.array(
+        [-1]
+        + [
+            index[(digits[digits.index(d) - 1], c[: digits[digits.index(d) - 1]])]
+            for d, c in nodes[1:]
+        ]
+    )
     truth = np.zeros((len(nodes), 4), dtype=np.int64)
     for geocode, sizes in leaves.items():
         for d in digits:
@@ -87,7 +98,9 @@ def synthetic(fanouts: list[int], households: int, seed: int) -> Dataset:
     truth = np.zeros((parents.size, PUMS_SIZES.size), dtype=np.int64)
     leaves = np.array(frontier)
     law = PUMS_SIZES / PUMS_SIZES.sum()
-    truth[leaves] = np.stack([rng.multinomial(int(g), law) for g in rng.poisson(households, leaves.size)])
+    truth[leaves] = np.stack(
+        [rng.multinomial(int(g), law) for g in rng.poisson(households, leaves.size)]
+    )
     for r in range(parents.size - 1, 0, -1):
         truth[parents[r]] += truth[r]
     name = f"synthetic {'x'.join(map(str, fanouts))} ({parents.size:,} nodes, N=8)"
@@ -99,7 +112,9 @@ def noisy(data: Dataset, measurement: str, epsilon: Fraction, trial: int) -> Gro
     scale = Fraction(sensitivity * data.levels) / epsilon
     plan = NoisePlan(measurement, data.truth.shape[1], {"all": scale})
     secret = bytes([trial + 1]) * 32
-    rows = np.stack([noisy_node(secret, plan, "all", str(i), data.truth[i]) for i in range(data.parent.size)])
+    rows = np.stack(
+        [noisy_node(secret, plan, "all", str(i), data.truth[i]) for i in range(data.parent.size)]
+    )
     return GroupTree(data.parent, rows, data.truth.sum(1))
 
 
@@ -128,29 +143,59 @@ def timed(fn: Callable[[], np.ndarray]) -> tuple[np.ndarray, float]:
     return out, time.perf_counter() - started
 
 
-def run(data: Dataset, epsilon: Fraction, trial: int, methods: set[str], time_limit: float) -> list[Result]:
+def run(
+    data: Dataset, epsilon: Fraction, trial: int, methods: set[str], time_limit: float
+) -> list[Result]:
     hist = noisy(data, "histogram", epsilon, trial)
     cum = noisy(data, "cumulative", epsilon, trial)
     out = []
 
-    def record(method: str, counts: np.ndarray, seconds: float, norm: str | None, note: str = "") -> None:
+    def record(
+        method: str, counts: np.ndarray, seconds: float, norm: str | None, note: str = ""
+    ) -> None:
         emd, mae = accuracy(data, counts)
         v = violations(hist, counts)
         obj = objective(hist, counts, norm) if norm else None
-        out.append(Result(data.name, epsilon, method, seconds, emd, mae, obj, v["inconsistent"] + v["unfaithful"], note))
+        out.append(
+            Result(
+                data.name,
+                epsilon,
+                method,
+                seconds,
+                emd,
+                mae,
+                obj,
+                v["inconsistent"] + v["unfaithful"],
+                note,
+            )
+        )
 
     for norm in ("l2", "l1"):
         if f"dp-{norm}" in methods:
             started = time.perf_counter()
             release = dp_release(hist, norm)
             seconds = time.perf_counter() - started
-            record(f"dp-{norm}", release.counts, seconds, norm, f"lower bound {release.lower_bound:,}")
+            record(
+                f"dp-{norm}", release.counts, seconds, norm, f"lower bound {release.lower_bound:,}"
+            )
         if f"milp-{norm}" in methods:
             try:
                 solved = solve_exact_milp(hist, norm, "node", time_limit=time_limit)
                 record(f"milp-{norm}", solved.counts, solved.seconds, norm)
             except RuntimeError as err:
-                out.append(Result(data.name, epsilon, f"milp-{norm}", float("nan"), float("nan"), float("nan"), None, -1, str(err)[:60]))
+                out.append(
+                    Result(
+                        data.name,
+                        epsilon,
+                        f"milp-{norm}",
+                        float("nan"),
+                        float("nan"),
+                        float("nan"),
+                        None,
+                        -1,
+                        str(err)[:60],
+                    )
+                )
     if "relaxed" in methods:
         counts, seconds = timed(lambda: round_naive(relaxed_qp(hist)))
         record("relaxed", counts, seconds, "l2")
@@ -162,7 +207,9 @@ def run(data: Dataset, epsilon: Fraction, trial: int, methods: set[str], time_li
 
 
 def summarise(results: list[Result]) -> list[dict]:
-    keys = sorted({(r.dataset, r.epsilon, r.method) for r in results}, key=lambda k: (k[0], k[1], k[2]))
+    keys = sorted(
+        {(r.dataset, r.epsilon, r.method) for r in results}, key=lambda k: (k[0], k[1], k[2])
+    )
     rows = []
     for key in keys:
         group = [r for r in results if (r.dataset, r.epsilon, r.method) == key]
@@ -176,7 +223,9 @@ def summarise(results: list[Result]) -> list[dict]:
                 "seconds": np.mean([r.seconds for r in ok]) if ok else float("nan"),
                 "emd": np.mean([r.emd for r in ok]) if ok else float("nan"),
                 "mae": np.mean([r.mae for r in ok]) if ok else float("nan"),
-                "objective": np.mean([r.objective for r in ok]) if ok and ok[0].objective is not None else None,
+                "objective": np.mean([r.objective for r in ok])
+                if ok and ok[0].objective is not None
+                else None,
                 "broken": np.mean([r.broken for r in ok]) if ok else float("nan"),
                 "note": group[-1].note,
             }
@@ -213,10 +262,24 @@ def markdown(rows: list[dict], command: str, load: str, wall: float) -> str:
     ]
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     for dataset in datasets:
-        lines += [f"## {dataset}", "", "| eps | method | trials | time (s) | x dp | EMD | MAE | objective | broken | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {dataset}",
+            "",
+            "| eps | method | trials | time (s) | x dp | EMD | MAE | objective | broken | note |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in (r for r in rows if r["dataset"] == dataset):
             ref_method = "dp-l1" if r["method"].endswith("l1") else "dp-l2"
-            ref = next((x for x in rows if x["dataset"] == dataset and x["epsilon"] == r["epsilon"] and x["method"] == ref_method), None)
+            ref = next(
+                (
+                    x
+                    for x in rows
+                    if x["dataset"] == dataset
+                    and x["epsilon"] == r["epsilon"]
+                    and x["method"] == ref_method
+                ),
+                None,
+            )
             ratio = r["seconds"] / ref["seconds"] if ref and ref["seconds"] > 0 else float("nan")
             obj = f"{r['objective']:,.0f}" if r["objective"] is not None else "-"
             lines.append(
@@ -243,16 +306,23 @@ def main() -> int:
         (synthetic([10, 10, 10, 10], 30, 1), all_methods - {"milp-l2"}, 1),
     ]
     if not args.skip_large:
-        plans.append((synthetic([10, 10, 10, 10, 10], 10, 2), {"dp-l1", "milp-l1", "dp-l2", "relaxed"}, 1))
+        plans.append(
+            (synthetic([10, 10, 10, 10, 10], 10, 2), {"dp-l1", "milp-l1", "dp-l2", "relaxed"}, 1)
+        )
     results: list[Result] = []
     for data, methods, trials in plans:
         for eps in map(Fraction, args.epsilons):
             for trial in range(trials):
                 results += run(data, eps, trial, methods, args.time_limit)
-                print(f"{data.name} eps={eps} trial {trial}: done ({time.perf_counter() - started:.0f} s)", flush=True)
+                print(
+                    f"{data.name} eps={eps} trial {trial}: done ({time.perf_counter() - started:.0f} s)",
+                    flush=True,
+                )
     command = "python benchmarks/bench_pgsr.py " + " ".join(sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(summarise(results), command.strip(), load, time.perf_counter() - started))
+    args.out.write_text(
+        markdown(summarise(results), command.strip(), load, time.perf_counter() - started)
+    )
     print(f"wrote {args.out}")
     return 0
 

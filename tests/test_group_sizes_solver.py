@@ -37,7 +37,9 @@ from censusdp_spark.solvers.group_sizes_cumulative import (
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
-def random_tree(rng: np.random.Generator, shape: list[int], sizes: int, groups: int, noise: int) -> GroupTree:
+def random_tree(
+    rng: np.random.Generator, shape: list[int], sizes: int, groups: int, noise: int
+) -> GroupTree:
     """A tree with ``shape[i]`` children per node at depth i, random truth, uniform noise."""
     parent, frontier = [-1], [0]
     for fanout in shape:
@@ -51,7 +53,11 @@ def random_tree(rng: np.random.Generator, shape: list[int], sizes: int, groups: 
     truth = np.zeros((parents.size, sizes), dtype=np.int64)
     for r in reversed(range(parents.size)):
         kids = np.flatnonzero(parents == r)
-        truth[r] = truth[kids].sum(0) if kids.size else rng.multinomial(int(rng.integers(0, groups + 1)), [1 / sizes] * sizes)
+        truth[r] = (
+            truth[kids].sum(0)
+            if kids.size
+            else rng.multinomial(int(rng.integers(0, groups + 1)), [1 / sizes] * sizes)
+        )
     noisy = truth + rng.integers(-noise, noise + 1, size=truth.shape)
     return GroupTree(parents, noisy, truth.sum(1))
 
@@ -73,13 +79,22 @@ def brute_force(tree: GroupTree, norm: str, faithful: str) -> int:
     n, m = tree.noisy.shape
     leaves = [r for r in range(n) if not (tree.parent == r).any()]
     if faithful == "node":
-        options = [[c for c in itertools.product(range(tree.groups[r] + 1), repeat=m) if sum(c) == tree.groups[r]] for r in leaves]
+        options = [
+            [
+                c
+                for c in itertools.product(range(tree.groups[r] + 1), repeat=m)
+                if sum(c) == tree.groups[r]
+            ]
+            for r in leaves
+        ]
     else:
         options = [list(itertools.product(range(tree.groups[r] + 1), repeat=m)) for r in leaves]
     best = None
     for combo in itertools.product(*options):
         x = derive(tree, {r: np.array(c) for r, c in zip(leaves, combo, strict=True)})
-        if faithful == "root" and (x.sum(1)[0] != tree.groups[0] or (x > tree.groups[:, None]).any()):
+        if faithful == "root" and (
+            x.sum(1)[0] != tree.groups[0] or (x > tree.groups[:, None]).any()
+        ):
             continue
         if faithful == "node" and (x.sum(1) != tree.groups).any():
             continue
@@ -111,7 +126,9 @@ def test_tables_are_convex_with_strictly_increasing_slopes():
         kids = tree.children()
         tables: list[list[CostTable]] = [[] for _ in kids]
         for r in reversed(range(len(kids))):
-            tables[r] = node_tables(tree.noisy[r], int(tree.groups[r]), [tables[c] for c in kids[r]], norm)
+            tables[r] = node_tables(
+                tree.noisy[r], int(tree.groups[r]), [tables[c] for c in kids[r]], norm
+            )
             for t in tables[r]:
                 assert (np.diff(t.slopes) > 0).all() and (t.lengths > 0).all()
                 assert (t.lo, t.hi) == (0, tree.groups[r])
@@ -124,7 +141,10 @@ def test_merge_is_the_min_plus_convolution():
         b = add_tables(deviation_table(int(rng.integers(0, 5)), a.hi, "l1"), a)
         c = deviation_table(int(rng.integers(-2, 6)), int(rng.integers(0, 5)), "l1")
         merged = merge_tables([b, c])
-        brute = [min(b.value(u) + c.value(v - u) for u in range(0, v + 1) if u <= b.hi and v - u <= c.hi) for v in range(merged.hi + 1)]
+        brute = [
+            min(b.value(u) + c.value(v - u) for u in range(0, v + 1) if u <= b.hi and v - u <= c.hi)
+            for v in range(merged.hi + 1)
+        ]
         assert values(merged).tolist() == brute
 
 
@@ -135,8 +155,17 @@ def test_add_is_the_pointwise_sum():
 
 def test_l1_tables_stay_small_whatever_the_counts():
     """An l1 table's slopes are integers in [-(h+1), h+1] at height h: work is count-free."""
-    tree = GroupTree(np.array([-1, 0, 0]), np.array([[10**6], [3 * 10**5], [7 * 10**5]]), np.array([10**6, 4 * 10**5, 6 * 10**5]))
-    tables = node_tables(tree.noisy[0], 10**6, [node_tables(tree.noisy[c], int(tree.groups[c]), [], "l1") for c in (1, 2)], "l1")
+    tree = GroupTree(
+        np.array([-1, 0, 0]),
+        np.array([[10**6], [3 * 10**5], [7 * 10**5]]),
+        np.array([10**6, 4 * 10**5, 6 * 10**5]),
+    )
+    tables = node_tables(
+        tree.noisy[0],
+        10**6,
+        [node_tables(tree.noisy[c], int(tree.groups[c]), [], "l1") for c in (1, 2)],
+        "l1",
+    )
     assert tables[0].slopes.size <= 2 * 1 + 3
 
 
@@ -145,7 +174,10 @@ def test_split_by_slopes_is_optimal_and_breaks_ties_by_index():
     assert split_by_slopes(tables, 5).tolist() == [3, 2]
     rng = np.random.default_rng(2)
     for _ in range(30):
-        ts = [deviation_table(int(rng.integers(-2, 7)), int(rng.integers(0, 5)), "l2") for _ in range(3)]
+        ts = [
+            deviation_table(int(rng.integers(-2, 7)), int(rng.integers(0, 5)), "l2")
+            for _ in range(3)
+        ]
         total = int(rng.integers(0, sum(t.hi for t in ts) + 1))
         got = split_by_slopes(ts, total)
         best = min(
@@ -153,7 +185,10 @@ def test_split_by_slopes_is_optimal_and_breaks_ties_by_index():
             for c in itertools.product(*[range(t.hi + 1) for t in ts])
             if sum(c) == total
         )
-        assert got.sum() == total and sum(t.value(int(v)) for t, v in zip(ts, got, strict=True)) == best
+        assert (
+            got.sum() == total
+            and sum(t.value(int(v)) for t, v in zip(ts, got, strict=True)) == best
+        )
 
 
 # --- the dynamic program -----------------------------------------------------------------------
@@ -182,7 +217,11 @@ def test_dp_release_is_valid_consistent_faithful_and_bracketed_by_the_exact_opti
         tree = random_tree(rng, [3, 3, 3], 4, 8, 5)
         release = dp_release(tree, norm)
         exact = solve_exact_milp(tree, norm, "node")
-        assert violations(tree, release.counts) == {"negative_or_fractional": 0, "inconsistent": 0, "unfaithful": 0}
+        assert violations(tree, release.counts) == {
+            "negative_or_fractional": 0,
+            "inconsistent": 0,
+            "unfaithful": 0,
+        }
         assert release.lower_bound <= exact.objective <= release.objective
 
 
@@ -215,7 +254,9 @@ def test_family_step_is_the_exact_transportation_optimum():
         got = solve_family(tables, parent, groups)
         assert (got.sum(0) == parent).all() and (got.sum(1) == groups).all() and (got >= 0).all()
         total = sum(tables[c][j].value(int(got[c, j])) for c in range(k) for j in range(n))
-        rows = [[r for r in itertools.product(range(g + 1), repeat=n) if sum(r) == g] for g in groups]
+        rows = [
+            [r for r in itertools.product(range(g + 1), repeat=n) if sum(r) == g] for g in groups
+        ]
         best = min(
             sum(tables[c][j].value(combo[c][j]) for c in range(k) for j in range(n))
             for combo in itertools.product(*rows)
@@ -242,7 +283,10 @@ def test_relaxed_qp_is_feasible_and_below_the_integer_optimum():
         internal = np.bincount(tree.parent[1:], minlength=tree.parent.size) > 0
         assert np.allclose(sums[internal], x[internal], atol=1e-6)
         assert np.allclose(x.sum(1), tree.groups, atol=1e-6) and (x >= 0).all()
-        assert float(np.square(x - tree.noisy).sum()) <= solve_exact_milp(tree, "l2", "node").objective + 1e-6
+        assert (
+            float(np.square(x - tree.noisy).sum())
+            <= solve_exact_milp(tree, "l2", "node").objective + 1e-6
+        )
 
 
 def test_relaxed_qp_with_a_fixed_root_keeps_it():
@@ -270,13 +314,21 @@ def test_cumulative_family_is_the_exact_integer_optimum():
     rng = np.random.default_rng(11)
 
     def chains(g: int, m: int) -> list[tuple[int, ...]]:
-        return [c for c in itertools.product(range(g + 1), repeat=m) if all(a <= b for a, b in itertools.pairwise(c))]
+        return [
+            c
+            for c in itertools.product(range(g + 1), repeat=m)
+            if all(a <= b for a, b in itertools.pairwise(c))
+        ]
 
     for _ in range(60):
         k, m = int(rng.integers(1, 4)), int(rng.integers(1, 4))
         groups = rng.integers(0, 5, size=k)
         noisy = rng.integers(-4, 9, size=(k, m))
-        parent = None if rng.random() < 0.3 else to_cumulative(rng.multinomial(int(groups.sum()), [1 / (m + 1)] * (m + 1)))
+        parent = (
+            None
+            if rng.random() < 0.3
+            else to_cumulative(rng.multinomial(int(groups.sum()), [1 / (m + 1)] * (m + 1)))
+        )
         got = solve_cumulative_family(noisy, groups, parent)
         best = min(
             int(np.square(np.array(c) - noisy).sum())
@@ -291,13 +343,21 @@ def test_cumulative_release_is_monotone_consistent_valid_and_faithful():
     for _ in range(10):
         tree = random_tree(rng, [4, 4, 4], 5, 30, 0)
         truth = tree.noisy
-        noisy = to_cumulative(truth) + rng.integers(-20, 21, size=(truth.shape[0], truth.shape[1] - 1))
+        noisy = to_cumulative(truth) + rng.integers(
+            -20, 21, size=(truth.shape[0], truth.shape[1] - 1)
+        )
         x = cumulative_release(GroupTree(tree.parent, noisy, tree.groups))
-        assert violations(tree, x) == {"negative_or_fractional": 0, "inconsistent": 0, "unfaithful": 0}
+        assert violations(tree, x) == {
+            "negative_or_fractional": 0,
+            "inconsistent": 0,
+            "unfaithful": 0,
+        }
 
 
 def test_cumulative_pools_a_non_monotone_root_like_isotonic_regression():
-    assert solve_cumulative_family(np.array([[500, -300, 40]]), np.array([100]), None).tolist() == [[80, 80, 80]]
+    assert solve_cumulative_family(np.array([[500, -300, 40]]), np.array([100]), None).tolist() == [
+        [80, 80, 80]
+    ]
 
 
 # --- noise scales -------------------------------------------------------------------------------
@@ -317,7 +377,9 @@ def test_node_noise_has_the_planned_geometric_scale_and_not_30_percent_more(meas
     scale = Fraction(10)
     plan = NoisePlan(measurement, 2001, {"taz": scale})
     zeros = np.zeros(2001, dtype=np.int64)
-    draws = np.concatenate([noisy_node(b"\x07" * 32, plan, "taz", f"{i:04d}", zeros) for i in range(10)])
+    draws = np.concatenate(
+        [noisy_node(b"\x07" * 32, plan, "taz", f"{i:04d}", zeros) for i in range(10)]
+    )
     alpha = np.exp(-1 / float(scale))
     variance = 2 * alpha / (1 - alpha) ** 2
     wrong = 2 * np.exp(-1 / 13.0) / (1 - np.exp(-1 / 13.0)) ** 2

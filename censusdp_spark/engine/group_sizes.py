@@ -22,15 +22,16 @@ Data shapes
 leaves ``geocode, cells, counts`` (cells = size - 1, non-zero only; confidential) ->
 node histograms ``level, geocode, cells, counts`` (confidential, memory only) ->
 ``noisy_measurements`` ``level, geocode, measurement, groups, noisy`` (dense; written once) ->
-per mechanism, level by level: ``cost_tables`` (dp, bottom-up), ``relaxed_solution`` (relaxed)
--> ``group_sizes`` ``geocode, level, size, count`` (size 1..N, every size of every node).
+per mechanism, level by level: cost tables ``level, geocode, size, lo, base, lengths, slopes``
+(dp, bottom-up), real-valued solutions ``level, geocode, solution`` (relaxed) ->
+released rows ``geocode, level, size, count`` (size 1..N, every size of every node).
 Families are grouped by parent (``groupBy(parent).cogroup(...).applyInPandas``); nothing per
 node is collected to the driver except the root's own row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -58,10 +59,10 @@ from censusdp_spark.solvers.group_sizes_cumulative import (
     to_cumulative,
 )
 
-NOISY_SCHEMA = "level string, geocode string, measurement string, groups bigint, noisy array<bigint>"
-TABLE_SCHEMA = (
-    "level string, geocode string, size int, lo bigint, base bigint, lengths array<bigint>, slopes array<bigint>"
+NOISY_SCHEMA = (
+    "level string, geocode string, measurement string, groups bigint, noisy array<bigint>"
 )
+TABLE_SCHEMA = "level string, geocode string, size int, lo bigint, base bigint, lengths array<bigint>, slopes array<bigint>"
 SOLUTION_SCHEMA = "level string, geocode string, solution array<double>"
 RELEASE_SCHEMA = "geocode string, level string, size int, count bigint"
 _INTEGER = r"^\s*[0-9]+\s*$"
@@ -79,7 +80,9 @@ def _fail_at(df: DataFrame, source: str, condition: Column, column: str, rule: s
 
 def _check_rows(df: DataFrame, source: str, rules: list[tuple[Column, str, str]]) -> None:
     """Check every ``(condition, column, rule)`` in one pass; fail on the first rule broken."""
-    flags = df.select(*[F.max(cond.cast("int")).alias(f"r{i}") for i, (cond, _, _) in enumerate(rules)]).collect()[0]
+    flags = df.select(
+        *[F.max(cond.cast("int")).alias(f"r{i}") for i, (cond, _, _) in enumerate(rules)]
+    ).collect()[0]
     for i, (condition, column, rule) in enumerate(rules):
         if flags[f"r{i}"]:
             _fail_at(df, source, condition, column, rule)
@@ -92,7 +95,11 @@ def _check_columns(df: DataFrame, spec: GroupInputSpec) -> None:
             raise InputError(source, f"column {col}", "missing (named in the config's [input])")
     extra = set(df.columns) - set(spec.used_columns()) - set(spec.ignore)
     if extra:
-        raise InputError(source, f"column {sorted(extra)[0]}", "not used by the config; list it in input.ignore if intended")
+        raise InputError(
+            source,
+            f"column {sorted(extra)[0]}",
+            "not used by the config; list it in input.ignore if intended",
+        )
 
 
 def _geocode(spec: GroupInputSpec) -> Column:
@@ -123,7 +130,9 @@ def _fail_on_duplicate(df: DataFrame, source: str, key: str, column: str, rule: 
 def _sparse(per_leaf: DataFrame) -> DataFrame:
     """``geocode, cell, count`` rows -> ``geocode, cells, counts`` (sorted, non-zero only)."""
     nested = per_leaf.groupBy("geocode").agg(
-        F.sort_array(F.collect_list(F.struct(F.col("cell").cast("int").alias("cell"), "count"))).alias("h")
+        F.sort_array(
+            F.collect_list(F.struct(F.col("cell").cast("int").alias("cell"), "count"))
+        ).alias("h")
     )
     nonzero = F.filter("h", lambda s: s["count"] > 0)
     return nested.select(
@@ -137,11 +146,19 @@ def _size_rules(groups: GroupSizes, column: str) -> list[tuple[Column, str, str]
     """Sizes must be >= 1, and <= N unless the last size is top-coded ("N or more")."""
     rules = [(F.col("size") < 1, column, "a group must have size >= 1")]
     if not groups.topcode:
-        rules.append((F.col("size") > groups.max_size, column, f"size above max_size = {groups.max_size} (topcode = false)"))
+        rules.append(
+            (
+                F.col("size") > groups.max_size,
+                column,
+                f"size above max_size = {groups.max_size} (topcode = false)",
+            )
+        )
     return rules
 
 
-def read_leaf_histograms(spark: SparkSession, spec: GroupInputSpec, groups: GroupSizes, digits: int) -> DataFrame:
+def read_leaf_histograms(
+    spark: SparkSession, spec: GroupInputSpec, groups: GroupSizes, digits: int
+) -> DataFrame:
     """Per-leaf size histograms ``geocode, cells, counts``; every input rule is checked first."""
     source = str(spec.path)
     raw = read_table(spark, spec.path, spec.format)
@@ -152,40 +169,75 @@ def read_leaf_histograms(spark: SparkSession, spec: GroupInputSpec, groups: Grou
     geocode_name = "+".join(spec.geocode_columns)
     if spec.layout == "size_counts":
         rules = [_geocode_rule(spec, digits)]
-        rules += [_integer_rule(c, "count must be a non-negative integer") for c in spec.size_columns]
+        rules += [
+            _integer_rule(c, "count must be a non-negative integer") for c in spec.size_columns
+        ]
         _check_rows(df, source, rules)
         _fail_on_duplicate(df, source, "geocode", geocode_name, "duplicate geocode")
         typed = df.select("geocode", *[_as_long(c) for c in spec.size_columns])
-        cells = F.array(*[F.struct(F.lit(i).alias("cell"), F.col(c).alias("count")) for i, c in enumerate(spec.size_columns)])
-        return _sparse(typed.select("geocode", F.explode(cells).alias("e")).select("geocode", "e.cell", "e.count"))
+        cells = F.array(
+            *[
+                F.struct(F.lit(i).alias("cell"), F.col(c).alias("count"))
+                for i, c in enumerate(spec.size_columns)
+            ]
+        )
+        return _sparse(
+            typed.select("geocode", F.explode(cells).alias("e")).select(
+                "geocode", "e.cell", "e.count"
+            )
+        )
     household_name = str(spec.household_column)
     df = df.withColumn("household", F.trim(F.col(household_name).cast("string")))
-    empty_id = (F.col("household").isNull() | (F.col("household") == ""), household_name, "household id is empty")
+    empty_id = (
+        F.col("household").isNull() | (F.col("household") == ""),
+        household_name,
+        "household id is empty",
+    )
     if spec.size_column is not None:
         size_name = spec.size_column
-        rules = [_geocode_rule(spec, digits), empty_id, _integer_rule(size_name, "size must be a non-negative integer")]
+        rules = [
+            _geocode_rule(spec, digits),
+            empty_id,
+            _integer_rule(size_name, "size must be a non-negative integer"),
+        ]
         _check_rows(df, source, rules)
-        _fail_on_duplicate(df, source, "household", household_name, "duplicate household (one row per household)")
+        _fail_on_duplicate(
+            df, source, "household", household_name, "duplicate household (one row per household)"
+        )
         households = df.select("geocode", _as_long(size_name).alias("size"))
         _check_rows(households, source, _size_rules(groups, size_name))
     else:
         size_name = str(spec.member_column)
-        rules = [_geocode_rule(spec, digits), empty_id, _integer_rule(size_name, "member quantity must be a non-negative integer")]
+        rules = [
+            _geocode_rule(spec, digits),
+            empty_id,
+            _integer_rule(size_name, "member quantity must be a non-negative integer"),
+        ]
         _check_rows(df, source, rules)
         per_household = df.groupBy("household").agg(
-            F.countDistinct("geocode").alias("leaves"), F.first("geocode").alias("geocode"), F.sum(_as_long(size_name)).alias("size")
+            F.countDistinct("geocode").alias("leaves"),
+            F.first("geocode").alias("geocode"),
+            F.sum(_as_long(size_name)).alias("size"),
         )
         split = per_household.filter("leaves > 1").limit(1).collect()
         if split:
             where = F.col("household") == split[0]["household"]
-            _fail_at(df, source, where, household_name, "a household's members lie in different leaves")
+            _fail_at(
+                df, source, where, household_name, "a household's members lie in different leaves"
+            )
         bad = per_household.filter(F.col("size") < 1).limit(1).collect()
         if bad:
-            raise InputError(source, f"household {bad[0]['household']}", f"members' {size_name} sum to 0 (sizes start at 1)")
+            raise InputError(
+                source,
+                f"household {bad[0]['household']}",
+                f"members' {size_name} sum to 0 (sizes start at 1)",
+            )
         households = per_household.select("geocode", "size")
         _check_rows(households, source, _size_rules(groups, size_name))
     cell = F.least(F.col("size"), F.lit(groups.max_size)) - 1
-    return _sparse(households.groupBy("geocode", cell.alias("cell")).agg(F.count("*").alias("count")))
+    return _sparse(
+        households.groupBy("geocode", cell.alias("cell")).agg(F.count("*").alias("count"))
+    )
 
 
 # --- measurement -----------------------------------------------------------------------------
@@ -207,7 +259,9 @@ def noise_plan(config: PgsrConfig, mechanism: str) -> NoisePlan:
     return NoisePlan(measurement, config.groups.max_size, scales)
 
 
-def noisy_node(secret: bytes, plan: NoisePlan, level: str, geocode: str, histogram: np.ndarray) -> np.ndarray:
+def noisy_node(
+    secret: bytes, plan: NoisePlan, level: str, geocode: str, histogram: np.ndarray
+) -> np.ndarray:
     """One node's noisy histogram (N cells) or noisy cumulative counts ``H_1..H_{N-1}``."""
     exact = histogram if plan.measurement == "histogram" else to_cumulative(histogram)
     if exact.size == 0:
@@ -225,10 +279,12 @@ def _dense(cells: object, counts: object, n: int) -> np.ndarray:
 def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes) -> DataFrame:
     """Noisy measurements of every node (lazy; the caller writes them once)."""
 
-    def noise(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    def noise(batches: Iterable[pd.DataFrame]) -> Iterable[pd.DataFrame]:
         for batch in batches:
             rows = []
-            for level, geocode, cells, counts in batch[["level", "geocode", "cells", "counts"]].itertuples(index=False):
+            for level, geocode, cells, counts in batch[
+                ["level", "geocode", "cells", "counts"]
+            ].itertuples(index=False):
                 hist = _dense(cells, counts, plan.sizes)
                 noisy = noisy_node(secret, plan, level, geocode, hist)
                 rows.append((level, geocode, plan.measurement, int(hist.sum()), noisy))
@@ -262,12 +318,18 @@ def _release_rows(level: str, geocodes: list[str], counts: np.ndarray) -> pd.Dat
 
 def released_histograms(released: DataFrame) -> DataFrame:
     """Long ``geocode, size, count`` -> ``geocode, counts`` (dense, by size)."""
-    nested = released.groupBy("geocode").agg(F.sort_array(F.collect_list(F.struct("size", "count"))).alias("h"))
+    nested = released.groupBy("geocode").agg(
+        F.sort_array(F.collect_list(F.struct("size", "count"))).alias("h")
+    )
     return nested.select("geocode", F.col("h.count").alias("counts"))
 
 
 def _family(
-    children: DataFrame, parents: DataFrame, parent_digits: int, task: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame], schema: str
+    children: DataFrame,
+    parents: DataFrame,
+    parent_digits: int,
+    task: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame],
+    schema: str,
 ) -> DataFrame:
     """Apply ``task(children of one parent, that parent's row)`` to every family of a level."""
     keyed = children.select(_parent_key(parent_digits), *children.columns)
@@ -276,7 +338,11 @@ def _family(
 
 def root_row(noisy: DataFrame, hierarchy: Hierarchy) -> tuple[str, int, np.ndarray]:
     """The root's ``geocode, groups, noisy`` (one row: noisy values and the public G)."""
-    row = noisy.filter(F.col("level") == hierarchy.root.name).select("geocode", "groups", "noisy").collect()
+    row = (
+        noisy.filter(F.col("level") == hierarchy.root.name)
+        .select("geocode", "groups", "noisy")
+        .collect()
+    )
     if len(row) != 1:
         raise RuntimeError(f"expected one root node, found {len(row)}")
     return row[0]["geocode"], int(row[0]["groups"]), _ints(row[0]["noisy"])
@@ -293,29 +359,41 @@ def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
         tables.append(
             [
                 CostTable(int(lo), int(base), _ints(lengths), _ints(slopes))
-                for lo, base, lengths, slopes in rows[["lo", "base", "lengths", "slopes"]].itertuples(index=False)
+                for lo, base, lengths, slopes in rows[
+                    ["lo", "base", "lengths", "slopes"]
+                ].itertuples(index=False)
             ]
         )
     return geocodes, tables
 
 
 def _table_rows(level: str, geocode: str, tables: list[CostTable]) -> list[tuple]:
-    return [(level, geocode, j + 1, t.lo, t.base, t.lengths, t.slopes) for j, t in enumerate(tables)]
+    return [
+        (level, geocode, j + 1, t.lo, t.base, t.lengths, t.slopes) for j, t in enumerate(tables)
+    ]
 
 
 def _table_frame(rows: list[tuple]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=["level", "geocode", "size", "lo", "base", "lengths", "slopes"])
+    return pd.DataFrame(
+        rows, columns=["level", "geocode", "size", "lo", "base", "lengths", "slopes"]
+    )
 
 
-def dp_tables(noisy_level: DataFrame, child_tables: DataFrame | None, digits: int, norm: str) -> DataFrame:
+def dp_tables(
+    noisy_level: DataFrame, child_tables: DataFrame | None, digits: int, norm: str
+) -> DataFrame:
     """Cost tables of one level's nodes, from their noisy rows and their children's tables."""
     if child_tables is None:
 
-        def leaves(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        def leaves(batches: Iterable[pd.DataFrame]) -> Iterable[pd.DataFrame]:
             for batch in batches:
                 rows = []
-                for level, geocode, groups, noisy in batch[["level", "geocode", "groups", "noisy"]].itertuples(index=False):
-                    rows += _table_rows(level, geocode, node_tables(_ints(noisy), int(groups), [], norm))
+                for level, geocode, groups, noisy in batch[
+                    ["level", "geocode", "groups", "noisy"]
+                ].itertuples(index=False):
+                    rows += _table_rows(
+                        level, geocode, node_tables(_ints(noisy), int(groups), [], norm)
+                    )
                 yield _table_frame(rows)
 
         return noisy_level.mapInPandas(leaves, TABLE_SCHEMA)
@@ -325,7 +403,9 @@ def dp_tables(noisy_level: DataFrame, child_tables: DataFrame | None, digits: in
             return _table_frame([])
         level, geocode, groups, noisy = node[["level", "geocode", "groups", "noisy"]].iloc[0]
         _, kids = _tables_of(children)
-        return _table_frame(_table_rows(level, geocode, node_tables(_ints(noisy), int(groups), kids, norm)))
+        return _table_frame(
+            _table_rows(level, geocode, node_tables(_ints(noisy), int(groups), kids, norm))
+        )
 
     return _family(child_tables.drop("level"), noisy_level, digits, parent, TABLE_SCHEMA)
 
@@ -337,7 +417,9 @@ def dp_root(root_tables: DataFrame, groups: int) -> tuple[np.ndarray, int]:
     return counts, sum(t.value(int(v)) for t, v in zip(tables[0], counts, strict=True))
 
 
-def dp_families(level: str, child_tables: DataFrame, parent_release: DataFrame, parent_digits: int) -> DataFrame:
+def dp_families(
+    level: str, child_tables: DataFrame, parent_release: DataFrame, parent_digits: int
+) -> DataFrame:
     """One level's released histograms from its cost tables and the parents' released rows."""
 
     def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
@@ -348,13 +430,17 @@ def dp_families(level: str, child_tables: DataFrame, parent_release: DataFrame, 
         counts = solve_family(tables, _ints(parent["counts"].iloc[0]), groups)
         return _release_rows(level, geocodes, counts)
 
-    return _family(child_tables.drop("level"), parent_release, parent_digits, family, RELEASE_SCHEMA)
+    return _family(
+        child_tables.drop("level"), parent_release, parent_digits, family, RELEASE_SCHEMA
+    )
 
 
 # --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------
 
 
-def relaxed_families(noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int) -> DataFrame:
+def relaxed_families(
+    noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int
+) -> DataFrame:
     """One level's relaxed (real-valued) solution, family by family below the fixed parents."""
 
     def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
@@ -364,13 +450,27 @@ def relaxed_families(noisy_level: DataFrame, parent_solution: DataFrame, parent_
         fixed = np.asarray(parent["solution"].iloc[0], dtype=np.float64)
         k = len(children)
         noisy = np.vstack([np.zeros(fixed.size, dtype=np.int64), *map(_ints, children["noisy"])])
-        groups = np.concatenate([[children["groups"].sum()], children["groups"].to_numpy(dtype=np.int64)])
+        groups = np.concatenate(
+            [[children["groups"].sum()], children["groups"].to_numpy(dtype=np.int64)]
+        )
         tree = GroupTree(np.array([-1] + [0] * k), noisy, groups)
         solution = relaxed_qp(tree, fixed_root=fixed)[1:]
-        return pd.DataFrame({"level": children["level"].to_numpy(), "geocode": children["geocode"].to_numpy(), "solution": list(solution)})
+        return pd.DataFrame(
+            {
+                "level": children["level"].to_numpy(),
+                "geocode": children["geocode"].to_numpy(),
+                "solution": list(solution),
+            }
+        )
 
     columns = noisy_level.select("level", "geocode", "groups", "noisy")
-    return _family(columns, parent_solution.select("geocode", "solution"), parent_digits, family, SOLUTION_SCHEMA)
+    return _family(
+        columns,
+        parent_solution.select("geocode", "solution"),
+        parent_digits,
+        family,
+        SOLUTION_SCHEMA,
+    )
 
 
 def relaxed_root(noisy: np.ndarray, groups: int) -> np.ndarray:
@@ -382,7 +482,12 @@ def rounded_release(solution: DataFrame) -> DataFrame:
     """The relaxed solution rounded cell by cell to the nearest integer, ties to even (as numpy)."""
     return solution.select(
         "geocode", "level", F.posexplode("solution").alias("pos", "value")
-    ).select("geocode", "level", (F.col("pos") + 1).cast("int").alias("size"), F.bround("value").cast("long").alias("count"))
+    ).select(
+        "geocode",
+        "level",
+        (F.col("pos") + 1).cast("int").alias("size"),
+        F.bround("value").cast("long").alias("count"),
+    )
 
 
 # --- cumulative: per-family integer programs top-down ------------------------------------------
@@ -393,7 +498,9 @@ def cumulative_root(noisy: np.ndarray, groups: int) -> np.ndarray:
     return from_cumulative(solve_cumulative_family(noisy[None, :], g, None), g)[0]
 
 
-def cumulative_families(level: str, noisy_level: DataFrame, parent_release: DataFrame, parent_digits: int) -> DataFrame:
+def cumulative_families(
+    level: str, noisy_level: DataFrame, parent_release: DataFrame, parent_digits: int
+) -> DataFrame:
     """One level's released histograms: monotone, consistent, faithful cumulative counts."""
 
     def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
@@ -413,11 +520,12 @@ def cumulative_families(level: str, noisy_level: DataFrame, parent_release: Data
 # --- guarantees, objective, evaluation --------------------------------------------------------
 
 
-def release_violations(released: DataFrame, noisy: DataFrame, hierarchy: Hierarchy) -> dict[str, int]:
-    """Counts of broken guarantees: negative cells, (parent, size) pairs whose children do not
-    sum to the parent, nodes whose sizes do not sum to their public number of groups (or that
-    are missing). Only counts reach the driver."""
-    negative = released.filter(F.col("count") < 0).count()
+def release_violations(
+    released: DataFrame, noisy: DataFrame, hierarchy: Hierarchy
+) -> dict[str, int]:
+    """Counts of broken guarantees, in one Spark job: negative cells, (parent, size) pairs whose
+    children do not sum to the parent, nodes whose sizes do not sum to their public number of
+    groups (or that are missing). Only the three counts reach the driver."""
     sums = None
     for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
         prefix = F.substring("geocode", 1, parent.digits) if parent.digits else F.lit("")
@@ -428,19 +536,27 @@ def release_violations(released: DataFrame, noisy: DataFrame, hierarchy: Hierarc
     assert sums is not None
     children = sums.groupBy("level", "geocode", "size").agg(F.sum("count").alias("children"))
     parents = released.filter(F.col("level") != hierarchy.leaf.name)
-    inconsistent = (
-        parents.join(children, ["level", "geocode", "size"], "full_outer")
-        .filter(F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0)))
-        .count()
+    inconsistent = parents.join(children, ["level", "geocode", "size"], "full_outer").filter(
+        F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0))
     )
     totals = released.groupBy("level", "geocode").agg(F.sum("count").alias("total"))
     unfaithful = (
         noisy.select("level", "geocode", "groups")
         .join(totals, ["level", "geocode"], "full_outer")
         .filter(F.coalesce(F.col("total"), F.lit(-1)) != F.coalesce(F.col("groups"), F.lit(-1)))
-        .count()
     )
-    return {"negative_counts": negative, "children_not_summing_to_parent": inconsistent, "sizes_not_summing_to_groups": unfaithful}
+    kinds = {
+        "negative_counts": released.filter(F.col("count") < 0),
+        "children_not_summing_to_parent": inconsistent,
+        "sizes_not_summing_to_groups": unfaithful,
+    }
+    flags = None
+    for kind, rows in kinds.items():
+        part = rows.select(F.lit(kind).alias("kind"))
+        flags = part if flags is None else flags.unionByName(part)
+    assert flags is not None
+    found = {r["kind"]: int(r["count"]) for r in flags.groupBy("kind").count().collect()}
+    return {kind: found.get(kind, 0) for kind in kinds}
 
 
 def release_objective(released: DataFrame, noisy: DataFrame, norm: str) -> int:
@@ -448,28 +564,36 @@ def release_objective(released: DataFrame, noisy: DataFrame, norm: str) -> int:
     cells = noisy.select("level", "geocode", F.posexplode("noisy").alias("pos", "noisy")).select(
         "level", "geocode", (F.col("pos") + 1).alias("size"), "noisy"
     )
-    diff = released.join(cells, ["level", "geocode", "size"]).select((F.col("count") - F.col("noisy")).alias("d"))
+    diff = released.join(cells, ["level", "geocode", "size"]).select(
+        (F.col("count") - F.col("noisy")).alias("d")
+    )
     term = F.col("d") * F.col("d") if norm == "l2" else F.abs("d")
     return int(diff.agg(F.sum(term).alias("s")).collect()[0]["s"] or 0)
-
-
-EVALUATION_SCHEMA = "level string, nodes long, mae double, emd_mean double, emd_max double"
 
 
 def evaluation(nodes: DataFrame, released: DataFrame) -> DataFrame:
     """Per level: mean absolute error per cell, and the earthmover distance (L1 between
     cumulative histograms) per node, mean and max. Uses the truth: internal only."""
-    truth = nodes.select("level", "geocode", F.explode(F.arrays_zip("cells", "counts")).alias("e")).select(
+    truth = nodes.select(
+        "level", "geocode", F.explode(F.arrays_zip("cells", "counts")).alias("e")
+    ).select(
         "level", "geocode", (F.col("e.cells") + 1).alias("size"), F.col("e.counts").alias("true")
     )
     diff = released.join(truth, ["level", "geocode", "size"], "full_outer").select(
-        "level", "geocode", "size", (F.coalesce("count", F.lit(0)) - F.coalesce("true", F.lit(0))).alias("d")
+        "level",
+        "geocode",
+        "size",
+        (F.coalesce("count", F.lit(0)) - F.coalesce("true", F.lit(0))).alias("d"),
     )
     running = F.sum("d").over(Window.partitionBy("level", "geocode").orderBy("size"))
     per_node = (
         diff.withColumn("cumulative", running)
         .groupBy("level", "geocode")
-        .agg(F.sum(F.abs("d")).alias("l1"), F.count("*").alias("cells"), F.sum(F.abs("cumulative")).alias("emd"))
+        .agg(
+            F.sum(F.abs("d")).alias("l1"),
+            F.count("*").alias("cells"),
+            F.sum(F.abs("cumulative")).alias("emd"),
+        )
     )
     return per_node.groupBy("level").agg(
         F.count("*").alias("nodes"),

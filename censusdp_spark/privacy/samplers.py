@@ -29,6 +29,13 @@ pending (index arrays shrink each round), never on one draw at a time. The rejec
 Algorithms 2 and 3 are merged into one accept test per candidate, and independent tests run in
 the cheapest order. Neither changes the output law, because candidates are independent trials.
 
+*Random words.* Every draw is cut from 16-bit words of the generator's raw output
+(``rng.bit_generator.random_raw``), read in blocks and each used once: ``rng.integers`` costs
+about 8 µs per call, which would dominate the small calls the engine makes for one node and one
+query. A uniform integer below a bound b ≤ 2¹⁶ is a word modulo b, with words at or past the
+last multiple of b below 2¹⁶ redrawn. Floats appear only in sizing batches from the expected
+acceptance rate, never in a decision.
+
 *Exact Bernoulli(n/d).* This is the event "uniform integer in [0, d) < n", drawn lazily as
 U < n/d for a uniform real U. U's first 16-bit digit is one draw from the generator, compared
 with ⌊2¹⁶·n/d⌋. Only when the two are equal (probability 2⁻¹⁶) are later digits compared, with
@@ -45,8 +52,8 @@ of the even stops, and the last value (all digits zero, one in 5040) finishes wi
 loop from K = 8.
 
 *Big integers.* With σ² = p/q and t = ⌊σ⌋ + 1 the acceptance exponent of Algorithm 3 is
-γ(y) = (q·t·y − p)² / (2·p·q·t²) for y = |Y|. For the production budgets p and q are near 10¹²
-and the denominator near 2⁸⁰, past int64. γ depends only on y, so ⌊γ(y)⌋, the first digit of
+γ(y) = (q·t·y − p)² / (2·p·q·t²) for y = |Y|. For the production budgets p and q reach
+10¹¹–10¹² and the denominator 2⁸⁰, past int64. γ depends only on y, so ⌊γ(y)⌋, the first digit of
 its fractional part and the exact remainder are computed with Python integers once per value of
 y and gathered into numpy arrays: a table over 0…max y, cached per σ², or over the distinct
 values of y when that range passes 2¹⁶. All σ² take this one path, so there is no separate int64

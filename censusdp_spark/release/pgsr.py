@@ -5,19 +5,23 @@ size s, ε-DP, consistent, valid and faithful (see ``censusdp_spark.engine.group
 privacy claim and ``censusdp_spark.solvers.group_sizes`` for what each post-processing solves).
 
 Mechanisms:
-* ``dp`` (M_H^dp): histogram noise, cost tables bottom-up (``cost_tables``), the root by the
-  dummy root of T^dp, then each family exactly given its parent (node faithfulness).
+* ``dp`` (M_H^dp): histogram noise, cost tables bottom-up, the root by the dummy root of T^dp,
+  then each family exactly given its parent (node faithfulness). The manifest carries the
+  optimality certificate ``lower_bound <= opt <= objective``.
 * ``relaxed`` (M_H, the paper's baseline): the same noisy histograms; the convex relaxation
-  solved per family top-down (the parent's real-valued solution fixed, Clarabel), written to
-  ``relaxed_solution``, then rounded cell by cell. Rounding may break consistency and
-  faithfulness: the violations are counted and reported, not raised.
+  solved per family top-down (the parent's real-valued solution fixed; Clarabel), then rounded
+  cell by cell. Rounding may break consistency and faithfulness: the violations are counted
+  and reported, not raised. (Per-family, not one QP over the whole tree: the whole-tree QP is
+  ``solvers.group_sizes.relaxed_qp`` on one machine, as in the benchmark.)
 * ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
 
 Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node
 histograms (confidential, memory only) -> the noise pass, written once to
-``noisy_measurements`` -> post-processing reading only that table, level by level ->
-``group_sizes`` -> guarantees checked (a violation fails dp and cumulative loudly) -> with
-``--evaluate``, errors against the truth in ``evaluation/`` (internal) -> the manifest, last.
+``noisy_measurements`` -> post-processing reading only that table, level by level (each level
+computed and checkpointed in executor storage before the next reads it) -> ``group_sizes``
+written in one transaction -> guarantees checked (a violation fails dp and cumulative loudly)
+-> with ``--evaluate``, errors against the truth in ``evaluation/`` (internal) -> the
+manifest, last.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -44,8 +49,6 @@ from censusdp_spark.release.manifest import versions, write_manifest
 from censusdp_spark.release.topdown import OutputExistsError, prepare_output
 
 GROUP_SIZES = "group_sizes"
-COST_TABLES = "cost_tables"
-RELAXED_SOLUTION = "relaxed_solution"
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,16 @@ class PgsrSummary:
             "  levels: " + ", ".join(f"{lv} ({n} nodes)" for lv, n in self.nodes.items()),
             f"  privacy: epsilon = {self.epsilon} (pure DP)",
             "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items()),
-            f"  elapsed: {self.elapsed_s:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items()) + ")",
+            f"  elapsed: {self.elapsed_s:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+            + ")",
             f"  tables: {delta.table_path(self.output, delta.NOISY_MEASUREMENTS)}, {delta.table_path(self.output, GROUP_SIZES)}",
             f"  manifest: {self.output / 'manifest.json'}",
         ]
         if self.optimality:
-            lines.insert(4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items()))
+            lines.insert(
+                4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items())
+            )
         if self.evaluation:
             lines.append(f"  evaluation (internal, not for release): {self.output / 'evaluation'}")
         return "\n".join(lines)
@@ -94,7 +101,9 @@ def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
     if options.secret_file is not None:
         run = replace(run, secret_file=options.secret_file)
     if config.input is None:
-        raise ValueError(f"{config.source}: [input] missing: the group-size release needs an input table")
+        raise ValueError(
+            f"{config.source}: [input] missing: the group-size release needs an input table"
+        )
     spec = config.input if options.input is None else replace(config.input, path=options.input)
     return replace(config, run=run, input=spec, mechanism=options.mechanism or config.mechanism)
 
@@ -137,63 +146,82 @@ def _root_release(spark: SparkSession, config: PgsrConfig, geocode: str, counts:
     return spark.createDataFrame(rows, gs.RELEASE_SCHEMA)
 
 
-def _parent_release(spark: SparkSession, output: Path, level: str) -> DataFrame:
-    released = delta.read_table(spark, output, GROUP_SIZES).filter(F.col("level") == level)
-    return gs.released_histograms(released)
+def _settle(df: DataFrame) -> DataFrame:
+    """Compute a level now and cut its lineage (kept by the executors, not written: if one is
+    lost, post-processing restarts from ``noisy_measurements``, which costs no budget)."""
+    return df.localCheckpoint(eager=True)
 
 
-def _post_process_dp(spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock) -> dict[str, int]:
-    output, levels = config.run.output, config.hierarchy.levels
-    child_tables = None
+def _post_process_dp(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
+) -> tuple[list[DataFrame], dict[str, int]]:
+    levels, norm = config.hierarchy.levels, config.norm
+    tables: dict[str, DataFrame] = {}
+    below = None
     for level in reversed(levels):
-        tables = gs.dp_tables(noisy.filter(F.col("level") == level.name), child_tables, level.digits, config.norm)
-        delta.write_level(tables, output, COST_TABLES, level.name)
-        child_tables = delta.read_table(spark, output, COST_TABLES).filter(F.col("level") == level.name)
-        clock.lap(f"cost_tables_{level.name}")
-    all_tables = delta.read_table(spark, output, COST_TABLES)
-    geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
-    counts, lower_bound = gs.dp_root(all_tables.filter(F.col("level") == levels[0].name), groups)
-    delta.write_level(_root_release(spark, config, geocode, counts), output, GROUP_SIZES, levels[0].name)
-    for parent, level in zip(levels, levels[1:], strict=False):
-        released = gs.dp_families(
-            level.name,
-            all_tables.filter(F.col("level") == level.name),
-            _parent_release(spark, output, parent.name),
-            parent.digits,
+        tables[level.name] = below = _settle(
+            gs.dp_tables(noisy.filter(F.col("level") == level.name), below, level.digits, norm)
         )
-        delta.write_level(released, output, GROUP_SIZES, level.name)
+        clock.lap(f"cost_tables_{level.name}")
+    geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
+    counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
+    released = [_root_release(spark, config, geocode, counts)]
+    for parent, level in zip(levels, levels[1:], strict=False):
+        parents = gs.released_histograms(released[-1])
+        released.append(
+            _settle(gs.dp_families(level.name, tables[level.name], parents, parent.digits))
+        )
         clock.lap(f"release_{level.name}")
-    objective = gs.release_objective(delta.read_table(spark, output, GROUP_SIZES), noisy, config.norm)
-    return {"objective": objective, "lower_bound": int(lower_bound), "gap": objective - int(lower_bound)}
+    objective = gs.release_objective(_union(released), noisy, norm)
+    return released, {
+        "objective": objective,
+        "lower_bound": int(lower_bound),
+        "gap": objective - int(lower_bound),
+    }
 
 
-def _post_process_relaxed(spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock) -> None:
-    output, levels = config.run.output, config.hierarchy.levels
+def _post_process_relaxed(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
+) -> list[DataFrame]:
+    levels = config.hierarchy.levels
     geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
     solution = gs.relaxed_root(root_noisy, groups)
-    root = spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], gs.SOLUTION_SCHEMA)
-    delta.write_level(root, output, RELAXED_SOLUTION, levels[0].name)
+    solved = [
+        spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], gs.SOLUTION_SCHEMA)
+    ]
     for parent, level in zip(levels, levels[1:], strict=False):
-        parents = delta.read_table(spark, output, RELAXED_SOLUTION).filter(F.col("level") == parent.name)
-        solved = gs.relaxed_families(noisy.filter(F.col("level") == level.name), parents, parent.digits)
-        delta.write_level(solved, output, RELAXED_SOLUTION, level.name)
-        clock.lap(f"relaxed_{level.name}")
-    rounded = gs.rounded_release(delta.read_table(spark, output, RELAXED_SOLUTION))
-    delta.write_table(rounded, output, GROUP_SIZES, partition_by="level")
-    clock.lap("rounding")
-
-
-def _post_process_cumulative(spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock) -> None:
-    output, levels = config.run.output, config.hierarchy.levels
-    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
-    root_counts = gs.cumulative_root(root_noisy, groups)
-    delta.write_level(_root_release(spark, config, geocode, root_counts), output, GROUP_SIZES, levels[0].name)
-    for parent, level in zip(levels, levels[1:], strict=False):
-        released = gs.cumulative_families(
-            level.name, noisy.filter(F.col("level") == level.name), _parent_release(spark, output, parent.name), parent.digits
+        solved.append(
+            _settle(
+                gs.relaxed_families(
+                    noisy.filter(F.col("level") == level.name), solved[-1], parent.digits
+                )
+            )
         )
-        delta.write_level(released, output, GROUP_SIZES, level.name)
+        clock.lap(f"relaxed_{level.name}")
+    return [gs.rounded_release(s) for s in solved]
+
+
+def _post_process_cumulative(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
+) -> list[DataFrame]:
+    levels = config.hierarchy.levels
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
+    released = [_root_release(spark, config, geocode, gs.cumulative_root(root_noisy, groups))]
+    for parent, level in zip(levels, levels[1:], strict=False):
+        parents = gs.released_histograms(released[-1])
+        noisy_level = noisy.filter(F.col("level") == level.name)
+        released.append(
+            _settle(gs.cumulative_families(level.name, noisy_level, parents, parent.digits))
+        )
         clock.lap(f"release_{level.name}")
+    return released
+
+
+def _union(levels: list[DataFrame]) -> DataFrame:
+    out = levels[0]
+    for df in levels[1:]:
+        out = out.unionByName(df)
+    return out
 
 
 def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
@@ -203,29 +231,46 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
     output, hierarchy = config.run.output, config.hierarchy
     if output.exists() and any(output.iterdir()) and not options.overwrite:
         raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it")
-    secret = load_or_create_secret(config.run.secret_file, config.run.secret_env, config.run.private_dir)
+    secret = load_or_create_secret(
+        config.run.secret_file, config.run.secret_env, config.run.private_dir
+    )
 
     leaves = gs.read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
     leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
     # Few, larger partitions: every pandas task has a fixed start-up cost.
     parallelism = spark.sparkContext.defaultParallelism
-    nodes = node_histograms(leaves, hierarchy).coalesce(parallelism).persist(StorageLevel.MEMORY_AND_DISK)
+    nodes = (
+        node_histograms(leaves, hierarchy)
+        .coalesce(parallelism)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     node_counts = {r["level"]: int(r["count"]) for r in nodes.groupBy("level").count().collect()}
     clock.lap("read_and_validate")
 
     prepare_output(output, options.overwrite)
     plan = gs.noise_plan(config, config.mechanism)
-    delta.write_table(gs.measure(nodes, plan, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level")
+    delta.write_table(
+        gs.measure(nodes, plan, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level"
+    )
     clock.lap("measure")
 
-    noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS).persist(StorageLevel.MEMORY_AND_DISK)
+    noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
     optimality: dict[str, int] = {}
     if config.mechanism == "dp":
-        optimality = _post_process_dp(spark, config, noisy, clock)
+        levels, optimality = _post_process_dp(spark, config, noisy, clock)
     elif config.mechanism == "relaxed":
-        _post_process_relaxed(spark, config, noisy, clock)
+        levels = _post_process_relaxed(spark, config, noisy, clock)
     else:
-        _post_process_cumulative(spark, config, noisy, clock)
+        levels = _post_process_cumulative(spark, config, noisy, clock)
+    delta.write_table(
+        _union(levels).select("geocode", "level", "size", "count"),
+        output,
+        GROUP_SIZES,
+        partition_by="level",
+    )
+    clock.lap("write_release")
 
     released = delta.read_table(spark, output, GROUP_SIZES)
     checks = gs.release_violations(released, noisy, hierarchy)
@@ -235,17 +280,21 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
 
     evaluation_rows: list[dict[str, Any]] = []
     if options.evaluate:
-        table = gs.evaluation(nodes, released)
-        eval_dir = output / "evaluation"
-        table.coalesce(1).write.format("delta").save(str(eval_dir / "table"))
-        frame = table.toPandas()
+        frame = pd.DataFrame(gs.evaluation(nodes, released).toPandas())
         order = {lv: i for i, lv in enumerate(hierarchy.names)}
         frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
+        eval_dir = output / "evaluation"
+        eval_dir.mkdir()
         frame.to_csv(eval_dir / "errors.csv", index=False)
         evaluation_rows = frame.to_dict("records")
         clock.lap("evaluate")
-        summary_extra = {"violations": checks, "timings_s": clock.timings, "errors": evaluation_rows}
-        (eval_dir / "summary.json").write_text(json.dumps(summary_extra, indent=2, default=str))
+        report = {
+            "mechanism": config.mechanism,
+            "violations": checks,
+            "timings_s": clock.timings,
+            "errors": evaluation_rows,
+        }
+        (eval_dir / "summary.json").write_text(json.dumps(report, indent=2, default=str))
 
     summary = PgsrSummary(
         output=output,
@@ -259,7 +308,6 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
         evaluation=evaluation_rows,
     )
     tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
-    tables += {"dp": [COST_TABLES], "relaxed": [RELAXED_SOLUTION], "cumulative": []}[config.mechanism]
     software = versions()
     if config.mechanism == "relaxed":
         software["clarabel"] = version("clarabel")
@@ -295,11 +343,17 @@ def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``pgsr`` to the CLI's subparsers."""
     parser = subparsers.add_parser("pgsr", help="run the group-size release (PGSR)")
     parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)")
+    parser.add_argument(
+        "--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)"
+    )
     parser.add_argument("--input", type=Path, help="override [input].path")
     parser.add_argument("--output", type=Path, help="override [run].output")
-    parser.add_argument("--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)")
-    parser.add_argument("--evaluate", action="store_true", help="also write error against the truth (internal)")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
+    parser.add_argument(
+        "--evaluate", action="store_true", help="also write error against the truth (internal)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
     return parser
@@ -310,7 +364,9 @@ def run_pgsr_from_args(args: argparse.Namespace) -> int:
     from censusdp_spark.engine.session import spark_session
 
     config = load_pgsr_config(args.config)
-    options = PgsrOptions(args.mechanism, args.input, args.output, args.secret_file, args.evaluate, args.overwrite)
+    options = PgsrOptions(
+        args.mechanism, args.input, args.output, args.secret_file, args.evaluate, args.overwrite
+    )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master)
     spark.sparkContext.setLogLevel("WARN")
     summary = run_pgsr(spark, config, options)

@@ -74,7 +74,10 @@ def _check_secret(config: RunConfig, secret_file: Path | None) -> str:
 
 
 def validate_release(
-    spark: SparkSession, config: RunConfig, input_path: Path | None = None, secret_file: Path | None = None
+    spark: SparkSession,
+    config: RunConfig,
+    input_path: Path | None = None,
+    secret_file: Path | None = None,
 ) -> ValidationReport:
     """Run every check; raise ``ConfigError``/``InputError``/``ValueError`` at the first broken rule."""
     spec = config.input
@@ -86,7 +89,10 @@ def validate_release(
     blocks = read_blocks(spark, spec, config.schema, config.hierarchy.leaf.digits)
     geocode = F.col("geocode")
     counts = blocks.agg(
-        *[F.countDistinct(F.substring(geocode, 1, lv.digits)).alias(lv.name) for lv in config.hierarchy.levels]
+        *[
+            F.countDistinct(F.substring(geocode, 1, lv.digits)).alias(lv.name)
+            for lv in config.hierarchy.levels
+        ]
     ).first()
     assert counts is not None
     nodes = {lv.name: int(counts[lv.name]) for lv in config.hierarchy.levels}
@@ -105,7 +111,9 @@ def validate_release(
 
 def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``validate --config CONF [--input PATH] [--secret-file PATH] [--master M]``."""
-    parser = subparsers.add_parser("validate", help="check a TopDown config, its input and secret; writes nothing")
+    parser = subparsers.add_parser(
+        "validate", help="check a TopDown config, its input and secret; writes nothing"
+    )
     _add_arguments(parser)
     return parser
 
@@ -113,7 +121,9 @@ def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--input", type=Path, help="override [input].path")
-    parser.add_argument("--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
 
 

@@ -396,7 +396,10 @@ def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndar
     def cols(r: int) -> np.ndarray:
         return var[r] * m + np.arange(m)
 
-    rows, cols_, vals, rhs = [], [], [], []
+    rows: list[int] = []
+    cols_: list[int] = []
+    vals: list[float] = []
+    rhs: list[float] = []
 
     def equation(columns: np.ndarray, coefficients: np.ndarray, value: float) -> None:
         rows.extend([len(rhs)] * columns.size)

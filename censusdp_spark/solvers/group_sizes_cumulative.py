@@ -131,10 +131,12 @@ def solve_cumulative_family(
         lo = np.maximum(centre - width, 0)
         hi = np.minimum(centre + width, cap)
         whole_domain = bool((lo == 0).all() and (hi == cap).all())
-        if parent is not None and not whole_domain:
-            if (lo.sum(axis=0) > parent).any() or (hi.sum(axis=0) < parent).any():
-                width *= 2  # the window cannot reach the parent's sums: widen before solving
-                continue
+        unreachable = parent is not None and (
+            (lo.sum(axis=0) > parent).any() or (hi.sum(axis=0) < parent).any()
+        )
+        if unreachable and not whole_domain:
+            width *= 2  # the window cannot reach the parent's sums: widen before solving
+            continue
         found = _window_solve(noisy, lo, hi, parent)
         if found is None:
             if whole_domain:
