@@ -12,6 +12,7 @@ from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
 from censusdp_spark.release.run_state import OutputExistsError, ResumeError
 from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
+from censusdp_spark.release.validate import add_validate_parser, run_validate_from_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_generate_parser(sub)
     add_synth_parser(sub)
+    add_validate_parser(sub)
     return parser
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import textwrap
@@ -146,7 +147,8 @@ OPERATOR_RULES = """
     config = tmp / "c.toml"
     config.write_text('[run]\\nname = "x"\\n')
     out = str(tmp / "out" / "topdown")
-    args = ["--config", str(config), "--input", "", "--output", out, "--secret-file", "s", "--resume"]
+    args = ["--config", str(config), "--input", "", "--output", out, "--secret-file", "s"]
+    args.append("--resume")
     op = release.TopDownSubmitOperator(task_id="t", application="a.py", application_args=args)
     facts = {{"dropped_empty": release.without_empty_options(args)}}
     facts["fresh"] = op.prepare_args(release.without_empty_options(args), {{}})
@@ -173,6 +175,15 @@ OPERATOR_RULES = """
     facts["secret_text"] = Path(made).read_text()
     facts["secret_again"] = release.ensure_secret.function(made)
     facts["secret_kept"] = Path(made).read_text() == facts["secret_text"]
+
+    manifest = {{"run": "r", "privacy": {{"rho": "1/2", "epsilon_tight": 3.0, "delta": 1e-10}},
+                 "nodes": {{"nation": 1}}, "guarantee_checks": {{"negative_counts": 0}},
+                 "timings_s": {{"measure": 1.234}}, "elapsed_s": 2.0,
+                 "secret_fingerprint": "FINGERPRINT", "config_text": "CONFIG_TEXT"}}
+    for name in ("td", "gs"):
+        (tmp / name).mkdir()
+        (tmp / name / "manifest.json").write_text(json.dumps(manifest))
+    facts["report"] = release.report.function(str(tmp / "td"), str(tmp / "gs"))
     print(json.dumps(facts))
 """
 
@@ -208,24 +219,82 @@ def test_the_run_secret_is_created_once_owner_only(operator_rules: dict) -> None
     assert operator_rules["secret_kept"]
 
 
+def test_the_report_summarises_manifests_without_secret_or_config_text(
+    operator_rules: dict,
+) -> None:
+    report = operator_rules["report"]
+    assert set(report) == {"topdown", "pgsr"}
+    assert report["topdown"]["privacy"]["rho"] == "1/2"
+    assert report["topdown"]["timings_s"] == {"measure": 1.2}
+    assert "FINGERPRINT" not in json.dumps(report) and "CONFIG_TEXT" not in json.dumps(report)
+
+
+def kent_county_blocks(folder: Path) -> Path:
+    """The 1,092 real 2010 blocks of Kent County, RI (geocodes 44001...), with the header."""
+    source = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
+    county = [source[0]] + [line for line in source[1:] if line.startswith("44001")]
+    path = folder / "kent_county_blocks.csv"
+    path.write_text("\n".join(county) + "\n")
+    return path
+
+
+def test_validate_step_checks_config_input_and_secret_and_writes_nothing(
+    spark, tmp_path: Path, secret_file: Path
+) -> None:
+    from censusdp_spark.model.config import load_config
+    from censusdp_spark.release.validate import validate_release
+
+    blocks = kent_county_blocks(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    report = validate_release(
+        spark, load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks, secret_file
+    )
+    assert report.blocks == 1092
+    assert report.nodes == {
+        "nation": 1,
+        "state": 1,
+        "county": 1,
+        "tract": 11,
+        "block_group": 38,
+        "block": 1092,
+    }
+    assert "owner-only" in report.text() and "ab" * 32 not in report.text()
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_validate_step_names_the_row_of_a_broken_input(spark, tmp_path: Path) -> None:
+    from censusdp_spark.model.config import load_config
+    from censusdp_spark.model.errors import InputError
+    from censusdp_spark.release.validate import validate_release
+
+    blocks = kent_county_blocks(tmp_path)
+    lines = blocks.read_text().splitlines()
+    fields = lines[3].split(",")  # data row 3
+    assert lines[0].split(",")[5] == "pop_white"
+    fields[5] = "-1"
+    lines[3] = ",".join(fields)
+    blocks.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        InputError, match="row 3, column pop_white: count must be a non-negative integer"
+    ):
+        validate_release(spark, load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks)
+
+
 def test_topdown_task_runs_end_to_end_in_local_mode(
     airflow_env: dict[str, str], tmp_path: Path
 ) -> None:
     """``airflow tasks test`` runs the TopDown task on Kent County, RI (1,092 real blocks)."""
-    source = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
-    county = [source[0]] + [line for line in source[1:] if line.startswith("44001")]
-    assert len(county) == 1093
-    blocks = tmp_path / "kent_county_blocks.csv"
-    blocks.write_text("\n".join(county) + "\n")
+    blocks = kent_county_blocks(tmp_path)
     # The demo config with its own output and private folder, so the demo's run state is untouched.
     config = tmp_path / "topdown.toml"
     text = (ROOT / "conf" / "ri_2010_demo.toml").read_text()
-    text = text.replace(
-        'output = "output/ri_2010_demo"', f'output = "{tmp_path / "config_output"}"'
-    )
-    config.write_text(
-        text.replace('private_dir = "runs/ri_2010_demo"', f'private_dir = "{tmp_path / "private"}"')
-    )
+    for key, value in (
+        ("output", tmp_path / "config_output"),
+        ("private_dir", tmp_path / "private"),
+    ):
+        text, found = re.subn(rf"^{key} = .*$", f'{key} = "{value}"', text, count=1, flags=re.M)
+        assert found == 1, key
+    config.write_text(text)
     secret = secrets.token_hex(32)
     secret_file = tmp_path / "secret.hex"
     secret_file.write_text(secret)
@@ -238,11 +307,14 @@ def test_topdown_task_runs_end_to_end_in_local_mode(
         "spark_conf": SPARK_CONF,
     }
     airflow = str(AIRFLOW_VENV / "bin" / "airflow")
-    migrate = subprocess.run([airflow, "db", "migrate"], env=airflow_env, cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)  # fmt: skip
+    migrate = subprocess.run(
+        [airflow, "db", "migrate"], env=airflow_env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert migrate.returncode == 0, migrate.stdout[-2000:] + migrate.stderr[-2000:]
     run = subprocess.run(
-        [airflow, "tasks", "test", "censusdp_release", "topdown", RUN_DATE, "-t", json.dumps(params)],
+        [airflow, "tasks", "test", "censusdp_release", "topdown", RUN_DATE,
+         "-t", json.dumps(params)],
         env=airflow_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     log = run.stdout + run.stderr

@@ -1,4 +1,4 @@
-"""``censusdp validate``: check a TopDown config, its input and its secret before a release; writes nothing.
+"""``censusdp validate``: check a TopDown config, its input and its secret; write nothing.
 
 What it checks, in the order a release would meet them:
 1. the config (every rule of ``load_config``, the budget included);
@@ -79,7 +79,8 @@ def validate_release(
     input_path: Path | None = None,
     secret_file: Path | None = None,
 ) -> ValidationReport:
-    """Run every check; raise ``ConfigError``/``InputError``/``ValueError`` at the first broken rule."""
+    """Run every check; raise ``ConfigError``, ``InputError`` or ``ValueError`` at the first
+    broken rule."""
     spec = config.input
     if spec is None:
         raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
@@ -128,7 +129,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_validate_from_args(args: argparse.Namespace) -> int:
-    """``censusdp validate``: user errors propagate to the CLI, which prints one line and exits 2."""
+    """``censusdp validate``: user errors propagate to the CLI, which prints one line, exit 2."""
     from censusdp_spark.engine.session import spark_session
 
     config = load_config(args.config)

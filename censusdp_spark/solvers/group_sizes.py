@@ -65,6 +65,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy import sparse
@@ -86,18 +87,24 @@ class CostTable:
     lengths: np.ndarray
     slopes: np.ndarray
 
-    @property
+    @cached_property
     def hi(self) -> int:
         return self.lo + int(self.lengths.sum())
 
-    def breaks(self) -> np.ndarray:
+    @cached_property
+    def breakpoints(self) -> np.ndarray:
         """The breakpoints ``lo = b_0 < b_1 < ... < b_m = hi``."""
         return self.lo + np.concatenate(([0], np.cumsum(self.lengths)))
+
+    @property
+    def dense(self) -> bool:
+        """Whether every integer of the domain is a breakpoint (as for an l2 table)."""
+        return self.slopes.size == self.hi - self.lo
 
     def value(self, v: int) -> int:
         if not self.lo <= v <= self.hi:
             raise ValueError(f"{v} outside the domain {self.lo}..{self.hi}")
-        covered = np.minimum(np.maximum(v - self.breaks()[:-1], 0), self.lengths)
+        covered = np.minimum(np.maximum(v - self.breakpoints[:-1], 0), self.lengths)
         return self.base + int(covered @ self.slopes)
 
     def minimum(self) -> int:
@@ -108,7 +115,7 @@ class CostTable:
         """Cost of ``v -> v + 1`` and how many further units cost the same (inf, 0 at ``hi``)."""
         if v >= self.hi:
             return np.inf, 0
-        b = self.breaks()
+        b = self.breakpoints
         i = int(np.searchsorted(b, v, side="right")) - 1
         return float(self.slopes[i]), int(b[i + 1] - v)
 
@@ -116,7 +123,7 @@ class CostTable:
         """Cost of ``v -> v - 1`` and how many further units cost the same (inf, 0 at ``lo``)."""
         if v <= self.lo:
             return np.inf, 0
-        b = self.breaks()
+        b = self.breakpoints
         i = int(np.searchsorted(b, v, side="left")) - 1
         return float(-self.slopes[i]), int(v - b[i])
 
@@ -143,8 +150,8 @@ def add_tables(a: CostTable, b: CostTable) -> CostTable:
     """Pointwise sum of two tables on the same domain (slopes add piece by piece)."""
     if (a.lo, a.hi) != (b.lo, b.hi):
         raise ValueError(f"domains differ: {a.lo}..{a.hi} and {b.lo}..{b.hi}")
-    ba, bb = a.breaks(), b.breaks()
-    points = np.union1d(ba, bb)
+    ba, bb = a.breakpoints, b.breakpoints
+    points = ba if a.dense else bb if b.dense else np.union1d(ba, bb)
     starts = points[:-1]
     slopes = (
         a.slopes[np.searchsorted(ba, starts, side="right") - 1]
@@ -180,27 +187,43 @@ def node_tables(
     return [add_tables(o, m) for o, m in zip(own, merged, strict=True)]
 
 
+@dataclass(frozen=True)
+class _Pooled:
+    """Several tables' segments side by side, tagged by owner (for repeated splits)."""
+
+    lo: np.ndarray
+    owner: np.ndarray
+    slopes: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, tables: Sequence[CostTable]) -> _Pooled:
+        return cls(
+            np.array([t.lo for t in tables], dtype=np.int64),
+            np.repeat(np.arange(len(tables)), [t.slopes.size for t in tables]),
+            np.concatenate([t.slopes for t in tables]),
+            np.concatenate([t.lengths for t in tables]),
+        )
+
+    def split(self, total: int, prices: np.ndarray | None = None) -> np.ndarray:
+        need = total - int(self.lo.sum())
+        if not 0 <= need <= int(self.lengths.sum()):
+            raise ValueError(f"total {total} outside the merged domain of the tables")
+        slopes = self.slopes if prices is None else self.slopes + prices[self.owner]
+        order = np.lexsort((self.owner, slopes))
+        lengths = self.lengths[order]
+        take = np.clip(need - (np.cumsum(lengths) - lengths), 0, lengths)
+        out = self.lo.copy()
+        np.add.at(out, self.owner[order], take)
+        return out
+
+
 def split_by_slopes(tables: Sequence[CostTable], total: int) -> np.ndarray:
     """``argmin sum_c t_c(v_c) s.t. sum_c v_c = total``: fill units in increasing slope order.
 
     Ties go to the lower index, so the split is deterministic.
     """
-    lo = np.array([t.lo for t in tables], dtype=np.int64)
-    need = total - int(lo.sum())
-    capacity = sum(int(t.lengths.sum()) for t in tables)
-    if not 0 <= need <= capacity:
-        raise ValueError(
-            f"total {total} outside the merged domain {lo.sum()}..{lo.sum() + capacity}"
-        )
-    slopes = np.concatenate([t.slopes for t in tables])
-    lengths = np.concatenate([t.lengths for t in tables])
-    owner = np.repeat(np.arange(len(tables)), [t.slopes.size for t in tables])
-    order = np.lexsort((owner, slopes))
-    filled_before = np.cumsum(lengths[order]) - lengths[order]
-    take = np.clip(need - filled_before, 0, lengths[order])
-    out = lo.copy()
-    np.add.at(out, owner[order], take)
-    return out
+    return _Pooled.of(tables).split(total)
 
 
 def solve_root(tables: Sequence[CostTable], groups: int) -> np.ndarray:
@@ -227,13 +250,45 @@ class _Steps:
         self.down[c, j], self.down_run[c, j] = self.tables[c][j].step_down(value)
 
 
+def _priced_start(
+    children: Sequence[Sequence[CostTable]], parent: np.ndarray, groups: np.ndarray, rounds: int = 6
+) -> np.ndarray:
+    """A per-size optimum under integer row prices, chosen to nearly meet the row sums.
+
+    A price ``p_c`` on every unit of child c adds ``p_c * G^c`` to any solution meeting the row
+    sums, so it changes no family optimum; and the per-size greedy under any prices is optimal
+    for its own row sums, so it leaves no negative cycle and is a valid start for successive
+    shortest paths. Prices only shrink the imbalance those paths must repair (l2 tables change
+    slope at every unit, so each path moves one unit). Tatonnement: raise the price of a child
+    holding too many groups; stop when the imbalance is small or stops falling.
+    """
+    k, n = len(children), len(parent)
+    columns = [_Pooled.of([kid[j] for kid in children]) for j in range(n)]
+    prices = np.zeros(k, dtype=np.int64)
+    step = 2.0 / n  # an l2 leaf gives up about one unit per size for a price rise of 2
+    best, best_v = None, None
+    for _ in range(rounds):
+        v = np.stack([columns[j].split(int(parent[j]), prices) for j in range(n)], axis=1)
+        excess = v.sum(axis=1) - groups
+        imbalance = int(np.abs(excess).sum())
+        if best is not None and imbalance >= best:
+            break
+        best, best_v = imbalance, v
+        if imbalance <= 2 * k:
+            break
+        moves = np.rint(step * excess).astype(np.int64)
+        prices += np.where((moves == 0) & (excess != 0), np.sign(excess), moves)
+    assert best_v is not None
+    return best_v
+
+
 def solve_family(
     children: Sequence[Sequence[CostTable]], parent: np.ndarray, groups: np.ndarray
 ) -> np.ndarray:
     """Children's histograms (k x N) for a parent's released histogram, exactly.
 
     Minimises ``sum_c sum_j children[c][j](v[c, j])`` s.t. column sums ``parent`` and row sums
-    ``groups``. Starts from the per-size optimum (column sums only), then moves units from
+    ``groups``. Starts from a per-size optimum (column sums only; ``_priced_start``), then moves units from
     children with too many groups to children with too few along shortest paths of the residual
     graph (child -> size: take a unit of that size; size -> child: give it), each time as many
     units as keep every marginal cost on the path unchanged.
@@ -242,9 +297,7 @@ def solve_family(
     groups = np.asarray(groups, dtype=np.int64)
     if int(np.sum(parent)) != int(groups.sum()):
         raise ValueError(f"parent holds {np.sum(parent)} groups, the children {groups.sum()}")
-    v = np.stack(
-        [split_by_slopes([children[c][j] for c in range(k)], int(parent[j])) for j in range(n)], 1
-    )
+    v = _priced_start(children, parent, groups)
     excess = v.sum(axis=1) - groups
     if not excess.any():
         return v

@@ -9,11 +9,13 @@
 * ``validate_input``: every input rule of the release, on the same Spark connection; writes nothing.
 * ``topdown``: ``jobs/topdown.py`` with ``--resume`` whenever the run state of this output exists
   (the job keeps it beside the output, in ``<output>.private/``), so a retry continues from the
-  last committed level. With the secret fixed outside the task, a retry redraws nothing: noise is keyed by
-  (secret, mechanism, level, node, query), so even a step redone after a crash gets the same noise.
+  last committed level. With the secret fixed outside the task, a retry redraws nothing: noise is
+  keyed by (secret, mechanism, level, node, query), so a step redone after a crash gets the same
+  noise.
 * ``pgsr``: ``jobs/pgsr.py`` (group sizes, its own config). A retry replaces an unfinished output
   (no manifest) with ``--overwrite``: same secret, same input, hence the same noise.
-* ``report``: logs ρ, ε, nodes, checks and timings from each ``manifest.json`` (no secret, no count).
+* ``report``: logs ρ, ε, nodes, checks and timings from each ``manifest.json`` (no secret, no
+  count).
 
 Paths in params are relative to the project root (``$CENSUSDP_ROOT``, default two folders up
 from this file); Spark jobs run from there with the project's ``.venv`` (``spark_binary``), so the
@@ -30,6 +32,7 @@ import logging
 import os
 import secrets
 import stat
+import string
 import tomllib
 from datetime import timedelta
 from pathlib import Path
@@ -57,8 +60,8 @@ RELEASE_DIR = "{{ params.output_root }}/" + RUN_DATE
 TOPDOWN_OUTPUT = RELEASE_DIR + "/topdown"
 PGSR_OUTPUT = RELEASE_DIR + "/pgsr"
 SECRET_FILE = (
-    "{{ params.secret_file or (var.value.get('censusdp_secret_dir', 'runs/airflow/secrets') ~ '/' ~ "
-    "(params.run_date or ds) ~ '/run_secret') }}"
+    "{{ params.secret_file or (var.value.get('censusdp_secret_dir', 'runs/airflow/secrets')"
+    " ~ '/' ~ (params.run_date or ds) ~ '/run_secret') }}"
 )
 SECRET_HEX_CHARS = 64
 
@@ -129,7 +132,7 @@ class ReleaseSubmitOperator(SparkSubmitOperator):
         self.conf = {
             "spark.pyspark.python": python,
             **(self.conf or {}),
-            **context["params"]["spark_conf"],
+            **(context["params"].get("spark_conf") or {}),
         }
         # find-spark-home and the driver must use the project's interpreter, not Airflow's.
         self.env_vars = {
@@ -137,6 +140,8 @@ class ReleaseSubmitOperator(SparkSubmitOperator):
             "PYSPARK_DRIVER_PYTHON": python,
             **(self.env_vars or {}),
         }
+        # Config paths (input, private_dir) resolve against the driver's working directory, which
+        # spark-submit inherits from this process; every Airflow task runs in a process of its own.
         previous = Path.cwd()
         os.chdir(ROOT)
         try:
@@ -178,19 +183,33 @@ class PgsrSubmitOperator(ReleaseSubmitOperator):
 
 
 def summarise_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What a reviewer needs from a manifest; the secret fingerprint and config text stay out."""
-    keep = (
-        "run",
-        "release",
-        "mechanism",
-        "input",
-        "privacy",
-        "nodes",
-        "guarantee_checks",
-        "timings_s",
-        "elapsed_s",
-    )
-    return {k: manifest[k] for k in keep if k in manifest}
+    """What a reviewer needs from a manifest: the secret fingerprint and config text stay out."""
+    keep = ("run", "release", "mechanism", "input", "privacy", "nodes", "guarantee_checks")
+    summary = {k: manifest[k] for k in keep if k in manifest}
+    summary["timings_s"] = {k: round(v, 1) for k, v in manifest.get("timings_s", {}).items()}
+    summary["elapsed_s"] = round(manifest.get("elapsed_s", 0.0), 1)
+    return summary
+
+
+def report_lines(name: str, output: Path, summary: dict[str, Any]) -> list[str]:
+    """A release's summary as log lines: budget, nodes per level, guarantee checks, timings."""
+    privacy = summary.get("privacy", {})
+    if "rho" in privacy:
+        budget = (
+            f"rho = {privacy['rho']} zCDP, epsilon = {privacy['epsilon_tight']:.2f}"
+            f" at delta = {privacy['delta']:g}"
+        )
+    else:
+        budget = f"epsilon = {privacy.get('epsilon', '?')} (pure DP)"
+    nodes = ", ".join(f"{level} {n}" for level, n in summary.get("nodes", {}).items())
+    checks = ", ".join(f"{k} = {v}" for k, v in summary.get("guarantee_checks", {}).items())
+    timings = ", ".join(f"{k} {v} s" for k, v in summary["timings_s"].items())
+    return [
+        f"{name} release {output}: {budget}",
+        f"  nodes: {nodes}",
+        f"  guarantee checks: {checks}",
+        f"  elapsed {summary['elapsed_s']} s ({timings})",
+    ]
 
 
 with DAG(
@@ -243,7 +262,8 @@ with DAG(
 
     @task
     def ensure_secret(secret_file: str) -> str:
-        """Create the run secret once (0600, in a 0700 folder); check an existing one. Never logged."""
+        """Create the run secret once (0600, in a 0700 folder) or check the existing one; the
+        secret is never logged."""
         path = project_path(secret_file)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
@@ -254,7 +274,8 @@ with DAG(
                 raise PermissionError(
                     f"{path}: mode {mode:#o} lets group or others read the run secret"
                 ) from None
-            if len(path.read_text().strip()) != SECRET_HEX_CHARS:
+            text = path.read_text().strip()
+            if len(text) != SECRET_HEX_CHARS or not all(c in string.hexdigits for c in text):
                 raise ValueError(
                     f"{path}: a run secret must be {SECRET_HEX_CHARS} hex characters"
                 ) from None
@@ -303,25 +324,14 @@ with DAG(
     @task
     def report(topdown_output: str, pgsr_output: str) -> dict[str, Any]:
         """Log each release's manifest summary; returned as the task's XCom."""
-        summary = {}
+        summaries = {}
         for name, output in (("topdown", topdown_output), ("pgsr", pgsr_output)):
-            manifest_file = project_path(output) / "manifest.json"
-            manifest = summarise_manifest(json.loads(manifest_file.read_text()))
-            privacy = manifest.get("privacy", {})
-            log.info(
-                "%s release %s: rho = %s, epsilon = %s (delta = %s); nodes %s; checks %s; %.1f s %s",
-                name,
-                manifest_file.parent,
-                privacy.get("rho", "-"),
-                privacy.get("epsilon_tight", privacy.get("epsilon", "-")),
-                privacy.get("delta", "-"),
-                manifest.get("nodes"),
-                manifest.get("guarantee_checks"),
-                manifest.get("elapsed_s", 0.0),
-                manifest.get("timings_s"),
-            )
-            summary[name] = manifest
-        return summary
+            folder = project_path(output)
+            summary = summarise_manifest(json.loads((folder / "manifest.json").read_text()))
+            for line in report_lines(name, folder, summary):
+                log.info("%s", line)
+            summaries[name] = summary
+        return summaries
 
     secret = ensure_secret(SECRET_FILE)
     check_budget >> secret >> validate_input >> topdown >> pgsr
