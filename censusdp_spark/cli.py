@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             "topdown": _topdown,
             "generate": run_generate,
             "synth": run_synth_from_args,
+            "validate": run_validate_from_args,
         }
         return commands[args.command](args)
     except (
