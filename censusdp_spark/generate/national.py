@@ -325,15 +325,21 @@ def draw_layout(spine: Spine, seed: int, p: ModelParameters) -> Layout:
 
 
 def select_states(layout: Layout, fraction: float, seed: int) -> np.ndarray:
-    """Whole states, taken in a seeded random order until their share of the nation's blocks is
-    closest to ``fraction`` (at least one state; every state at 1). Returned sorted."""
+    """Whole states in a seeded random order, each kept if it brings the share of the nation's
+    blocks closer to ``fraction`` (at least the smallest state; every state at 1). Sorted."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     order = _rng(seed, 2).permutation(len(layout.states))
-    blocks = layout.state_blocks()[order]
-    cumulative = np.cumsum(blocks) / blocks.sum()
-    count = int(np.argmin(np.abs(cumulative - fraction))) + 1
-    return np.sort(layout.states[order[:count]])
+    shares = layout.state_blocks()[order] / layout.state_blocks().sum()
+    kept: list[int] = []
+    total = 0.0
+    for position, share in zip(order, shares, strict=True):
+        if abs(total + share - fraction) < abs(total - fraction):
+            kept.append(int(position))
+            total += share
+    if not kept:
+        kept = [int(np.argmin(layout.state_blocks()))]
+    return np.sort(layout.states[kept])
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,9 @@ parent's released histogram ``x^r``, the children's histograms minimise
 ``sum_c sum_j phi^c_j(v^c_j)`` s.t. ``sum_c v^c_j = x^r_j`` and ``sum_j v^c_j = G^c``: a
 transportation problem with convex separable costs, solved exactly (integral, since the
 transportation matrix is totally unimodular) by successive shortest paths started from the
-per-size greedy split (the paper's top-down retrieval), which is optimal for its own row sums
-and so leaves no negative cycle. When the per-size retrieval already meets every ``G^c`` no
+per-size greedy split (the paper's top-down retrieval, optionally under row prices that leave
+the family's optimum unchanged), which is optimal for its own row sums and so leaves no
+negative cycle. When the unpriced retrieval already meets every ``G^c`` in every family, no
 path is needed and the release *is* the P_dp optimum, hence also P's optimum. Otherwise the
 release is feasible for P with ``opt(P_dp) <= opt(P) <= objective(release)``: ``DpRelease``
 reports both numbers, so every run carries a certificate of its optimality gap.
