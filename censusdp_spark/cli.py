@@ -10,6 +10,7 @@ from censusdp_spark.generate.cli import add_generate_parser, run_generate
 from censusdp_spark.model.config import load_config
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
+from censusdp_spark.release.pgsr import add_pgsr_parser, run_pgsr_from_args
 from censusdp_spark.release.run_state import OutputExistsError, ResumeError
 from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 from censusdp_spark.release.validate import add_validate_parser, run_validate_from_args
@@ -37,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_generate_parser(sub)
     add_synth_parser(sub)
+    add_pgsr_parser(sub)
     add_validate_parser(sub)
     return parser
 
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             "topdown": _topdown,
             "generate": run_generate,
             "synth": run_synth_from_args,
+            "pgsr": run_pgsr_from_args,
             "validate": run_validate_from_args,
         }
         return commands[args.command](args)
