@@ -16,12 +16,17 @@ from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 from censusdp_spark.release.validate import add_validate_parser, run_validate_from_args
 
 
+DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="censusdp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    budget = sub.add_parser("budget", help="print the privacy budget table of a config")
+    budget = sub.add_parser(
+        "budget", help="print the privacy budget table of a config", formatter_class=DEFAULTS
+    )
     budget.add_argument("--config", required=True, type=Path)
-    topdown = sub.add_parser("topdown", help="run the TopDown release")
+    topdown = sub.add_parser("topdown", help="run the TopDown release", formatter_class=DEFAULTS)
     topdown.add_argument("--config", required=True, type=Path)
     topdown.add_argument("--input", type=Path, help="override [input].path")
     topdown.add_argument("--output", type=Path, help="override [run].output")
@@ -35,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument(
         "--resume", action="store_true", help="continue a killed run from its last complete step"
     )
-    topdown.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    topdown.add_argument(
+        "--master", default="local[*]", help="Spark master when not launched by spark-submit"
+    )
     add_generate_parser(sub)
     add_synth_parser(sub)
     add_pgsr_parser(sub)

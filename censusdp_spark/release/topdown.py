@@ -143,10 +143,12 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
-    def lap(name: str, since: float) -> float:
+    def lap(name: str, since: float, detail: str = "") -> float:
+        """Record a stage's wall time and print a progress line (no counts of people)."""
         now = time.perf_counter()
         timings[name] = now - since
-        print(f"[censusdp] {name}: {now - since:.1f} s", file=sys.stderr, flush=True)
+        extra = f" ({detail})" if detail else ""
+        print(f"[censusdp] {name}: {now - since:.1f} s{extra}", file=sys.stderr, flush=True)
         return now
 
     config = _apply_options(config, options)
@@ -207,7 +209,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
             delta.write_level(delta.long_cells(estimates), output, delta.ESTIMATES, level.name)
             state.levels_done.append(level.name)
             state.save(private)
-            t = lap(f"estimate_{level.name}", t)
+            t = lap(f"estimate_{level.name}", t, f"{node_counts.get(level.name, 0)} nodes")
             _driver_fault(level.name)
         parent_estimates = delta.sparse_nodes(
             delta.read_table(spark, output, delta.ESTIMATES).filter(F.col("level") == level.name)
