@@ -1,4 +1,5 @@
-"""solve_children: optimality against Clarabel, a KKT certificate, constraints, edge cases."""
+"""solve_children: optimality against Clarabel, a KKT certificate, constraints, edge cases;
+the first-order path for large families against the exact one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import pytest
 import scipy.sparse as sparse
 from scipy.optimize import linprog
 
-from censusdp_spark.solvers import ChildrenProblem, solve_children, weighted_squared_error
+from censusdp_spark.solvers import (
+    ChildrenProblem,
+    least_squares,
+    solve_children,
+    weighted_squared_error,
+)
 
 
 def marginal_queries(dims: tuple[int, ...], subsets: list[tuple[int, ...]]):
@@ -332,3 +338,95 @@ def test_root_with_several_children_is_rejected() -> None:
     problem = random_problem(np.random.default_rng(1), 3)
     with pytest.raises(ValueError, match="parent"):
         _replace(problem, parent=None)
+
+
+# The first-order path (used above least_squares.EXACT_SIZE_LIMIT).
+
+MEDIUM_SUBSETS = [(), (0,), (2,), (0, 1), (1, 2), (0, 1, 2)]
+
+
+def frank_wolfe_gap(problem: ChildrenProblem, x: np.ndarray) -> float:
+    """``<grad, x> - min <grad, s>`` over ``s >= 0`` with the parent's column sums: an upper
+    bound on how far the feasible ``x`` is above the optimum (parent, no child totals)."""
+    assert problem.parent is not None and problem.child_totals is None
+    gradient = np.zeros_like(x)
+    for m, s, w, y in zip(
+        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy, strict=True
+    ):
+        fitted = np.stack([np.bincount(m, row, minlength=s) for row in x])
+        gradient += 2.0 * w * (fitted - y)[:, m]
+    return float(np.sum(gradient * x) - problem.parent @ gradient.min(axis=0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_first_order_matches_the_exact_method(seed: int, with_totals: bool) -> None:
+    rng = np.random.default_rng(300 + seed)
+    problem = random_problem(
+        rng, 20, dims=(5, 5, 6), subsets=MEDIUM_SUBSETS, with_totals=with_totals, scale=200
+    )
+    x = solve_children(problem, method="first_order")
+    assert_feasible(problem, x)
+    exact = weighted_squared_error(problem, solve_children(problem, method="exact"))
+    assert weighted_squared_error(problem, x) == pytest.approx(exact, rel=1e-6)
+
+
+@pytest.mark.parametrize("with_total", [False, True])
+def test_first_order_root_matches_the_exact_method(with_total: bool) -> None:
+    rng = np.random.default_rng(13)
+    problem = random_problem(
+        rng, 1, dims=(5, 5, 6), subsets=MEDIUM_SUBSETS, with_totals=with_total, root=True
+    )
+    x = solve_children(problem, method="first_order")
+    assert_feasible(problem, x)
+    exact = weighted_squared_error(problem, solve_children(problem, method="exact"))
+    assert weighted_squared_error(problem, x) == pytest.approx(exact, rel=1e-6)
+
+
+def test_first_order_handles_zero_cells_and_zero_children() -> None:
+    rng = np.random.default_rng(14)
+    problem = random_problem(rng, 5, dims=(3, 4), with_totals=True)
+    assert problem.parent is not None and problem.child_totals is not None
+    parent = problem.parent.copy()
+    parent[[1, 6]] = 0
+    totals = problem.child_totals.copy()
+    totals[0] = 0
+    totals[1] = parent.sum() - totals[2:].sum()
+    degenerate = _replace(problem, parent=parent, child_totals=totals)
+    x = solve_children(degenerate, method="first_order")
+    assert np.all(x[:, [1, 6]] == 0) and np.all(x[0] == 0)
+    assert_feasible(degenerate, x)
+    exact = weighted_squared_error(degenerate, solve_children(degenerate, method="exact"))
+    assert weighted_squared_error(degenerate, x) == pytest.approx(exact, rel=1e-6)
+
+
+def test_families_above_the_size_limit_use_the_first_order_method(monkeypatch) -> None:
+    problem = random_problem(np.random.default_rng(15), 4, dims=(2, 2, 4))
+    assert problem.parent is not None
+    size = 4 * int(np.count_nonzero(problem.parent)) ** 2  # k * n**2 over the active cells
+    calls = []
+    monkeypatch.setattr(
+        least_squares, "solve_children_first_order", lambda p: calls.append(p) or p.noisy[0]
+    )
+    monkeypatch.setattr(least_squares, "EXACT_SIZE_LIMIT", size)
+    solve_children(problem)
+    assert calls == []
+    monkeypatch.setattr(least_squares, "EXACT_SIZE_LIMIT", size - 1)
+    solve_children(problem)
+    assert calls == [problem]
+
+
+def test_unknown_method_is_rejected() -> None:
+    problem = random_problem(np.random.default_rng(16), 3)
+    with pytest.raises(ValueError, match="method"):
+        solve_children(problem, method="newton")  # type: ignore[arg-type]
+
+
+def test_large_family_is_solved_with_a_certified_gap() -> None:
+    # k = 100 children over n = 1000 cells with 8 queries: far beyond the exact method.
+    rng = np.random.default_rng(17)
+    subsets = [(), (0,), (1,), (3,), (0, 1), (2, 3), (0, 1, 2), (0, 1, 2, 3)]
+    problem = random_problem(rng, 100, dims=(2, 4, 5, 25), subsets=subsets, scale=100_000)
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert frank_wolfe_gap(problem, x) <= 1e-6 * weighted_squared_error(problem, x)

@@ -27,10 +27,9 @@ adaptive restart (O'Donoghue & Candes 2015). Nothing of size ``n x n`` is formed
 
 Accuracy. The solver stops when a duality-gap certificate ``f(x) - f* <= gap`` (from the linear
 minimiser over the feasible set, for which any dual-feasible thresholds give a valid lower
-bound) falls below ``RELATIVE_GAP * f(x)``: the returned objective is within ``1e-7`` relative
-of the optimum, without needing the exact solver. (At the root without a total the set is
-unbounded and the certificate is replaced by the gradient-mapping inner product, which is not a
-bound but goes to zero at the optimum.) After ``MAX_ITERATIONS`` it returns its best point
+bound; at the root without a total, over the points whose total is small enough to beat ``x``)
+falls below ``RELATIVE_GAP * f(x)``: the returned objective is within ``1e-7`` relative of the
+optimum, without needing the exact solver. After ``MAX_ITERATIONS`` it returns its best point
 without the guarantee. Unlike the exact path there is no KKT certificate to round-off: entries
 that are zero at the optimum are usually exactly zero, but small entries may be off by up to
 the tolerance. The returned point is non-negative; its column sums are the parent's to
@@ -39,6 +38,7 @@ round-off and its row sums the child totals' to ``1e-9`` times the largest sum o
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +72,7 @@ class _Model:
     noisy: np.ndarray  # M x k
     weight: np.ndarray  # M x 1
     safe_lipschitz: float  # 2 sum_q w_q (largest marginal cell of Q_q)
+    query_of: np.ndarray  # M: the query of each stacked marginal cell
 
     def objective_and_gradient(self, z: np.ndarray) -> tuple[float, np.ndarray]:
         residual = self.stacked_t @ z - self.noisy
@@ -80,6 +81,19 @@ class _Model:
 
     def gradient(self, z: np.ndarray) -> np.ndarray:
         return 2.0 * (self.stacked @ (self.weight * (self.stacked_t @ z - self.noisy)))
+
+    def total_bound(self, value: float) -> np.ndarray:
+        """Per child, an upper bound on ``sum_j x_j`` at any point whose objective is at most
+        ``value``: each marginal cell's answer is within ``sqrt(value / w_q)`` of its noisy
+        one, and a query's marginal cells add up to the child's total."""
+        bound = np.full(self.noisy.shape[1], np.inf)
+        for q in np.unique(self.query_of):
+            mine = self.query_of == q
+            weight = float(self.weight[mine][0, 0])
+            if weight > 0.0:
+                slack = np.count_nonzero(mine) * np.sqrt(value / weight)
+                bound = np.minimum(bound, self.noisy[mine].sum(axis=0) + slack)
+        return bound
 
     def lipschitz(self) -> float:
         """The largest eigenvalue of the per-child Hessian ``2 S diag(w) S^T``, with a margin."""
@@ -102,19 +116,18 @@ class _Model:
 
 def _build_model(problem: ChildrenProblem, rows: np.ndarray, cols: np.ndarray) -> _Model:
     n = int(cols.sum())
-    blocks, noisy, weights = [], [], []
+    blocks, noisy, weights, query_of = [], [], [], []
     safe_lipschitz = 0.0
-    for cell_to_marginal, answers, weight in zip(
-        problem.marginals, problem.noisy, problem.weights, strict=True
+    for q, (cell_to_marginal, answers, weight) in enumerate(
+        zip(problem.marginals, problem.noisy, problem.weights, strict=True)
     ):
         # Marginal cells no active cell maps to only add a constant: they are dropped.
         used, local = np.unique(cell_to_marginal[cols], return_inverse=True)
         safe_lipschitz += 2.0 * float(weight) * float(np.bincount(local).max())
-        blocks.append(
-            sparse.csr_matrix((np.ones(n), (np.arange(n), local)), shape=(n, used.size))
-        )
+        blocks.append(sparse.csr_matrix((np.ones(n), (np.arange(n), local)), shape=(n, used.size)))
         noisy.append(answers[np.ix_(rows, used)].T)
         weights.append(np.full(used.size, float(weight)))
+        query_of.append(np.full(used.size, q))
     stacked = sparse.hstack(blocks, format="csr")
     return _Model(
         stacked=stacked,
@@ -122,6 +135,7 @@ def _build_model(problem: ChildrenProblem, rows: np.ndarray, cols: np.ndarray) -
         noisy=np.ascontiguousarray(np.vstack(noisy)),
         weight=np.concatenate(weights)[:, None],
         safe_lipschitz=safe_lipschitz,
+        query_of=np.concatenate(query_of),
     )
 
 
@@ -165,9 +179,7 @@ class _FeasibleSet:
         self.child_sums = child_sums
         self.cell_shift: np.ndarray | None = None
         self.child_shift: np.ndarray | None = None
-        largest = max(
-            [1.0] + [float(s.max()) for s in (cell_sums, child_sums) if s is not None]
-        )
+        largest = max([1.0] + [float(s.max()) for s in (cell_sums, child_sums) if s is not None])
         self.sum_tolerance = max(1e-12, _SUM_TOLERANCE * largest)
 
     @property
@@ -189,9 +201,7 @@ class _FeasibleSet:
         self, v: np.ndarray, cell_sums: np.ndarray, child_sums: np.ndarray, tolerance: float
     ) -> np.ndarray:
         """Dykstra's algorithm in dual form: ``z = max(v - a_j - b_c, 0)``."""
-        child_shift = (
-            np.zeros(v.shape[1]) if self.child_shift is None else self.child_shift.copy()
-        )
+        child_shift = np.zeros(v.shape[1]) if self.child_shift is None else self.child_shift.copy()
         cell_shift = np.zeros(v.shape[0])
         z = v
         worst = np.inf
@@ -263,6 +273,7 @@ def _fista(model: _Model, feasible: _FeasibleSet) -> np.ndarray:
     y = x
     momentum = 1.0
     best, best_value = x, np.inf
+    value = gap = np.inf
     for iteration in range(1, MAX_ITERATIONS + 1):
         x_next = feasible.project(y - step * model.gradient(y))
         if np.vdot(y - x_next, x_next - x) > 0.0:
@@ -277,20 +288,42 @@ def _fista(model: _Model, feasible: _FeasibleSet) -> np.ndarray:
         value, gradient = model.objective_and_gradient(x)
         if value < best_value:
             best, best_value = x, value
-        if _gap(x, gradient, feasible, step) <= RELATIVE_GAP * max(value, 1e-300):
+        gap = _gap(model, x, value, gradient, feasible, step)
+        if gap <= RELATIVE_GAP * max(value, 1e-300):
             break
+    else:
+        warnings.warn(
+            f"first-order least squares stopped after {MAX_ITERATIONS} iterations with a "
+            f"certified gap of {gap / max(value, 1e-300):.1e} relative",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return _polished(best, feasible)
 
 
-def _gap(x: np.ndarray, gradient: np.ndarray, feasible: _FeasibleSet, step: float) -> float:
-    """An upper bound on ``f(x) - f*`` (a proxy at the unconstrained root)."""
-    if not feasible.bounded:
-        return float(np.vdot(gradient, x - np.maximum(x - step * gradient, 0.0)))
-    return float(np.vdot(gradient, x)) - feasible.lower_bound(gradient, step)
+def _gap(
+    model: _Model,
+    x: np.ndarray,
+    value: float,
+    gradient: np.ndarray,
+    feasible: _FeasibleSet,
+    step: float,
+) -> float:
+    """An upper bound on ``f(x) - f*``: ``<g, x> - min <g, s>`` over the feasible ``s``, or at
+    the root without a total (``x >= 0`` only) over those ``s`` that could beat ``x``."""
+    if feasible.bounded:
+        lower = feasible.lower_bound(gradient, step)
+    else:
+        most_negative = np.minimum(gradient.min(axis=0), 0.0)
+        lower = float(model.total_bound(value) @ most_negative)
+    return float(np.vdot(gradient, x)) - lower
 
 
 def _polished(z: np.ndarray, feasible: _FeasibleSet) -> np.ndarray:
     """``z`` non-negative and meeting the sums: tight re-projection in the transportation case."""
     if feasible.cell_sums is not None and feasible.child_sums is not None:
+        # z is feasible to the working tolerance, so its own projection's dual is near zero:
+        # the last step's thresholds would be a worse start.
+        feasible.child_shift = None
         z = feasible.project(z, tolerance=_FINAL_SUM_TOLERANCE)
     return np.maximum(z, 0.0)

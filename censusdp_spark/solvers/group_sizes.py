@@ -506,82 +506,120 @@ class MilpSolution:
     seconds: float
 
 
+class _Rows:
+    """A sparse constraint matrix assembled from blocks of (row, column, value) triples."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.low: list[np.ndarray] = []
+        self.high: list[np.ndarray] = []
+
+    def add(
+        self,
+        n_rows: int,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        vals: np.ndarray,
+        low: np.ndarray | float,
+        high: np.ndarray | float,
+    ) -> None:
+        self.parts.append((rows + self.count, cols, vals))
+        self.low.append(np.broadcast_to(np.asarray(low, dtype=np.float64), n_rows))
+        self.high.append(np.broadcast_to(np.asarray(high, dtype=np.float64), n_rows))
+        self.count += n_rows
+
+    def constraint(self, size: int) -> LinearConstraint:
+        rows, cols, vals = (np.concatenate(x) for x in zip(*self.parts, strict=True))
+        matrix = sparse.csr_matrix((vals, (rows, cols)), shape=(self.count, size))
+        return LinearConstraint(matrix, np.concatenate(self.low), np.concatenate(self.high))
+
+
 def solve_exact_milp(
     tree: GroupTree, norm: str, faithful: str = "node", time_limit: float | None = None
 ) -> MilpSolution:
     """P (``faithful="node"``) or P_dp (``"root"``) solved exactly by HiGHS branch and bound.
 
     l1 uses ``|x - c~| <= t``; l2 the exact piecewise-linear interpolation of the square at the
-    integers of ``0..G^r`` (one unit segment per integer, so only for small counts).
+    integers of ``0..G^r`` (one unit segment per integer: sum_r N * G^r variables). ``seconds``
+    covers building the model and solving it.
     """
     if faithful not in ("node", "root"):
         raise ValueError(f"faithful must be 'node' or 'root', not {faithful!r}")
+    started = time.perf_counter()
     n, m = tree.noisy.shape
-    kids = tree.children()
     x_count = n * m
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lo_b: list[float] = []
-    hi_b: list[float] = []
-
-    def constraint(
-        columns: Sequence[int], coefficients: Sequence[float], low: float, high: float
-    ) -> None:
-        rows.extend([len(lo_b)] * len(columns))
-        cols.extend(columns)
-        vals.extend(coefficients)
-        lo_b.append(low)
-        hi_b.append(high)
-
-    for r in range(n):
-        for j in range(m):
-            if kids[r].size:
-                constraint(
-                    [r * m + j, *(c * m + j for c in kids[r])], [1.0] + [-1.0] * kids[r].size, 0, 0
-                )
-        if faithful == "node" or r == 0:
-            constraint(
-                [r * m + j for j in range(m)],
-                [1.0] * m,
-                float(tree.groups[r]),
-                float(tree.groups[r]),
-            )
+    cell = np.arange(x_count).reshape(n, m)
+    rows = _Rows()
+    internal = np.flatnonzero(np.bincount(tree.parent[1:], minlength=n) > 0)
+    row_of = np.full(n, -1)
+    row_of[internal] = np.arange(internal.size)
+    sizes = np.arange(m)
+    # consistency: x[r, j] - sum_{c in ch(r)} x[c, j] = 0, one row per internal node and size
+    kids = np.arange(1, n)
+    rows.add(
+        internal.size * m,
+        np.concatenate(
+            [
+                (row_of[internal][:, None] * m + sizes).ravel(),
+                (row_of[tree.parent[kids]][:, None] * m + sizes).ravel(),
+            ]
+        ),
+        np.concatenate([cell[internal].ravel(), cell[kids].ravel()]),
+        np.concatenate([np.ones(internal.size * m), -np.ones(kids.size * m)]),
+        0.0,
+        0.0,
+    )
+    faithful_nodes = np.arange(n) if faithful == "node" else np.array([0])
+    rows.add(
+        faithful_nodes.size,
+        np.repeat(np.arange(faithful_nodes.size), m),
+        cell[faithful_nodes].ravel(),
+        np.ones(faithful_nodes.size * m),
+        tree.groups[faithful_nodes],
+        tree.groups[faithful_nodes],
+    )
     upper = np.repeat(tree.groups, m).astype(np.float64)
     noisy = tree.noisy.ravel().astype(np.float64)
-    if norm == "l1":
-        extra = x_count
-        cost = np.concatenate([np.zeros(x_count), np.ones(extra)])
-        for i in range(x_count):  # t_i >= |x_i - c~_i|
-            constraint([x_count + i, i], [1.0, -1.0], -noisy[i], np.inf)
-            constraint([x_count + i, i], [1.0, 1.0], noisy[i], np.inf)
-        var_hi = np.concatenate([upper, np.full(extra, np.inf)])
-    elif norm == "l2":
+    index = np.arange(x_count)
+    if norm == "l1":  # t_i - x_i >= -c~_i and t_i + x_i >= c~_i
+        for sign in (-1.0, 1.0):
+            rows.add(
+                x_count,
+                np.tile(index, 2),
+                np.concatenate([x_count + index, index]),
+                np.concatenate([np.ones(x_count), np.full(x_count, sign)]),
+                sign * noisy,
+                np.inf,
+            )
+        cost = np.concatenate([np.zeros(x_count), np.ones(x_count)])
+        var_hi = np.concatenate([upper, np.full(x_count, np.inf)])
+    elif norm == "l2":  # x_i - (sum of its unit segments) = 0
         segments = tree.groups.repeat(m).astype(np.int64)
-        owner = np.repeat(np.arange(x_count), segments)
+        owner = np.repeat(index, segments)
         unit = np.arange(owner.size) - np.repeat(np.cumsum(segments) - segments, segments)
-        for i in range(x_count):  # x_i = sum of its unit segments
-            own = np.flatnonzero(owner == i)
-            constraint([i, *(x_count + own).tolist()], [1.0] + [-1.0] * own.size, 0, 0)
+        rows.add(
+            x_count,
+            np.concatenate([index, owner]),
+            np.concatenate([index, x_count + np.arange(owner.size)]),
+            np.concatenate([np.ones(x_count), -np.ones(owner.size)]),
+            0.0,
+            0.0,
+        )
         cost = np.concatenate([np.zeros(x_count), 2.0 * (unit - noisy[owner]) + 1.0])
         var_hi = np.concatenate([upper, np.ones(owner.size)])
     else:
         raise ValueError(f"unknown norm {norm!r}; use one of {NORMS}")
-    size = cost.size
-    a = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lo_b), size))
-    integrality = np.zeros(size)
+    integrality = np.zeros(cost.size)
     integrality[:x_count] = 1
-    options = {"time_limit": time_limit} if time_limit else {}
-    started = time.perf_counter()
     result = milp(
         cost,
-        constraints=LinearConstraint(a, np.array(lo_b), np.array(hi_b)),
+        constraints=rows.constraint(cost.size),
         integrality=integrality,
-        bounds=Bounds(np.zeros(size), var_hi),
-        options=options,
+        bounds=Bounds(np.zeros(cost.size), var_hi),
+        options={"time_limit": time_limit} if time_limit else {},
     )
-    seconds = time.perf_counter() - started
     if result.x is None or result.status != 0:
         raise RuntimeError(f"milp: {result.message}")
     counts = np.rint(result.x[:x_count]).reshape(n, m).astype(np.int64)
-    return MilpSolution(counts, objective(tree, counts, norm), seconds)
+    return MilpSolution(counts, objective(tree, counts, norm), time.perf_counter() - started)
