@@ -25,15 +25,21 @@ adaptive restart (O'Donoghue & Candes 2015). Nothing of size ``n x n`` is formed
   the cell thresholds ``a`` and the child thresholds ``b``, warm-started from the previous
   projection, until the row sums are met to ``1e-9`` times the largest sum.
 
-Accuracy. The solver stops when a duality-gap certificate ``f(x) - f* <= gap`` (from the linear
-minimiser over the feasible set, for which any dual-feasible thresholds give a valid lower
-bound; at the root without a total, over the points whose total is small enough to beat ``x``)
-falls below ``RELATIVE_GAP * f(x)``: the returned objective is within ``1e-7`` relative of the
-optimum, without needing the exact solver. After ``MAX_ITERATIONS`` it returns its best point
-without the guarantee. Unlike the exact path there is no KKT certificate to round-off: entries
-that are zero at the optimum are usually exactly zero, but small entries may be off by up to
-the tolerance. The returned point is non-negative; its column sums are the parent's to
-round-off and its row sums the child totals' to ``1e-9`` times the largest sum or round-off.
+Accuracy. Every ``_CHECK_EVERY`` iterations the solver computes a duality-gap certificate
+``f(x) - f* <= <g, x> - min_s <g, s>`` over feasible ``s`` (``g`` the gradient at ``x``; the
+minimum is bounded below by LP duality with any thresholds, the last projection's being the
+right ones at the optimum; at the root without a total, ``s`` ranges over the points whose
+total is small enough to beat ``x``). It stops when the certificate is at most
+``RELATIVE_GAP * f(x)``, so the returned objective is provably within ``1e-7`` relative of the
+optimum (``f`` here omits the constant of marginal cells no active cell reaches, which only
+makes the test stricter). In practice the gap closes far below that: on the test and benchmark
+families the objective matches the exact method and Clarabel to 1e-9 relative or better. If
+``MAX_ITERATIONS`` pass first (a singular or very ill-conditioned Hessian), it warns and returns
+the best point seen, without the guarantee. Unlike the exact path there is no KKT certificate
+to round-off, and entries that are zero at the optimum may be small positive numbers.
+
+The returned point is non-negative, its column sums are the parent's to round-off, and its row
+sums are the child totals' to ``1e-11`` absolute or as near as round-off allows.
 """
 
 from __future__ import annotations
@@ -276,7 +282,9 @@ def _fista(model: _Model, feasible: _FeasibleSet) -> np.ndarray:
     value = gap = np.inf
     for iteration in range(1, MAX_ITERATIONS + 1):
         x_next = feasible.project(y - step * model.gradient(y))
-        if np.vdot(y - x_next, x_next - x) > 0.0:
+        # Restart when the step turns back against the momentum. (Inner products here are
+        # np.sum of products, not BLAS dot: threaded BLAS on a busy executor is much slower.)
+        if np.sum((y - x_next) * (x_next - x)) > 0.0:
             momentum_next = 1.0
             y = x_next
         else:
@@ -290,14 +298,13 @@ def _fista(model: _Model, feasible: _FeasibleSet) -> np.ndarray:
             best, best_value = x, value
         gap = _gap(model, x, value, gradient, feasible, step)
         if gap <= RELATIVE_GAP * max(value, 1e-300):
-            break
-    else:
-        warnings.warn(
-            f"first-order least squares stopped after {MAX_ITERATIONS} iterations with a "
-            f"certified gap of {gap / max(value, 1e-300):.1e} relative",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+            return _polished(x, feasible)
+    warnings.warn(
+        f"first-order least squares stopped after {MAX_ITERATIONS} iterations; the last "
+        f"certified gap was {gap / max(value, 1e-300):.1e} relative",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return _polished(best, feasible)
 
 
@@ -316,7 +323,7 @@ def _gap(
     else:
         most_negative = np.minimum(gradient.min(axis=0), 0.0)
         lower = float(model.total_bound(value) @ most_negative)
-    return float(np.vdot(gradient, x)) - lower
+    return float(np.sum(gradient * x)) - lower
 
 
 def _polished(z: np.ndarray, feasible: _FeasibleSet) -> np.ndarray:
