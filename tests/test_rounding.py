@@ -158,3 +158,57 @@ def test_estimate_of_the_wrong_shape_is_rejected() -> None:
     problem = small_problem(np.random.default_rng(8), 2, with_totals=False)
     with pytest.raises(ValueError, match="x_hat"):
         round_children(problem, np.zeros((3, 4)))
+
+
+def _cell_level_brute_force(problem, x_hat):
+    """Least sum |x - x_hat| over all roundings meeting the sums (independent enumeration)."""
+    import itertools
+
+    floor = np.floor(x_hat + 1e-12).astype(np.int64)
+    k, n = x_hat.shape
+    best = None
+    for bits in itertools.product((0, 1), repeat=k * n):
+        x = floor + np.array(bits, dtype=np.int64).reshape(k, n)
+        if problem.parent is not None and not np.array_equal(x.sum(axis=0), problem.parent):
+            continue
+        if problem.child_totals is not None and not np.array_equal(
+            x.sum(axis=1), problem.child_totals
+        ):
+            continue
+        cost = float(np.abs(x - x_hat).sum())
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_cell_level_rounding_for_large_families_is_integral_feasible_and_cell_optimal(
+    seed, monkeypatch
+):
+    import censusdp_spark.solvers.rounding as rounding
+    from censusdp_spark.solvers import ChildrenProblem, solve_children
+
+    monkeypatch.setattr(rounding, "MILP_SIZE_LIMIT", 0)
+    rng = np.random.default_rng(seed)
+    k, n = 3, 3
+    parent = rng.integers(1, 6, n)
+    totals = None
+    if seed % 2:
+        split = rng.multinomial(parent.sum(), np.ones(k) / k)
+        totals = split.astype(np.int64)
+    problem = ChildrenProblem(
+        marginals=(np.arange(n), np.zeros(n, dtype=np.int64)),
+        marginal_sizes=(n, 1),
+        weights=np.array([1.0, 0.5]),
+        noisy=(rng.normal(parent / k, 1.0, (k, n)), rng.normal(parent.sum() / k, 1.0, (k, 1))),
+        parent=parent.astype(np.int64),
+        child_totals=totals,
+    )
+    x_hat = solve_children(problem)
+    x = rounding.round_children(problem, x_hat)
+    assert np.array_equal(x.sum(axis=0), parent)
+    if totals is not None:
+        assert np.array_equal(x.sum(axis=1), totals)
+    assert np.all((x == np.floor(x_hat + 1e-9)) | (x == np.floor(x_hat + 1e-9) + 1))
+    assert float(np.abs(x - x_hat).sum()) == pytest.approx(
+        _cell_level_brute_force(problem, x_hat), abs=1e-9
+    )
