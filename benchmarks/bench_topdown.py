@@ -82,14 +82,6 @@ def mae(result: dict, method: str, level: str) -> float:
     )
 
 
-def mae(result: dict, method: str, level: str) -> float:
-    return next(
-        float(e["value"])
-        for e in result["errors"]
-        if e["method"] == method and e["metric"] == "mae_total" and e["level"] == level
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--states", nargs="+", default=["ri", "hi"])

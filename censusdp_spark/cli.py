@@ -15,7 +15,6 @@ from censusdp_spark.release.run_state import OutputExistsError, ResumeError
 from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 from censusdp_spark.release.validate import add_validate_parser, run_validate_from_args
 
-
 DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
 
