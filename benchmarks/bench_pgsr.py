@@ -39,6 +39,7 @@ from censusdp_spark.solvers.group_sizes_cumulative import cumulative_release, to
 
 ROOT = Path(__file__).resolve().parents[1]
 CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
+METHOD_ORDER = ["dp-l2", "milp-l2", "relaxed", "cumulative", "dp-l1", "milp-l1"]
 # Household sizes of the unique ACS 2006-2010 PUMS households of PUMA 600 (Oregon), sizes 1..8+
 # (data README §6): the size law of the synthetic trees.
 PUMS_SIZES = np.array([1103, 1687, 624, 489, 188, 80, 25, 17], dtype=np.float64)
@@ -207,8 +208,10 @@ def run(
 
 
 def summarise(results: list[Result]) -> list[dict]:
+    datasets = list(dict.fromkeys(r.dataset for r in results))
     keys = sorted(
-        {(r.dataset, r.epsilon, r.method) for r in results}, key=lambda k: (k[0], k[1], k[2])
+        {(r.dataset, r.epsilon, r.method) for r in results},
+        key=lambda k: (datasets.index(k[0]), k[1], METHOD_ORDER.index(k[2])),
     )
     rows = []
     for key in keys:

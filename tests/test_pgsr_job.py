@@ -3,18 +3,15 @@ and its config validated at the door."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
+from censusdp_spark.cli import main
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.model.pgsr_config import GroupInputSpec, GroupSizes, load_pgsr_config
-from censusdp_spark.privacy.accounting import BudgetError
-from censusdp_spark.release.pgsr import add_pgsr_parser, run_pgsr_from_args
-from censusdp_spark.release.topdown import OutputExistsError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "pgsr_calm.toml"
@@ -23,13 +20,7 @@ HOUSEHOLDS = 62041
 
 
 def pgsr(*args: str) -> int:
-    """``censusdp pgsr ...`` with the CLI's error handling (user errors exit 2)."""
-    parser = argparse.ArgumentParser()
-    add_pgsr_parser(parser.add_subparsers(dest="command", required=True))
-    try:
-        return run_pgsr_from_args(parser.parse_args(["pgsr", *args]))
-    except (ConfigError, InputError, BudgetError, OutputExistsError, ValueError):
-        return 2
+    return main(["pgsr", *args])
 
 
 @pytest.fixture(scope="module")

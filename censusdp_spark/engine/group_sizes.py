@@ -118,7 +118,7 @@ def _integer_rule(column: str, rule: str) -> tuple[Column, str, str]:
 
 
 def _as_long(column: str) -> Column:
-    return F.trim(F.col(column).cast("string")).cast("long").alias(column)
+    return F.trim(F.col(column).cast("string")).cast("long")
 
 
 def _fail_on_duplicate(df: DataFrame, source: str, key: str, column: str, rule: str) -> None:
@@ -174,7 +174,7 @@ def read_leaf_histograms(
         ]
         _check_rows(df, source, rules)
         _fail_on_duplicate(df, source, "geocode", geocode_name, "duplicate geocode")
-        typed = df.select("geocode", *[_as_long(c) for c in spec.size_columns])
+        typed = df.select("geocode", *[_as_long(c).alias(c) for c in spec.size_columns])
         cells = F.array(
             *[
                 F.struct(F.lit(i).alias("cell"), F.col(c).alias("count"))

@@ -42,8 +42,9 @@ class GroupInputSpec:
     """Where the groups come from.
 
     ``size_counts``: one row per leaf, ``size_columns[i]`` holding the number of groups of size
-    ``i + 1``. ``households``: one row per household with its ``size_column``, or one row per
-    member with a ``member_column`` quantity summed per ``household_column``.
+    ``i + 1``; every row is a leaf of the public spine, empty ones included. ``households``: one
+    row per household with its ``size_column``, or one row per member with a ``member_column``
+    quantity summed per ``household_column``; the leaves are those holding a household.
     """
 
     path: Path

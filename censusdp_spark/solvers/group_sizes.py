@@ -108,10 +108,6 @@ class CostTable:
         covered = np.minimum(np.maximum(v - self.breakpoints[:-1], 0), self.lengths)
         return self.base + int(covered @ self.slopes)
 
-    def minimum(self) -> int:
-        """The least value (attained at the first breakpoint where the slope turns >= 0)."""
-        return self.base + int(self.lengths[self.slopes < 0] @ self.slopes[self.slopes < 0])
-
     def step_up(self, v: int) -> tuple[float, int]:
         """Cost of ``v -> v + 1`` and how many further units cost the same (inf, 0 at ``hi``)."""
         if v >= self.hi:
@@ -289,10 +285,10 @@ def solve_family(
     """Children's histograms (k x N) for a parent's released histogram, exactly.
 
     Minimises ``sum_c sum_j children[c][j](v[c, j])`` s.t. column sums ``parent`` and row sums
-    ``groups``. Starts from a per-size optimum (column sums only; ``_priced_start``), then moves units from
-    children with too many groups to children with too few along shortest paths of the residual
-    graph (child -> size: take a unit of that size; size -> child: give it), each time as many
-    units as keep every marginal cost on the path unchanged.
+    ``groups``. Starts from a per-size optimum (column sums only; ``_priced_start``), then
+    moves units from children with too many groups to children with too few along shortest
+    paths of the residual graph (child -> size: take a unit of that size; size -> child: give
+    it), each time as many units as keep every marginal cost on the path unchanged.
     """
     k, n = len(children), len(parent)
     groups = np.asarray(groups, dtype=np.int64)
@@ -444,6 +440,7 @@ def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndar
     n, m = tree.noisy.shape
     kids = tree.children()
     first = 0 if fixed_root is None else 1  # the first node that is a variable
+    fixed = np.zeros(m) if fixed_root is None else np.asarray(fixed_root, dtype=np.float64)
     var = np.full(n, -1)
     var[first:] = np.arange(n - first)
 
@@ -468,7 +465,7 @@ def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndar
         for j in range(m if r or fixed_root is None else m - 1):
             child_cols = np.array([cols(c)[j] for c in kids[r]])
             if r < first:
-                equation(child_cols, np.ones(child_cols.size), float(fixed_root[j]))  # type: ignore[index]
+                equation(child_cols, np.ones(child_cols.size), float(fixed[j]))
             else:
                 equation(
                     np.append(child_cols, cols(r)[j]),
@@ -495,7 +492,7 @@ def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndar
 
 
 def round_naive(x: np.ndarray) -> np.ndarray:
-    """Nearest integer (ties to even), cell by cell: the paper's rounding of the relaxed solution."""
+    """Nearest integer (ties to even), cell by cell: the paper's rounding of the relaxation."""
     return np.rint(x).astype(np.int64)
 
 
