@@ -13,24 +13,6 @@ from pyspark.sql import functions as F
 from censusdp_spark.model.geography import Hierarchy
 
 
-def aggregate_to(hist: DataFrame, digits: int) -> DataFrame:
-    """Sum sparse histograms ``geocode, cells, counts`` to the ancestors with ``digits`` digits."""
-    parent = F.substring("geocode", 1, digits) if digits > 0 else F.lit("")
-    nodes = hist.select(parent.alias("geocode")).distinct()
-    sums = (
-        hist.select(parent.alias("geocode"), F.explode(F.arrays_zip("cells", "counts")).alias("e"))
-        .groupBy("geocode", F.col("e.cells").alias("cell"))
-        .agg(F.sum("e.counts").alias("count"))
-        .groupBy("geocode")
-        .agg(F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h"))
-    )
-    return nodes.join(sums, "geocode", "left").select(
-        "geocode",
-        F.coalesce(F.col("h.cell"), F.array().cast("array<int>")).alias("cells"),
-        F.coalesce(F.col("h.count"), F.array().cast("array<bigint>")).alias("counts"),
-    )
-
-
 def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
     """All levels' node histograms in one aggregation: every block row is fanned out to its
     ancestor at each level, then summed by (level, node, cell). Zero-population nodes keep a
