@@ -231,3 +231,80 @@ def test_encoding_reports_unmapped_values_and_households_without_one_head():
     encoded = encode_tables(domain, pd.DataFrame({"ID": ["a", "b"]}), persons, "ID", "ORD")
     assert encoded.unmapped == {"rel": 1} and encoded.unmapped_examples == {"rel": ["7"]}
     assert encoded.bad_head == 1
+
+
+# Hand-built households: (tenure, vehicles, members as (rel, sex, age)). Sizes 1, 2, 3 and M = 4,
+# empty slots after the last member, an "other" relative (outside Q_R's restriction) and a family
+# of four (head, spouse, two children: over family_max = 3, so out of Q_R).
+HAND_BUILT = [
+    (0, 0, [(HEAD, 0, 1)]),
+    (1, 2, [(HEAD, 1, 2), (SPOUSE, 0, 2)]),
+    (1, 1, [(HEAD, 0, 1), (CHILD, 1, 0), (OTHER, 1, 2)]),
+    (0, 2, [(HEAD, 1, 1), (SPOUSE, 0, 1), (CHILD, 0, 0), (CHILD, 1, 0)]),
+    (0, 1, [(HEAD, 1, 2), (CHILD, 1, 1), (CHILD, 0, 0), (OTHER, 0, 2)]),
+    (1, 0, [(HEAD, 0, 2), (SPOUSE, 1, 2), (CHILD, 0, 1)]),
+]
+ROLE = {HEAD: "head", SPOUSE: "spouse", CHILD: "child"}
+
+
+def hand_built_tables(domain: HouseholdDomain) -> tuple[Households, pd.DataFrame]:
+    """The households encoded, and one pandas row per person with its household's columns."""
+    group = np.array([[t, v] for t, v, _ in HAND_BUILT], dtype=np.int16)
+    members = np.full((len(HAND_BUILT), domain.max_members, 3), ABSENT, dtype=np.int16)
+    rows = []
+    for i, (tenure, vehicles, people) in enumerate(HAND_BUILT):
+        members[i, : len(people)] = people
+        for slot, (rel, sex, age) in enumerate(people):
+            rows.append(
+                {"hh": i, "slot": slot, "tenure": tenure, "vehicles": vehicles}
+                | {"rel": rel, "sex": sex, "age": age}
+            )
+    return Households(group, members), pd.DataFrame(rows)
+
+
+def pandas_answers(domain: HouseholdDomain, people: pd.DataFrame, workloads) -> np.ndarray:
+    """Each workload answered with pandas joins and group-bys on the person rows."""
+    names = [a.name for a in domain.group], [a.name for a in domain.individual]
+    n_g, n_i = people["hh"].nunique(), len(people)
+    family = people[people["rel"].isin(ROLE)]
+    family = family[family.groupby("hh")["hh"].transform("size") <= domain.roles.max_members]
+    pairs = family.merge(family, on=["hh", "tenure", "vehicles"], suffixes=("", "_r"))
+    pairs = pairs[pairs["slot"] != pairs["slot_r"]]
+    out = []
+    for w in workloads.workloads:
+        g = [names[0][j] for j in w.group]
+        p = [names[1][j] for j in w.person]
+        r = [names[1][j] + "_r" for j in w.relative]
+        if w.kind == GROUP:  # households (counted once) with a member in the cell
+            counts = people.drop_duplicates(["hh", *g, *p]).groupby([*g, *p]).size()
+            denominator = n_g
+        elif w.kind == INDIVIDUAL:
+            counts = people.groupby([*g, *p]).size()
+            denominator = n_i
+        else:
+            rel, rel_r = pairs["rel"].map(ROLE), pairs["rel_r"].map(ROLE)
+            wanted = {
+                "spouse": rel.isin(["head", "spouse"]) & rel_r.isin(["head", "spouse"]),
+                "parent": (rel == "child") & rel_r.isin(["head", "spouse"]),
+                "child": rel.isin(["head", "spouse"]) & (rel_r == "child"),
+            }[w.relation]
+            related = pairs[wanted].drop_duplicates(["hh", "slot", *r])
+            counts = related.groupby([*g, *p, *r]).size()
+            denominator = len(family)
+        cells = list(itertools.product(*(range(s) for s in w.shape)))
+        index = pd.MultiIndex.from_tuples(cells) if len(w.shape) > 1 else [c[0] for c in cells]
+        out.append(counts.reindex(index, fill_value=0).to_numpy() / denominator)
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+def test_answers_on_hand_built_households_equal_pandas_joins_and_group_bys(degree):
+    domain = small_domain(max_members=4, family_max=3)
+    households, people = hand_built_tables(domain)
+    assert sorted(households.sizes.tolist()) == [1, 2, 3, 3, 4, 4]  # sizes 1 and M, empty slots
+    workloads = marginal_workloads(domain, degree) + relationship_workloads(domain, degree)
+    np.testing.assert_allclose(
+        workload_answers(households, domain, workloads),
+        pandas_answers(domain, people, workloads),
+        atol=1e-15,
+    )
