@@ -14,9 +14,11 @@ from censusdp_spark.model.pgsr_config import load_pgsr_config
 from censusdp_spark.solvers.group_sizes import (
     CostTable,
     GroupTree,
+    SquareLeaves,
     add_tables,
     deviation_table,
     dp_release,
+    merge_family,
     merge_tables,
     node_tables,
     objective,
@@ -74,34 +76,53 @@ def derive(tree: GroupTree, leaves: dict[int, np.ndarray]) -> np.ndarray:
     return x
 
 
-def brute_force(tree: GroupTree, norm: str, faithful: str) -> int:
-    """Least cost over every integer assignment of the leaves (the rest follows by consistency)."""
+def brute_force_node(tree: GroupTree, norm: str) -> int:
+    """P_node's least cost over every leaf histogram summing to the leaf's G^r."""
     n, m = tree.noisy.shape
     leaves = [r for r in range(n) if not (tree.parent == r).any()]
-    if faithful == "node":
-        options = [
-            [
-                c
-                for c in itertools.product(range(tree.groups[r] + 1), repeat=m)
-                if sum(c) == tree.groups[r]
-            ]
-            for r in leaves
+    options = [
+        [
+            c
+            for c in itertools.product(range(tree.groups[r] + 1), repeat=m)
+            if sum(c) == tree.groups[r]
         ]
-    else:
-        options = [list(itertools.product(range(tree.groups[r] + 1), repeat=m)) for r in leaves]
+        for r in leaves
+    ]
     best = None
     for combo in itertools.product(*options):
         x = derive(tree, {r: np.array(c) for r, c in zip(leaves, combo, strict=True)})
-        if faithful == "root" and (
-            x.sum(1)[0] != tree.groups[0] or (x > tree.groups[:, None]).any()
-        ):
-            continue
-        if faithful == "node" and (x.sum(1) != tree.groups).any():
-            continue
         value = cost(tree, x, norm)
         best = value if best is None or value < best else best
     assert best is not None
     return best
+
+
+def brute_force_level(tree: GroupTree, norm: str) -> int:
+    """P_level's least cost by enumeration: every way of putting the G groups into the
+    (leaf, size) cells (stars and bars), the other nodes by summation. Shares nothing with
+    the dynamic program but the objective."""
+    n, m = tree.noisy.shape
+    total = int(tree.groups[0])
+    leaves = [r for r in range(n) if not (tree.parent == r).any()]
+    cells = len(leaves) * m
+    ways = list(itertools.combinations(range(total + cells - 1), total))
+    stars = np.array(ways, dtype=np.int64).reshape(len(ways), total) - np.arange(total)
+    leaf_x = np.zeros((len(ways), cells), dtype=np.int64)  # stars[u, i]: the cell of group i
+    for i in range(total):
+        np.add.at(leaf_x, (np.arange(len(ways)), stars[:, i]), 1)
+    above = np.zeros((n, len(leaves)), dtype=np.int64)  # node r contains leaf l
+    for col, leaf in enumerate(leaves):
+        r = leaf
+        while r >= 0:
+            above[r, col] = 1
+            r = tree.parent[r]
+    x = np.einsum("rl,ulj->urj", above, leaf_x.reshape(-1, len(leaves), m))
+    diff = x - tree.noisy[None]
+    costs = (np.square(diff) if norm == "l2" else np.abs(diff)).sum(axis=(1, 2))
+    return int(costs.min())
+
+
+HOLDS = {"negative_or_fractional": 0, "inconsistent": 0, "unfaithful": 0}
 
 
 # --- cost tables --------------------------------------------------------------------------------
@@ -111,12 +132,20 @@ def values(table: CostTable) -> np.ndarray:
     return np.array([table.value(v) for v in range(table.lo, table.hi + 1)])
 
 
+def leaf_tables(noisy: np.ndarray, upper: int, norm: str) -> list[CostTable]:
+    zeros = np.zeros(noisy.size, dtype=np.int64)
+    return node_tables(noisy, zeros, np.full(noisy.size, upper), None, norm)
+
+
 @pytest.mark.parametrize("norm", ["l1", "l2"])
-def test_deviation_table_equals_the_norm_at_every_integer(norm):
+def test_deviation_table_equals_the_norm_at_every_integer_of_its_domain(norm):
     for noisy in (-3, 0, 4, 9):
-        table = deviation_table(noisy, 7, norm)
-        expected = [(v - noisy) ** 2 if norm == "l2" else abs(v - noisy) for v in range(8)]
-        assert values(table).tolist() == expected
+        for lo, hi in ((0, 7), (2, 5), (5, 12)):
+            table = deviation_table(noisy, lo, hi, norm)
+            expected = [
+                (v - noisy) ** 2 if norm == "l2" else abs(v - noisy) for v in range(lo, hi + 1)
+            ]
+            assert values(table).tolist() == expected
 
 
 def test_tables_are_convex_with_strictly_increasing_slopes():
@@ -126,9 +155,9 @@ def test_tables_are_convex_with_strictly_increasing_slopes():
         kids = tree.children()
         tables: list[list[CostTable]] = [[] for _ in kids]
         for r in reversed(range(len(kids))):
-            tables[r] = node_tables(
-                tree.noisy[r], int(tree.groups[r]), [tables[c] for c in kids[r]], norm
-            )
+            merged = merge_family([tables[c] for c in kids[r]]) if kids[r].size else None
+            zeros = np.zeros(3, dtype=np.int64)
+            tables[r] = node_tables(tree.noisy[r], zeros, np.full(3, tree.groups[r]), merged, norm)
             for t in tables[r]:
                 assert (np.diff(t.slopes) > 0).all() and (t.lengths > 0).all()
                 assert (t.lo, t.hi) == (0, tree.groups[r])
@@ -137,9 +166,9 @@ def test_tables_are_convex_with_strictly_increasing_slopes():
 def test_merge_is_the_min_plus_convolution():
     rng = np.random.default_rng(1)
     for _ in range(50):
-        a = deviation_table(int(rng.integers(-3, 8)), int(rng.integers(0, 6)), "l2")
-        b = add_tables(deviation_table(int(rng.integers(0, 5)), a.hi, "l1"), a)
-        c = deviation_table(int(rng.integers(-2, 6)), int(rng.integers(0, 5)), "l1")
+        a = deviation_table(int(rng.integers(-3, 8)), 0, int(rng.integers(0, 6)), "l2")
+        b = add_tables(deviation_table(int(rng.integers(0, 5)), 0, a.hi, "l1"), a)
+        c = deviation_table(int(rng.integers(-2, 6)), 0, int(rng.integers(0, 5)), "l1")
         merged = merge_tables([b, c])
         brute = [
             min(b.value(u) + c.value(v - u) for u in range(0, v + 1) if u <= b.hi and v - u <= c.hi)
@@ -148,34 +177,52 @@ def test_merge_is_the_min_plus_convolution():
         assert values(merged).tolist() == brute
 
 
+def test_a_table_on_a_sub_range_keeps_its_values():
+    t = add_tables(deviation_table(3, 0, 9, "l1"), deviation_table(5, 0, 9, "l2"))
+    for lo, hi in ((0, 9), (2, 6), (4, 4), (8, 9)):
+        assert values(t.on(lo, hi)).tolist() == values(t)[lo : hi + 1].tolist()
+
+
 def test_add_is_the_pointwise_sum():
-    a, b = deviation_table(3, 9, "l1"), deviation_table(5, 9, "l2")
+    a, b = deviation_table(3, 0, 9, "l1"), deviation_table(5, 0, 9, "l2")
     assert (values(add_tables(a, b)) == values(a) + values(b)).all()
+
+
+def test_square_leaves_are_the_merge_of_the_listed_l2_tables():
+    rng = np.random.default_rng(13)
+    for _ in range(60):
+        k, upper = int(rng.integers(1, 5)), int(rng.integers(0, 7))
+        noisy = rng.integers(-4, 9, size=k)
+        listed = merge_tables([deviation_table(int(c), 0, upper, "l2") for c in noisy])
+        implicit = SquareLeaves(noisy, upper)
+        lo = int(rng.integers(0, k * upper + 1))
+        hi = int(rng.integers(lo, k * upper + 1))
+        assert values(implicit.on(lo, hi)).tolist() == values(listed)[lo : hi + 1].tolist()
+        total = int(rng.integers(0, k * upper + 1))
+        taken = implicit.take(total)
+        tables = [deviation_table(int(c), 0, upper, "l2") for c in noisy]
+        assert taken.tolist() == split_by_slopes(tables, total).tolist()
 
 
 def test_l1_tables_stay_small_whatever_the_counts():
     """An l1 table's slopes are integers in [-(h+1), h+1] at height h: work is count-free."""
-    tree = GroupTree(
-        np.array([-1, 0, 0]),
-        np.array([[10**6], [3 * 10**5], [7 * 10**5]]),
-        np.array([10**6, 4 * 10**5, 6 * 10**5]),
-    )
+    kids = [
+        leaf_tables(np.array([3 * 10**5]), 10**6, "l1"),
+        leaf_tables(np.array([7 * 10**5]), 10**6, "l1"),
+    ]
     tables = node_tables(
-        tree.noisy[0],
-        10**6,
-        [node_tables(tree.noisy[c], int(tree.groups[c]), [], "l1") for c in (1, 2)],
-        "l1",
+        np.array([10**6]), np.array([0]), np.array([10**6]), merge_family(kids), "l1"
     )
     assert tables[0].slopes.size <= 2 * 1 + 3
 
 
 def test_split_by_slopes_is_optimal_and_breaks_ties_by_index():
-    tables = [deviation_table(2, 5, "l1"), deviation_table(2, 5, "l1")]
+    tables = [deviation_table(2, 0, 5, "l1"), deviation_table(2, 0, 5, "l1")]
     assert split_by_slopes(tables, 5).tolist() == [3, 2]
     rng = np.random.default_rng(2)
     for _ in range(30):
         ts = [
-            deviation_table(int(rng.integers(-2, 7)), int(rng.integers(0, 5)), "l2")
+            deviation_table(int(rng.integers(-2, 7)), 0, int(rng.integers(0, 5)), "l2")
             for _ in range(3)
         ]
         total = int(rng.integers(0, sum(t.hi for t in ts) + 1))
@@ -191,48 +238,97 @@ def test_split_by_slopes_is_optimal_and_breaks_ties_by_index():
         )
 
 
-# --- the dynamic program -----------------------------------------------------------------------
+# --- the dynamic program, level faithfulness (the paper's): exact ------------------------------
+
+
+def small_tree(rng: np.random.Generator) -> GroupTree:
+    """2 or 3 levels, 1..4 children per node, N <= 3, at most 4 groups, noise in -3..3."""
+    shape = [int(rng.integers(1, 5)) for _ in range(int(rng.integers(1, 3)))]
+    sizes = int(rng.integers(1, 4))
+    for _ in range(100):
+        tree = random_tree(rng, shape, sizes, 2, 3)
+        if tree.groups[0] <= 4:
+            return tree
+    raise AssertionError("no small tree drawn")
 
 
 @pytest.mark.parametrize("norm", ["l1", "l2"])
-def test_dp_lower_bound_is_the_exact_optimum_of_p_dp_by_brute_force(norm):
-    rng = np.random.default_rng(3)
-    for _ in range(25):
-        tree = random_tree(rng, [2, 2], 2, 2, 2)
-        assert dp_release(tree, norm).lower_bound == brute_force(tree, norm, "root")
+def test_dp_is_the_exact_integer_optimum_by_brute_force_on_200_random_hierarchies(norm):
+    rng = np.random.default_rng(20 if norm == "l1" else 21)
+    for trial in range(200):
+        tree = small_tree(rng)
+        release = dp_release(tree, norm, "level", width=1 if trial % 2 else 16)
+        assert release.objective == brute_force_level(tree, norm), trial
+        assert release.objective == release.lower_bound
+        assert violations(tree, release.counts, "level") == HOLDS
+        assert release.counts.dtype.kind == "i"
 
 
 @pytest.mark.parametrize("norm", ["l1", "l2"])
-def test_dp_lower_bound_equals_milp_on_small_trees(norm):
+def test_dp_equals_milp_on_larger_trees_with_larger_counts(norm):
     rng = np.random.default_rng(4)
-    for _ in range(20):
-        tree = random_tree(rng, [3, 3, 3], 4, 8, 5)
-        assert dp_release(tree, norm).lower_bound == solve_exact_milp(tree, norm, "root").objective
+    for _ in range(10):
+        tree = random_tree(rng, [3, 3, 3], 4, 12, 6)
+        release = dp_release(tree, norm, "level", width=2)
+        assert release.objective == solve_exact_milp(tree, norm, "level").objective
+        assert violations(tree, release.counts, "level") == HOLDS
+
+
+def test_narrow_windows_widen_until_none_binds():
+    tree = random_tree(np.random.default_rng(14), [4, 4], 3, 30, 12)
+    narrow, wide = dp_release(tree, "l2", "level", width=1), dp_release(tree, "l2", "level", 10**6)
+    assert narrow.width is not None and narrow.width > 1
+    assert narrow.objective == wide.objective
+
+
+def other_group_counts(tree: GroupTree, rng: np.random.Generator) -> GroupTree:
+    """The same tree and noisy counts with other per-node group counts, the same G."""
+    kids = tree.children()
+    leaves = [r for r in range(len(kids)) if kids[r].size == 0]
+    groups = np.zeros_like(tree.groups)
+    groups[leaves] = rng.multinomial(int(tree.groups[0]), [1 / len(leaves)] * len(leaves))
+    for r in reversed(range(len(kids))):
+        if kids[r].size:
+            groups[r] = groups[kids[r]].sum()
+    return GroupTree(tree.parent, tree.noisy, groups)
+
+
+def test_level_faithfulness_reads_no_per_node_group_count():
+    rng = np.random.default_rng(15)
+    tree = random_tree(rng, [3, 3], 3, 10, 4)
+    other = other_group_counts(tree, rng)
+    assert (other.groups != tree.groups).any()
+    for norm in ("l1", "l2"):
+        assert (dp_release(tree, norm).counts == dp_release(other, norm).counts).all()
+
+
+def test_dp_is_deterministic():
+    tree = random_tree(np.random.default_rng(9), [4, 4], 3, 20, 6)
+    assert (dp_release(tree, "l2").counts == dp_release(tree, "l2").counts).all()
+
+
+# --- node faithfulness (Kuo et al.): feasible, with a certificate -------------------------------
 
 
 @pytest.mark.parametrize("norm", ["l1", "l2"])
-def test_dp_release_is_valid_consistent_faithful_and_bracketed_by_the_exact_optimum(norm):
+def test_node_release_is_valid_consistent_node_faithful_and_bracketed_by_the_optimum(norm):
     rng = np.random.default_rng(5)
     for _ in range(20):
         tree = random_tree(rng, [3, 3, 3], 4, 8, 5)
-        release = dp_release(tree, norm)
+        release = dp_release(tree, norm, "node")
         exact = solve_exact_milp(tree, norm, "node")
-        assert violations(tree, release.counts) == {
-            "negative_or_fractional": 0,
-            "inconsistent": 0,
-            "unfaithful": 0,
-        }
+        assert violations(tree, release.counts, "node") == HOLDS
         assert release.lower_bound <= exact.objective <= release.objective
 
 
-def test_dp_release_is_exact_when_no_family_needs_repair():
-    """With one child per node, node faithfulness follows from the root's: P = P_dp."""
+def test_node_release_is_exact_when_no_family_needs_repair():
+    """With one child per node, node faithfulness follows from the root's."""
     rng = np.random.default_rng(6)
     for norm in ("l1", "l2"):
         for _ in range(10):
             tree = random_tree(rng, [1, 1, 1], 3, 6, 4)
-            release = dp_release(tree, norm)
-            assert release.objective == release.lower_bound == brute_force(tree, norm, "node")
+            release = dp_release(tree, norm, "node")
+            assert release.objective == release.lower_bound == brute_force_node(tree, norm)
 
 
 def test_exact_milp_agrees_with_brute_force():
@@ -240,7 +336,8 @@ def test_exact_milp_agrees_with_brute_force():
     for norm in ("l1", "l2"):
         for _ in range(10):
             tree = random_tree(rng, [2, 2], 2, 3, 2)
-            assert solve_exact_milp(tree, norm, "node").objective == brute_force(tree, norm, "node")
+            assert solve_exact_milp(tree, norm, "node").objective == brute_force_node(tree, norm)
+            assert solve_exact_milp(tree, norm, "level").objective == brute_force_level(tree, norm)
 
 
 def test_family_step_is_the_exact_transportation_optimum():
@@ -249,7 +346,7 @@ def test_family_step_is_the_exact_transportation_optimum():
         norm = ("l1", "l2")[trial % 2]
         k, n = int(rng.integers(1, 4)), int(rng.integers(1, 4))
         groups = rng.integers(0, 5, size=k)
-        tables = [node_tables(rng.integers(-3, 8, size=n), int(g), [], norm) for g in groups]
+        tables = [leaf_tables(rng.integers(-3, 8, size=n), int(g), norm) for g in groups]
         parent = rng.multinomial(int(groups.sum()), [1 / n] * n)
         got = solve_family(tables, parent, groups)
         assert (got.sum(0) == parent).all() and (got.sum(1) == groups).all() and (got >= 0).all()
@@ -265,41 +362,50 @@ def test_family_step_is_the_exact_transportation_optimum():
         assert total == best
 
 
-def test_dp_is_deterministic():
-    tree = random_tree(np.random.default_rng(9), [4, 4], 3, 20, 6)
-    assert (dp_release(tree, "l2").counts == dp_release(tree, "l2").counts).all()
-
-
 # --- the relaxed baseline ----------------------------------------------------------------------
 
 
-def test_relaxed_qp_is_feasible_and_below_the_integer_optimum():
+@pytest.mark.parametrize("faithfulness", ["level", "node"])
+def test_relaxed_qp_is_feasible_and_below_the_integer_optimum(faithfulness):
     rng = np.random.default_rng(10)
     for _ in range(10):
         tree = random_tree(rng, [3, 3], 3, 8, 5)
-        x = relaxed_qp(tree)
+        x = relaxed_qp(tree, faithfulness)
         sums = np.zeros_like(x)
         np.add.at(sums, tree.parent[1:], x[1:])
         internal = np.bincount(tree.parent[1:], minlength=tree.parent.size) > 0
-        assert np.allclose(sums[internal], x[internal], atol=1e-6)
-        assert np.allclose(x.sum(1), tree.groups, atol=1e-6) and (x >= 0).all()
+        assert np.allclose(sums[internal], x[internal], atol=1e-6) and (x >= 0).all()
+        if faithfulness == "node":
+            assert np.allclose(x.sum(1), tree.groups, atol=1e-6)
+        else:
+            assert abs(x[0].sum() - tree.groups[0]) < 1e-6
         assert (
             float(np.square(x - tree.noisy).sum())
-            <= solve_exact_milp(tree, "l2", "node").objective + 1e-6
+            <= solve_exact_milp(tree, "l2", faithfulness).objective + 1e-6
         )
 
 
 def test_relaxed_qp_with_a_fixed_root_keeps_it():
     tree = GroupTree(np.array([-1, 0, 0]), np.array([[0, 0], [5, -2], [1, 6]]), np.array([9, 4, 5]))
-    x = relaxed_qp(tree, fixed_root=np.array([3.5, 5.5]))
-    assert np.allclose(x[0], [3.5, 5.5]) and np.allclose(x[1:].sum(0), [3.5, 5.5], atol=1e-6)
+    for faithfulness in ("level", "node"):
+        x = relaxed_qp(tree, faithfulness, fixed_root=np.array([3.5, 5.5]))
+        assert np.allclose(x[0], [3.5, 5.5]) and np.allclose(x[1:].sum(0), [3.5, 5.5], atol=1e-6)
 
 
 def test_naive_rounding_can_break_consistency_and_violations_count_it():
     tree = GroupTree(np.array([-1, 0, 0]), np.zeros((3, 2), dtype=np.int64), np.array([3, 1, 2]))
     x = round_naive(np.array([[1.0, 2.0], [0.5, 0.5], [0.5, 1.5]]))
     assert x.tolist() == [[1, 2], [0, 0], [0, 2]]  # ties to even
-    assert violations(tree, x) == {"negative_or_fractional": 0, "inconsistent": 1, "unfaithful": 1}
+    assert violations(tree, x, "node") == {
+        "negative_or_fractional": 0,
+        "inconsistent": 1,
+        "unfaithful": 1,
+    }
+    assert violations(tree, x, "level") == {
+        "negative_or_fractional": 0,
+        "inconsistent": 1,
+        "unfaithful": 1,
+    }
 
 
 # --- the cumulative mechanism ------------------------------------------------------------------
@@ -338,20 +444,27 @@ def test_cumulative_family_is_the_exact_integer_optimum():
         assert int(np.square(got - noisy).sum()) == best
 
 
-def test_cumulative_release_is_monotone_consistent_valid_and_faithful():
+@pytest.mark.parametrize("faithfulness", ["level", "node"])
+def test_cumulative_release_is_monotone_consistent_valid_and_faithful(faithfulness):
     rng = np.random.default_rng(12)
     for _ in range(10):
         tree = random_tree(rng, [4, 4, 4], 5, 30, 0)
         truth = tree.noisy
-        noisy = to_cumulative(truth) + rng.integers(
-            -20, 21, size=(truth.shape[0], truth.shape[1] - 1)
-        )
-        x = cumulative_release(GroupTree(tree.parent, noisy, tree.groups))
-        assert violations(tree, x) == {
-            "negative_or_fractional": 0,
-            "inconsistent": 0,
-            "unfaithful": 0,
-        }
+        exact = np.cumsum(truth, axis=1) if faithfulness == "level" else to_cumulative(truth)
+        noisy = exact + rng.integers(-20, 21, size=exact.shape)
+        x = cumulative_release(GroupTree(tree.parent, noisy, tree.groups), faithfulness)
+        assert violations(tree, x, faithfulness) == HOLDS
+
+
+def test_cumulative_level_release_reads_only_the_root_group_count():
+    rng = np.random.default_rng(16)
+    tree = random_tree(rng, [3, 3], 4, 20, 0)
+    noisy = np.cumsum(tree.noisy, axis=1) + rng.integers(-9, 10, size=tree.noisy.shape)
+    other = other_group_counts(tree, rng)
+    assert (other.groups != tree.groups).any()
+    a = cumulative_release(GroupTree(tree.parent, noisy, tree.groups), "level")
+    b = cumulative_release(GroupTree(tree.parent, noisy, other.groups), "level")
+    assert (a == b).all()
 
 
 def test_cumulative_pools_a_non_monotone_root_like_isotonic_regression():

@@ -71,17 +71,19 @@ def manifest(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text())
 
 
-HELD = {"negative_counts": 0, "children_not_summing_to_parent": 0, "sizes_not_summing_to_groups": 0}
+HELD = {"negative_counts": 0, "children_not_summing_to_parent": 0, "unfaithful": 0}
 
 
 def test_dp_release_holds_every_guarantee_and_its_manifest_no_secret(spark, dp, secret):
     m = manifest(dp)
     assert m["mechanism"] == "dp" and m["guarantee_checks"] == HELD
-    assert m["nodes"] == LEVELS and m["tables"] == ["noisy_measurements", "group_sizes"]
+    assert m["nodes"] == LEVELS and m["tables"][:2] == ["noisy_measurements", "group_sizes"]
     assert m["privacy"]["epsilon"] == "1" and {
         lv["geometric_scale"] for lv in m["privacy"]["levels"]
     } == {"10"}
-    assert 0 <= m["optimality"]["lower_bound"] <= m["optimality"]["objective"]
+    assert m["faithfulness"] == "level"
+    assert m["optimality"]["lower_bound"] == m["optimality"]["objective"]  # exact
+    assert m["optimality"]["gap"] == 0
     assert secret.read_text().strip() not in (dp / "manifest.json").read_text()
 
 
@@ -98,11 +100,12 @@ def test_group_sizes_give_every_size_of_every_node_summing_to_the_households(spa
     assert per_level == {lv: (4 * n, HOUSEHOLDS) for lv, n in LEVELS.items()}
 
 
-def test_noisy_measurements_cover_every_node_once_with_the_public_group_counts(spark, dp):
+def test_noisy_measurements_cover_every_node_once_and_publish_only_the_root_groups(spark, dp):
     noisy = table(spark, dp, "noisy_measurements")
     assert noisy.columns == ["level", "geocode", "measurement", "groups", "noisy"]
     counts = {r["level"]: r["count"] for r in noisy.groupBy("level").count().collect()}
     assert counts == LEVELS
+    assert noisy.filter("level != 'region' and groups is not null").count() == 0
     root = noisy.filter("level = 'region'").collect()[0]
     assert (
         root["groups"] == HOUSEHOLDS
@@ -121,7 +124,7 @@ def test_relaxed_baseline_reports_the_violations_rounding_leaves(spark, relaxed)
     m = manifest(relaxed)
     checks = m["guarantee_checks"]
     assert checks["negative_counts"] == 0
-    assert checks["children_not_summing_to_parent"] + checks["sizes_not_summing_to_groups"] > 0
+    assert checks["children_not_summing_to_parent"] + checks["unfaithful"] > 0
     assert "clarabel" in m["versions"]
 
 
@@ -132,22 +135,16 @@ def test_cumulative_release_holds_every_guarantee_with_scale_l_over_epsilon(spar
         lv["geometric_scale"] for lv in m["privacy"]["levels"]
     } == {"5"}
     noisy = table(spark, cumulative, "noisy_measurements").filter("level = 'region'").collect()[0]
-    assert len(noisy["noisy"]) == 3  # H_4 = G is public and not noised
+    assert len(noisy["noisy"]) == 4  # H_1..H_4: under level faithfulness G^r is not public
 
 
-def test_evaluation_is_separate_and_gives_emd_and_mae_per_level(spark, dp):
-    summary = json.loads((dp / "evaluation" / "summary.json").read_text())
-    assert summary["violations"] == HELD and "measure" in summary["timings_s"]
-    errors = {row["level"]: row for row in summary["errors"]}
-    assert list(errors) == list(LEVELS) and all(
-        r["emd_mean"] >= 0 and r["mae"] >= 0 for r in errors.values()
+def test_evaluation_is_a_delta_table_with_emd_and_mae_per_level(spark, dp):
+    rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
+    assert set(rows) == set(LEVELS) and all(
+        r["emd_mean"] >= 0 and r["mae"] >= 0 and r["nodes"] == LEVELS[lv]
+        for lv, r in rows.items()
     )
-    assert (
-        (dp / "evaluation" / "errors.csv")
-        .read_text()
-        .startswith("level,nodes,mae,emd_mean,emd_max")
-    )
-    assert not (dp / "group_sizes" / "evaluation").exists()
+    assert "evaluation" in manifest(dp)["tables"]
 
 
 def test_existing_output_is_refused_without_overwrite(spark, dp, secret):

@@ -3,10 +3,13 @@
 Privacy claim
 -------------
 Neighbouring datasets differ by one individual joining or leaving an existing group (the
-groups, their number per node ``G^r`` and the geography are public, as in Kuo et al.), which
-moves one group of every ancestor node from size j to j +/- 1 (or leaves it in the top-coded
-bucket). Per node that changes the size histogram by at most 2 in L1 and the cumulative
-histogram ``H_1..H_{N-1}`` by at most 1 (``H_N = G^r`` does not change). Level ``l`` adds
+geography is public and the groups stay, as in Kuo et al.), which moves one group of every
+ancestor node from size j to j +/- 1 (or leaves it in the top-coded bucket). Per node that
+changes the size histogram by at most 2 in L1 and the cumulative histogram ``H_1..H_N`` by
+at most 1 (only ``H_j`` moves; ``H_N = G^r`` does not). Under level faithfulness (the
+paper's) only the root's G is published: ``H_N`` is measured like the others and no ``G^r``
+is written or read; under node faithfulness every ``G^r`` is published, and ``H_N`` is not
+measured. Level ``l`` adds
 two-sided geometric noise of scale ``Delta / epsilon_l`` to every cell of every node (every
 size, zeros included), so each level is ``epsilon_l``-DP; nodes of a level are disjoint
 (parallel composition) and levels compose to ``sum_l epsilon_l = epsilon`` (checked exactly by
@@ -21,9 +24,11 @@ Data shapes
 -----------
 leaves ``geocode, cells, counts`` (cells = size - 1, non-zero only; confidential) ->
 node histograms ``level, geocode, cells, counts`` (confidential, memory only) ->
-``noisy_measurements`` ``level, geocode, measurement, groups, noisy`` (dense; written once) ->
+``noisy_measurements`` ``level, geocode, measurement, groups, noisy`` (dense; written once;
+``groups`` null below the root under level faithfulness) ->
 per mechanism, level by level: cost tables ``level, geocode, size, lo, base, lengths, slopes``
-(dp, bottom-up), real-valued solutions ``level, geocode, solution`` (relaxed) ->
+of internal nodes (dp, bottom-up; the leaves' tables are rebuilt from their noisy rows inside
+the parent's task), real-valued solutions ``level, geocode, solution`` (relaxed) ->
 released rows ``geocode, level, size, count`` (size 1..N, every size of every node).
 Families are grouped by parent (``groupBy(parent).cogroup(...).applyInPandas``); nothing per
 node is collected to the driver except the root's own row.
@@ -47,15 +52,19 @@ from censusdp_spark.model.pgsr_config import GroupInputSpec, GroupSizes, PgsrCon
 from censusdp_spark.privacy import discrete_laplace, keyed_rng
 from censusdp_spark.solvers.group_sizes import (
     CostTable,
+    Family,
     GroupTree,
+    SquareLeafFamily,
+    cell_bounds,
+    merge_family,
     node_tables,
     relaxed_qp,
     solve_family,
     solve_root,
+    split_family,
 )
 from censusdp_spark.solvers.group_sizes_cumulative import (
-    from_cumulative,
-    solve_cumulative_family,
+    cumulative_family,
     to_cumulative,
 )
 
@@ -250,20 +259,34 @@ class NoisePlan:
     measurement: str  # "histogram" (dp, relaxed) or "cumulative"
     sizes: int
     scales: Mapping[str, Fraction]  # geometric scale per level
+    faithfulness: str = "level"
+    root: str = ""  # the root level: the only node whose number of groups (G) is written
 
 
 def noise_plan(config: PgsrConfig, mechanism: str) -> NoisePlan:
     measurement = "cumulative" if mechanism == "cumulative" else "histogram"
     sensitivity = 1 if measurement == "cumulative" else 2
     scales = {lv: config.budget.scale(lv, sensitivity) for lv in config.hierarchy.names}
-    return NoisePlan(measurement, config.groups.max_size, scales)
+    return NoisePlan(
+        measurement,
+        config.groups.max_size,
+        scales,
+        config.faithfulness,
+        config.hierarchy.root.name,
+    )
 
 
 def noisy_node(
     secret: bytes, plan: NoisePlan, level: str, geocode: str, histogram: np.ndarray
 ) -> np.ndarray:
-    """One node's noisy histogram (N cells) or noisy cumulative counts ``H_1..H_{N-1}``."""
-    exact = histogram if plan.measurement == "histogram" else to_cumulative(histogram)
+    """One node's noisy histogram (N cells) or noisy cumulative counts: ``H_1..H_N`` under
+    level faithfulness (``H_N = G^r`` is not public), ``H_1..H_{N-1}`` under node."""
+    if plan.measurement == "histogram":
+        exact = histogram
+    elif plan.faithfulness == "level":
+        exact = np.cumsum(histogram)
+    else:
+        exact = to_cumulative(histogram)
     if exact.size == 0:
         return exact
     rng = keyed_rng(secret, "pgsr", plan.measurement, level, geocode)
@@ -277,7 +300,9 @@ def _dense(cells: object, counts: object, n: int) -> np.ndarray:
 
 
 def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes) -> DataFrame:
-    """Noisy measurements of every node (lazy; the caller writes them once)."""
+    """Noisy measurements of every node (lazy; the caller writes them once). ``groups`` holds
+    the public number of groups: every node's under node faithfulness, only the root's (G)
+    under level faithfulness (null elsewhere), so no later stage can read a ``G^r``."""
 
     def noise(batches: Iterable[pd.DataFrame]) -> Iterable[pd.DataFrame]:
         for batch in batches:
@@ -287,7 +312,9 @@ def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes) -> DataFrame:
             ].itertuples(index=False):
                 hist = _dense(cells, counts, plan.sizes)
                 noisy = noisy_node(secret, plan, level, geocode, hist)
-                rows.append((level, geocode, plan.measurement, int(hist.sum()), noisy))
+                public = plan.faithfulness == "node" or level == plan.root
+                groups = int(hist.sum()) if public else None
+                rows.append((level, geocode, plan.measurement, groups, noisy))
             yield pd.DataFrame(rows, columns=["level", "geocode", "measurement", "groups", "noisy"])
 
     return nodes.mapInPandas(noise, NOISY_SCHEMA)
@@ -351,6 +378,43 @@ def root_row(noisy: DataFrame, hierarchy: Hierarchy) -> tuple[str, int, np.ndarr
 # --- dp: cost tables bottom-up, then families top-down ----------------------------------------
 
 
+@dataclass(frozen=True)
+class DpPlan:
+    """What the dp tasks need (picklable, small)."""
+
+    norm: str
+    faithfulness: str
+    total: int  # G, public
+    widths: Mapping[str, int | None]  # l2 window half-width per level (None: no window)
+
+    def bounds(
+        self, level: str, groups: object, noisy: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        upper = self.total if self.faithfulness == "level" else int(str(groups))
+        return cell_bounds(noisy, upper, self.widths.get(level))
+
+    def wider(self) -> DpPlan:
+        widths = {lv: None if w is None else 2 * w for lv, w in self.widths.items()}
+        return DpPlan(self.norm, self.faithfulness, self.total, widths)
+
+
+def window_width(scale: Fraction) -> int:
+    """First l2 window half-width of a level: a few noise scales (doubled if it binds)."""
+    return -(-4 * scale.numerator // scale.denominator) + 4  # ceil(4 * scale) + 4
+
+
+def dp_plan(config: PgsrConfig, total: int) -> DpPlan:
+    """Windows only where they are needed: l2 under level faithfulness, internal levels below
+    the root (leaves are ``SquareLeaves``; the root's table spans its children's windows)."""
+    windowed = config.norm == "l2" and config.faithfulness == "level"
+    inner = {lv.name for lv in config.hierarchy.levels[1:-1]}
+    widths = {
+        lv: window_width(config.budget.scale(lv, 2)) if windowed and lv in inner else None
+        for lv in config.hierarchy.names
+    }
+    return DpPlan(config.norm, config.faithfulness, total, widths)
+
+
 def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
     pdf = pdf.sort_values(["geocode", "size"], kind="stable")
     geocodes, tables = [], []
@@ -367,6 +431,24 @@ def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
     return geocodes, tables
 
 
+def _leaves_of(pdf: pd.DataFrame, plan: DpPlan) -> tuple[list[str], Family]:
+    """A family of leaves from their noisy rows: implicit l2 leaves under level faithfulness,
+    else each leaf's deviation tables on its bounds."""
+    pdf = pdf.sort_values("geocode", kind="stable")
+    noisy = np.vstack([_ints(v) for v in pdf["noisy"]])
+    if plan.faithfulness == "level" and plan.norm == "l2":
+        return list(pdf["geocode"]), SquareLeafFamily(noisy, plan.total)
+    tables = []
+    for level, groups, row in zip(pdf["level"], pdf["groups"], noisy, strict=True):
+        lo, hi = plan.bounds(level, groups, row)
+        tables.append(node_tables(row, lo, hi, None, plan.norm))
+    return list(pdf["geocode"]), tables
+
+
+def _family_of(children: pd.DataFrame, plan: DpPlan, leaves: bool) -> tuple[list[str], Family]:
+    return _leaves_of(children, plan) if leaves else _tables_of(children)
+
+
 def _table_rows(level: str, geocode: str, tables: list[CostTable]) -> list[tuple]:
     return [
         (level, geocode, j + 1, t.lo, t.base, t.lengths, t.slopes) for j, t in enumerate(tables)
@@ -379,67 +461,92 @@ def _table_frame(rows: list[tuple]) -> pd.DataFrame:
     )
 
 
+def _children_columns(children: DataFrame, leaves: bool) -> DataFrame:
+    if leaves:
+        return children.select("level", "geocode", "groups", "noisy")
+    return children.drop("level")
+
+
 def dp_tables(
-    noisy_level: DataFrame, child_tables: DataFrame | None, digits: int, norm: str
+    noisy_level: DataFrame, children: DataFrame, digits: int, plan: DpPlan, leaves: bool
 ) -> DataFrame:
-    """Cost tables of one level's nodes, from their noisy rows and their children's tables."""
-    if child_tables is None:
+    """Cost tables of one internal level's nodes, from their noisy rows and their children's
+    tables (or, for the level above the leaves, the leaves' noisy rows)."""
 
-        def leaves(batches: Iterable[pd.DataFrame]) -> Iterable[pd.DataFrame]:
-            for batch in batches:
-                rows = []
-                for level, geocode, groups, noisy in batch[
-                    ["level", "geocode", "groups", "noisy"]
-                ].itertuples(index=False):
-                    rows += _table_rows(
-                        level, geocode, node_tables(_ints(noisy), int(groups), [], norm)
-                    )
-                yield _table_frame(rows)
-
-        return noisy_level.mapInPandas(leaves, TABLE_SCHEMA)
-
-    def parent(children: pd.DataFrame, node: pd.DataFrame) -> pd.DataFrame:
+    def parent(kids: pd.DataFrame, node: pd.DataFrame) -> pd.DataFrame:
         if node.empty:
             return _table_frame([])
         level, geocode, groups, noisy = node[["level", "geocode", "groups", "noisy"]].iloc[0]
-        _, kids = _tables_of(children)
-        return _table_frame(
-            _table_rows(level, geocode, node_tables(_ints(noisy), int(groups), kids, norm))
-        )
+        _, family = _family_of(kids, plan, leaves)
+        noisy = _ints(noisy)
+        lo, hi = plan.bounds(level, groups, noisy)
+        tables = node_tables(noisy, lo, hi, merge_family(family), plan.norm)
+        return _table_frame(_table_rows(level, geocode, tables))
 
-    return _family(child_tables.drop("level"), noisy_level, digits, parent, TABLE_SCHEMA)
+    columns = _children_columns(children, leaves)
+    return _family(columns, noisy_level, digits, parent, TABLE_SCHEMA)
 
 
 def dp_root(root_tables: DataFrame, groups: int) -> tuple[np.ndarray, int]:
-    """The root's histogram (the dummy root of T^dp holding G) and the lower bound opt(P_dp)."""
+    """The root's histogram (the dummy root of T^dp holding G) and its tables' optimum."""
     _, tables = _tables_of(root_tables.toPandas())
     counts = solve_root(tables[0], groups)
     return counts, sum(t.value(int(v)) for t, v in zip(tables[0], counts, strict=True))
 
 
 def dp_families(
-    level: str, child_tables: DataFrame, parent_release: DataFrame, parent_digits: int
+    level: str,
+    children: DataFrame,
+    parent_release: DataFrame,
+    parent_digits: int,
+    plan: DpPlan,
+    leaves: bool,
 ) -> DataFrame:
-    """One level's released histograms from its cost tables and the parents' released rows."""
+    """One level's released histograms from its cost tables (or leaves' noisy rows) and the
+    parents' released rows: the per-size greedy split (level), or the exact transportation
+    split for the children's totals (node)."""
 
-    def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
-        if children.empty:
+    def family(kids: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
+        if kids.empty:
             return pd.DataFrame(columns=["geocode", "level", "size", "count"])
-        geocodes, tables = _tables_of(children)
-        groups = np.array([t[0].hi for t in tables], dtype=np.int64)
-        counts = solve_family(tables, _ints(parent["counts"].iloc[0]), groups)
-        return _release_rows(level, geocodes, counts)
+        geocodes, members = _family_of(kids, plan, leaves)
+        counts = _ints(parent["counts"].iloc[0])
+        if plan.faithfulness == "level":
+            out = split_family(members, counts)
+        else:
+            assert not isinstance(members, SquareLeafFamily)
+            groups = np.array([t[0].hi for t in members], dtype=np.int64)
+            out = solve_family(members, counts, groups)
+        return _release_rows(level, geocodes, out)
 
-    return _family(
-        child_tables.drop("level"), parent_release, parent_digits, family, RELEASE_SCHEMA
+    columns = _children_columns(children, leaves)
+    return _family(columns, parent_release, parent_digits, family, RELEASE_SCHEMA)
+
+
+def window_hits(released: DataFrame, noisy: DataFrame, plan: DpPlan) -> int:
+    """Released cells on an l2 window bound other than 0 and G (module docstring of
+    ``solvers.group_sizes``): 0 certifies that the windowed optimum is the exact one."""
+    widths = {lv: w for lv, w in plan.widths.items() if w is not None}
+    if not widths:
+        return 0
+    width = F.create_map(*[F.lit(x) for lv, w in widths.items() for x in (lv, w)])
+    cells = noisy.filter(F.col("level").isin(list(widths))).select(
+        "level", "geocode", F.posexplode("noisy").alias("pos", "noisy")
     )
+    joined = cells.join(
+        released.withColumn("pos", F.col("size") - 1), ["level", "geocode", "pos"]
+    ).withColumn("w", width[F.col("level")])
+    lo = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") - F.col("w")))
+    hi = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") + F.col("w")))
+    hit = ((F.col("count") <= lo) & (lo > 0)) | ((F.col("count") >= hi) & (hi < plan.total))
+    return int(joined.filter(hit).count())
 
 
 # --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------
 
 
 def relaxed_families(
-    noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int
+    noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int, faithfulness: str
 ) -> DataFrame:
     """One level's relaxed (real-valued) solution, family by family below the fixed parents."""
 
@@ -450,11 +557,13 @@ def relaxed_families(
         fixed = np.asarray(parent["solution"].iloc[0], dtype=np.float64)
         k = len(children)
         noisy = np.vstack([np.zeros(fixed.size, dtype=np.int64), *map(_ints, children["noisy"])])
-        groups = np.concatenate(
-            [[children["groups"].sum()], children["groups"].to_numpy(dtype=np.int64)]
+        groups = (
+            children["groups"].to_numpy(dtype=np.int64)
+            if faithfulness == "node"
+            else np.zeros(k, dtype=np.int64)  # not read: level faithfulness is the root's
         )
-        tree = GroupTree(np.array([-1] + [0] * k), noisy, groups)
-        solution = relaxed_qp(tree, fixed_root=fixed)[1:]
+        tree = GroupTree(np.array([-1] + [0] * k), noisy, np.concatenate([[groups.sum()], groups]))
+        solution = relaxed_qp(tree, faithfulness, fixed_root=fixed)[1:]
         return pd.DataFrame(
             {
                 "level": children["level"].to_numpy(),
@@ -473,9 +582,9 @@ def relaxed_families(
     )
 
 
-def relaxed_root(noisy: np.ndarray, groups: int) -> np.ndarray:
+def relaxed_root(noisy: np.ndarray, groups: int, faithfulness: str) -> np.ndarray:
     tree = GroupTree(np.array([-1]), noisy[None, :], np.array([groups]))
-    return relaxed_qp(tree)[0]
+    return relaxed_qp(tree, faithfulness)[0]
 
 
 def rounded_release(solution: DataFrame) -> DataFrame:
@@ -493,25 +602,28 @@ def rounded_release(solution: DataFrame) -> DataFrame:
 # --- cumulative: per-family integer programs top-down ------------------------------------------
 
 
-def cumulative_root(noisy: np.ndarray, groups: int) -> np.ndarray:
-    g = np.array([groups], dtype=np.int64)
-    return from_cumulative(solve_cumulative_family(noisy[None, :], g, None), g)[0]
-
-
 def cumulative_families(
-    level: str, noisy_level: DataFrame, parent_release: DataFrame, parent_digits: int
+    level: str,
+    noisy_level: DataFrame,
+    parent_release: DataFrame,
+    parent_digits: int,
+    faithfulness: str,
+    total: int,
 ) -> DataFrame:
-    """One level's released histograms: monotone, consistent, faithful cumulative counts."""
+    """One level's released histograms: monotone, consistent, valid cumulative counts."""
 
     def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
         if children.empty:
             return pd.DataFrame(columns=["geocode", "level", "size", "count"])
         children = children.sort_values("geocode", kind="stable")
         noisy = np.vstack([_ints(v) for v in children["noisy"]])
-        groups = children["groups"].to_numpy(dtype=np.int64)
-        parent_cumulative = to_cumulative(_ints(parent["counts"].iloc[0]))
-        cumulative = solve_cumulative_family(noisy, groups, parent_cumulative)
-        return _release_rows(level, list(children["geocode"]), from_cumulative(cumulative, groups))
+        caps = (
+            children["groups"].to_numpy(dtype=np.int64)
+            if faithfulness == "node"
+            else np.full(len(children), total, dtype=np.int64)
+        )
+        counts = cumulative_family(noisy, _ints(parent["counts"].iloc[0]), faithfulness, caps)
+        return _release_rows(level, list(children["geocode"]), counts)
 
     columns = noisy_level.select("geocode", "groups", "noisy")
     return _family(columns, parent_release, parent_digits, family, RELEASE_SCHEMA)
@@ -521,11 +633,12 @@ def cumulative_families(
 
 
 def release_violations(
-    released: DataFrame, noisy: DataFrame, hierarchy: Hierarchy
+    released: DataFrame, noisy: DataFrame, hierarchy: Hierarchy, faithfulness: str, total: int
 ) -> dict[str, int]:
     """Counts of broken guarantees, in one Spark job: negative cells, (parent, size) pairs whose
-    children do not sum to the parent, nodes whose sizes do not sum to their public number of
-    groups (or that are missing). Only the three counts reach the driver."""
+    children do not sum to the parent, and faithfulness breaches: levels whose counts do not sum
+    to G (level faithfulness) or nodes whose sizes do not sum to their public number of groups
+    or that are missing (node). Only the three counts reach the driver."""
     sums = None
     for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
         prefix = F.substring("geocode", 1, parent.digits) if parent.digits else F.lit("")
@@ -539,16 +652,25 @@ def release_violations(
     inconsistent = parents.join(children, ["level", "geocode", "size"], "full_outer").filter(
         F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0))
     )
-    totals = released.groupBy("level", "geocode").agg(F.sum("count").alias("total"))
-    unfaithful = (
-        noisy.select("level", "geocode", "groups")
-        .join(totals, ["level", "geocode"], "full_outer")
-        .filter(F.coalesce(F.col("total"), F.lit(-1)) != F.coalesce(F.col("groups"), F.lit(-1)))
-    )
+    if faithfulness == "level":
+        levels = released.sparkSession.createDataFrame(
+            [(lv,) for lv in hierarchy.names], "level string"
+        )
+        per_level = released.groupBy("level").agg(F.sum("count").alias("total"))
+        unfaithful = levels.join(per_level, "level", "left").filter(
+            F.coalesce(F.col("total"), F.lit(-1)) != F.lit(total)
+        )
+    else:
+        totals = released.groupBy("level", "geocode").agg(F.sum("count").alias("total"))
+        unfaithful = (
+            noisy.select("level", "geocode", "groups")
+            .join(totals, ["level", "geocode"], "full_outer")
+            .filter(F.coalesce(F.col("total"), F.lit(-1)) != F.coalesce(F.col("groups"), F.lit(-1)))
+        )
     kinds = {
         "negative_counts": released.filter(F.col("count") < 0),
         "children_not_summing_to_parent": inconsistent,
-        "sizes_not_summing_to_groups": unfaithful,
+        "unfaithful": unfaithful,
     }
     flags = None
     for kind, rows in kinds.items():

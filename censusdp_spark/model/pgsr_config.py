@@ -4,7 +4,8 @@ Sections: ``[run]`` and ``[geography]`` as for TopDown; ``[groups]`` the largest
 whether it is top-coded, "N or more"); ``[input]`` the table of households or of per-leaf size
 counts; ``[budget]`` a pure-DP ε (an exact fraction) and optional per-level shares (default: an
 even split over the levels, as in the paper); ``[mechanism]`` the default post-processing and the
-norm of its objective. Unknown keys are errors. See ``conf/pgsr_calm.toml``.
+norm of its objective and the definition of faithfulness (``"level"``, the paper's, or
+``"node"``). Unknown keys are errors. See ``conf/pgsr_calm.toml``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_ep
 
 MECHANISMS = ("dp", "relaxed", "cumulative")
 NORMS = ("l2", "l1")
+# "level": every level sums to the public G (the paper's and the issue's definition; with
+# consistency, the root's sum alone). "node": every node sums to its own G^r (Kuo et al.'s
+# stricter invariant; makes every G^r public).
+FAITHFULNESS = ("level", "node")
 LAYOUTS = ("households", "size_counts")
 
 
@@ -72,6 +77,7 @@ class PgsrConfig:
     budget: PureDpSplit
     mechanism: str  # the default; the command line may choose another
     norm: str  # objective of the dp and cumulative post-processing ("l2" as in the paper)
+    faithfulness: str  # "level" (sums per level = G) or "node" (sums per node = G^r)
     input: GroupInputSpec | None
 
 
@@ -167,15 +173,18 @@ def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> PureDpSplit:
         raise ConfigError(r.source, "budget", str(err)) from None
 
 
-def _mechanism(r: ConfigReader, doc: Any) -> tuple[str, str]:
-    doc = r.table(doc, "mechanism", {"default", "norm"})
+def _mechanism(r: ConfigReader, doc: Any) -> tuple[str, str, str]:
+    doc = r.table(doc, "mechanism", {"default", "norm", "faithfulness"})
     default = doc.get("default", "dp")
     if default not in MECHANISMS:
         raise r.fail("mechanism.default", f"{default!r} must be one of {MECHANISMS}")
     norm = doc.get("norm", "l2")
     if norm not in NORMS:
         raise r.fail("mechanism.norm", f"{norm!r} must be one of {NORMS}")
-    return default, norm
+    faithfulness = doc.get("faithfulness", "level")
+    if faithfulness not in FAITHFULNESS:
+        raise r.fail("mechanism.faithfulness", f"{faithfulness!r} must be one of {FAITHFULNESS}")
+    return default, norm, faithfulness
 
 
 def load_pgsr_config(path: Path | str, project_root: Path | None = None) -> PgsrConfig:
@@ -197,6 +206,6 @@ def load_pgsr_config(path: Path | str, project_root: Path | None = None) -> Pgsr
     hierarchy = hierarchy_section(r, doc["geography"])
     groups = _groups(r, doc["groups"])
     budget = _budget(r, doc["budget"], hierarchy)
-    mechanism, norm = _mechanism(r, doc.get("mechanism", {}))
+    mechanism, norm, faithfulness = _mechanism(r, doc.get("mechanism", {}))
     spec = _input(r, doc["input"], groups, base) if "input" in doc else None
-    return PgsrConfig(r.source, run, hierarchy, groups, budget, mechanism, norm, spec)
+    return PgsrConfig(r.source, run, hierarchy, groups, budget, mechanism, norm, faithfulness, spec)

@@ -6,8 +6,10 @@ privacy claim and ``censusdp_spark.solvers.group_sizes`` for what each post-proc
 
 Mechanisms:
 * ``dp`` (M_H^dp): histogram noise, cost tables bottom-up, the root by the dummy root of T^dp,
-  then each family exactly given its parent (node faithfulness). The manifest carries the
-  optimality certificate ``lower_bound <= opt <= objective``.
+  then each family given its parent. Under ``faithfulness = "level"`` (the paper's; default)
+  the release is the exact integer optimum and the run fails if its objective differs from
+  the root tables' optimum; under ``"node"`` the manifest carries the certificate
+  ``lower_bound <= opt <= objective``.
 * ``relaxed`` (M_H, the paper's baseline): the same noisy histograms; the convex relaxation
   solved per family top-down (the parent's real-valued solution fixed; Clarabel), then rounded
   cell by cell. Rounding may break consistency and faithfulness: the violations are counted
@@ -27,7 +29,6 @@ manifest, last.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
@@ -47,6 +48,8 @@ from censusdp_spark.model.pgsr_config import MECHANISMS, PgsrConfig, load_pgsr_c
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
 from censusdp_spark.release.manifest import versions, write_manifest
 from censusdp_spark.release.topdown import OutputExistsError, prepare_output
+from censusdp_spark.solvers.group_sizes import WindowTooNarrow
+from censusdp_spark.solvers.group_sizes_cumulative import cumulative_root
 
 GROUP_SIZES = "group_sizes"
 
@@ -90,7 +93,10 @@ class PgsrSummary:
                 4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items())
             )
         if self.evaluation:
-            lines.append(f"  evaluation (internal, not for release): {self.output / 'evaluation'}")
+            lines.append(
+                "  evaluation (internal, not for release): "
+                + delta.table_path(self.output, delta.EVALUATION)
+            )
         return "\n".join(lines)
 
 
@@ -112,7 +118,10 @@ def _privacy(config: PgsrConfig) -> dict[str, Any]:
     sensitivity = 1 if config.mechanism == "cumulative" else 2
     return {
         "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
-        "(groups, their number per node and the geography are public invariants)",
+        "(the geography is public and the number of groups does not change between neighbours)",
+        "public_invariants": "G and every node's G^r"
+        if config.faithfulness == "node"
+        else "G (the root's number of groups) only",
         "epsilon": str(config.budget.total_epsilon),
         "measurement": "cumulative" if config.mechanism == "cumulative" else "histogram",
         "sensitivity_per_node": sensitivity,
@@ -155,29 +164,69 @@ def _settle(df: DataFrame) -> DataFrame:
 def _post_process_dp(
     spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
 ) -> tuple[list[DataFrame], dict[str, int]]:
-    levels, norm = config.hierarchy.levels, config.norm
-    tables: dict[str, DataFrame] = {}
-    below = None
-    for level in reversed(levels):
-        tables[level.name] = below = _settle(
-            gs.dp_tables(noisy.filter(F.col("level") == level.name), below, level.digits, norm)
-        )
-        clock.lap(f"cost_tables_{level.name}")
+    """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with
+    doubled windows until no window binds (then the release is the exact optimum)."""
     geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
-    counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
-    released = [_root_release(spark, config, geocode, counts)]
-    for parent, level in zip(levels, levels[1:], strict=False):
-        parents = gs.released_histograms(released[-1])
-        released.append(
-            _settle(gs.dp_families(level.name, tables[level.name], parents, parent.digits))
+    plan = gs.dp_plan(config, groups)
+    rounds = 0
+    while True:
+        rounds += 1
+        try:
+            released, lower_bound = _dp_pass(spark, config, noisy, plan, geocode, groups, clock)
+        except WindowTooNarrow:
+            plan = plan.wider()
+            continue
+        hits = gs.window_hits(_union(released), noisy, plan)
+        clock.lap(f"certificate_round_{rounds}")
+        if hits == 0:
+            break
+        plan = plan.wider()
+    objective = gs.release_objective(_union(released), noisy, config.norm)
+    if config.faithfulness == "level" and objective != lower_bound:
+        raise GuaranteeViolation(
+            f"the dp release's objective {objective} is not its tables' optimum {lower_bound}"
         )
-        clock.lap(f"release_{level.name}")
-    objective = gs.release_objective(_union(released), noisy, norm)
+    widths = {f"window_{lv}": w for lv, w in plan.widths.items() if w is not None}
     return released, {
         "objective": objective,
         "lower_bound": int(lower_bound),
         "gap": objective - int(lower_bound),
+        "rounds": rounds,
+        **widths,
     }
+
+
+def _dp_pass(
+    spark: SparkSession,
+    config: PgsrConfig,
+    noisy: DataFrame,
+    plan: gs.DpPlan,
+    geocode: str,
+    groups: int,
+    clock: _Clock,
+) -> tuple[list[DataFrame], int]:
+    levels = config.hierarchy.levels
+    tables: dict[str, DataFrame] = {}
+    below = noisy.filter(F.col("level") == levels[-1].name)
+    for child, level in zip(reversed(levels), reversed(levels[:-1]), strict=False):
+        leaves = child is levels[-1]
+        tables[level.name] = below = _settle(
+            gs.dp_tables(
+                noisy.filter(F.col("level") == level.name), below, level.digits, plan, leaves
+            )
+        )
+        clock.lap(f"cost_tables_{level.name}")
+    counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
+    released = [_root_release(spark, config, geocode, counts)]
+    for parent, level in zip(levels, levels[1:], strict=False):
+        leaves = level is levels[-1]
+        children = noisy.filter(F.col("level") == level.name) if leaves else tables[level.name]
+        parents = gs.released_histograms(released[-1])
+        released.append(
+            _settle(gs.dp_families(level.name, children, parents, parent.digits, plan, leaves))
+        )
+        clock.lap(f"release_{level.name}")
+    return released, lower_bound
 
 
 def _post_process_relaxed(
@@ -185,7 +234,7 @@ def _post_process_relaxed(
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
-    solution = gs.relaxed_root(root_noisy, groups)
+    solution = gs.relaxed_root(root_noisy, groups, config.faithfulness)
     solved = [
         spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], gs.SOLUTION_SCHEMA)
     ]
@@ -193,7 +242,10 @@ def _post_process_relaxed(
         solved.append(
             _settle(
                 gs.relaxed_families(
-                    noisy.filter(F.col("level") == level.name), solved[-1], parent.digits
+                    noisy.filter(F.col("level") == level.name),
+                    solved[-1],
+                    parent.digits,
+                    config.faithfulness,
                 )
             )
         )
@@ -206,12 +258,17 @@ def _post_process_cumulative(
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
-    released = [_root_release(spark, config, geocode, gs.cumulative_root(root_noisy, groups))]
+    root = cumulative_root(root_noisy, groups, config.faithfulness)
+    released = [_root_release(spark, config, geocode, root)]
     for parent, level in zip(levels, levels[1:], strict=False):
         parents = gs.released_histograms(released[-1])
         noisy_level = noisy.filter(F.col("level") == level.name)
         released.append(
-            _settle(gs.cumulative_families(level.name, noisy_level, parents, parent.digits))
+            _settle(
+                gs.cumulative_families(
+                    level.name, noisy_level, parents, parent.digits, config.faithfulness, groups
+                )
+            )
         )
         clock.lap(f"release_{level.name}")
     return released
@@ -254,6 +311,7 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
     )
     clock.lap("measure")
 
+    tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS).persist(
         StorageLevel.MEMORY_AND_DISK
     )
@@ -273,28 +331,21 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
     clock.lap("write_release")
 
     released = delta.read_table(spark, output, GROUP_SIZES)
-    checks = gs.release_violations(released, noisy, hierarchy)
+    _, total, _ = gs.root_row(noisy, hierarchy)
+    checks = gs.release_violations(released, noisy, hierarchy, config.faithfulness, total)
     clock.lap("check_guarantees")
     if config.mechanism != "relaxed" and any(checks.values()):
         raise GuaranteeViolation(f"the {config.mechanism} release breaks guarantees: {checks}")
 
     evaluation_rows: list[dict[str, Any]] = []
     if options.evaluate:
-        frame = pd.DataFrame(gs.evaluation(nodes, released).toPandas())
+        delta.write_table(gs.evaluation(nodes, released), output, delta.EVALUATION)
+        frame = pd.DataFrame(delta.read_table(spark, output, delta.EVALUATION).toPandas())
         order = {lv: i for i, lv in enumerate(hierarchy.names)}
         frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
-        eval_dir = output / "evaluation"
-        eval_dir.mkdir()
-        frame.to_csv(eval_dir / "errors.csv", index=False)
         evaluation_rows = frame.to_dict("records")
         clock.lap("evaluate")
-        report = {
-            "mechanism": config.mechanism,
-            "violations": checks,
-            "timings_s": clock.timings,
-            "errors": evaluation_rows,
-        }
-        (eval_dir / "summary.json").write_text(json.dumps(report, indent=2, default=str))
+        tables.append(delta.EVALUATION)
 
     summary = PgsrSummary(
         output=output,
@@ -307,7 +358,6 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
         optimality=optimality,
         evaluation=evaluation_rows,
     )
-    tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
     software = versions()
     if config.mechanism == "relaxed":
         software["clarabel"] = version("clarabel")
@@ -318,6 +368,7 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
             "release": "group sizes (PGSR)",
             "mechanism": config.mechanism,
             "norm": config.norm if config.mechanism != "relaxed" else "l2",
+            "faithfulness": config.faithfulness,
             "config_file": config.source,
             "config_text": Path(config.source).read_text(),
             "input": str(config.input.path),

@@ -1,64 +1,73 @@
 """Post-processing of the group-size release (PGSR): cost-table dynamic program, relaxed QP.
 
-Pure numpy/scipy; nothing here knows about Spark. The Spark engine moves one node (bottom-up)
-or one family (top-down) at a time to these functions.
+Pure numpy/scipy; nothing here knows about Spark. The Spark engine moves one family (a parent
+and its children) at a time to these functions, bottom-up and then top-down.
 
 Privacy claim
 -------------
 Every function here reads only the noisy histograms ``c~`` (ε-DP by the geometric mechanism
-of the measurement pass) and public invariants: the hierarchy and the number of groups ``G^r``
-of every node (public in Kuo et al.'s model, as the households and their geography are). By
+of the measurement pass) and public invariants: the hierarchy, the total number of groups
+``G`` and, for node faithfulness only, every node's number of groups ``G^r``. By
 post-processing immunity the outputs are ε-DP with the measurement's ε. No true count is read.
 
-The problem (Fioretto, Van Hentenryck & Zhu, Model 1, with Kuo et al.'s per-node invariant)
-------------------------------------------------------------------------------------------
+The problem (Fioretto, Van Hentenryck & Zhu, Model 1)
+----------------------------------------------------
 For every node ``r`` of a tree and size ``j = 1..N`` find integers ``x^r_j`` minimising
 ``sum_r sum_j f(x^r_j - c~^r_j)`` (``f`` = square "l2" or absolute value "l1") subject to
 
 * consistency: ``x^r_j = sum_{c in ch(r)} x^c_j`` for every internal node and size;
 * validity: ``x^r_j >= 0``, integer;
-* faithfulness: ``sum_j x^r_j = G^r`` for every node.
+* faithfulness, one of two definitions (config ``faithfulness``):
 
-Call this P. With node faithfulness P is a convex-cost flow on N per-size trees *glued at their
-leaves* by the leaf constraints: the graph has cycles, so no tree dynamic program solves P
-exactly. ``solve_exact_milp`` solves it (and its relaxation below) with HiGHS, as a reference.
+  - ``"level"`` (the paper's condition 4 and the issue's): the counts of every level sum to
+    the public ``G``. With consistency every level sums to the root's total, so this is
+    ``sum_j x^root_j = G`` alone, and validity then bounds every cell by ``0 <= x^r_j <= G``;
+    no per-node total is used or needed. Call this P_level.
+  - ``"node"`` (Kuo et al.'s stricter invariant): ``sum_j x^r_j = G^r`` for every node, which
+    needs every ``G^r`` to be public. Call this P_node.
 
-What the dynamic program solves exactly (``dp_release``)
---------------------------------------------------------
-P_dp: the paper's T^dp, a dummy root holding ``G^root`` above N independent per-size trees:
-consistency, validity, the implied bounds ``0 <= x^r_j <= G^r`` and faithfulness at the
-root only. P_dp is a relaxation of P, so its optimum is a lower bound on P's.
+P_level is exactly the paper's T^dp: a dummy root holding ``G`` above N independent per-size
+trees. ``dp_release`` solves it **exactly**:
 
-* Cost tables. ``phi^r_j(v)`` = least cost of node r's size-j subtree with ``x^r_j = v``, on the
-  integers ``0..G^r``. ``phi^r_j = f(. - c~^r_j) + (inf-convolution of the children's phi^c_j)``.
-  Each table is convex piecewise linear with integer breakpoints (``CostTable``): the leaf term
-  because f is convex (for l2 it is the interpolation of the square at the integers, equal to it
-  there), the inf-convolution because the min-plus convolution of discrete convex functions is
-  the *merge of their slope sequences* (start every child at 0, then add units in increasing
-  slope order), and sums of convex functions are convex. The merge never looks at the size of a
-  count: an l1 table has at most 2 * height + 3 distinct slopes; an l2 table has one unit
-  segment per integer of ``0..G^r`` (the square's slope changes at every integer), so l2 work is
-  O(N * G) per level.
-* Root: ``x^root = argmin sum_j phi^root_j(v_j) s.t. sum_j v_j = G^root``, the greedy merge of
-  the N root tables (the dummy root of T^dp). Its value is ``opt(P_dp)``.
+* Cost tables. ``phi^r_j(v)`` = least cost of node r's size-j subtree with ``x^r_j = v``.
+  ``phi^r_j = f(. - c~^r_j) + (inf-convolution of the children's phi^c_j)``. Each table is convex
+  piecewise linear with integer breakpoints (``CostTable``): the leaf term because f is convex
+  (for l2 the interpolation of the square at the integers, equal to it there), the
+  inf-convolution because the min-plus convolution of discrete convex functions is the *merge
+  of their slope sequences* (start every child at its lower bound, then add units in increasing
+  slope order), and sums of convex functions are convex. An l1 table has at most
+  ``2 * height + 3`` slopes whatever the counts. An l2 table changes slope at every integer, so
+  it is held explicitly only on a window (below); an l2 *leaf* is never listed: its slopes are
+  the odd numbers ``2(v - c~) + 1``, and a family of leaves is merged by counting
+  (``SquareLeaves``), so a leaf costs O(log G) whatever its domain ``0..G``.
+* Root: ``x^root = argmin sum_j phi^root_j(v_j) s.t. sum_j v_j = G``, the greedy merge of the N
+  root tables (T^dp's dummy root). Its value is the optimum of P_level.
+* Top-down: every family is split size by size by the same greedy (``split_family``), which
+  replays the merge: each child gets the units it won. This is the paper's retrieval, and it
+  attains the root's value, so the release is an exact integer optimum of P_level.
+* l2 windows of internal nodes (below the root): ``x^r_j`` is kept in
+  ``[c~^r_j - w, c~^r_j + w]`` clipped to ``0..G``. The windowed problem is solved exactly as
+  above; if no cell of its optimum sits on a window bound other than 0 or G, it is also the
+  optimum without windows: P_level is a separable convex-cost flow (one arc per cell), a flow
+  is optimal iff its residual graph has no negative cycle under unit marginal costs, and with
+  no window bound active both problems have the same residual arcs with the same costs.
+  Otherwise ``dp_release`` doubles ``w`` and solves again (the engine does the same), so the
+  returned release is always the exact optimum; ``DpRelease.width`` says which window did it.
 
-Top-down, P's node faithfulness is restored family by family (``solve_family``): given the
-parent's released histogram ``x^r``, the children's histograms minimise
-``sum_c sum_j phi^c_j(v^c_j)`` s.t. ``sum_c v^c_j = x^r_j`` and ``sum_j v^c_j = G^c``: a
-transportation problem with convex separable costs, solved exactly (integral, since the
-transportation matrix is totally unimodular) by successive shortest paths started from the
-per-size greedy split (the paper's top-down retrieval, optionally under row prices that leave
-the family's optimum unchanged), which is optimal for its own row sums and so leaves no
-negative cycle. When the unpriced retrieval already meets every ``G^c`` in every family, no
-path is needed and the release *is* the P_dp optimum, hence also P's optimum. Otherwise the
-release is feasible for P with ``opt(P_dp) <= opt(P) <= objective(release)``: ``DpRelease``
-reports both numbers, so every run carries a certificate of its optimality gap.
+P_node couples the N per-size trees at every node: the graph has cycles and no tree dynamic
+program solves it exactly. Under ``"node"``, tables live on ``0..G^r``, the root is solved as
+above (a relaxation: ``lower_bound = opt(P_level with those bounds) <= opt(P_node)``), and
+each family is split exactly for its children's totals (``solve_family``, a transportation
+problem with convex costs, by successive shortest paths from the per-size split). The release
+is feasible with ``lower_bound <= opt(P_node) <= objective``: a certificate of the gap, which
+is 0 whenever no family needed a path. ``solve_exact_milp`` solves either problem exactly with
+HiGHS as a reference.
 
 The relaxed baseline (``relaxed_qp``)
 -------------------------------------
-The paper's M_H: P without integrality, solved by a generic interior-point QP solver (Clarabel),
-then rounded to the nearest integer; the rounding may break consistency and faithfulness, and
-``violations`` counts how often.
+The paper's M_H: the same problem (same faithfulness) without integrality, solved by a
+generic interior-point QP solver (Clarabel), then rounded to the nearest integer; the rounding
+may break consistency and faithfulness, and ``violations`` counts how often.
 """
 
 from __future__ import annotations
@@ -67,12 +76,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 import numpy as np
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from censusdp_spark.model.pgsr_config import NORMS
+from censusdp_spark.model.pgsr_config import FAITHFULNESS, NORMS
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,14 @@ class CostTable:
         covered = np.minimum(np.maximum(v - self.breakpoints[:-1], 0), self.lengths)
         return self.base + int(covered @ self.slopes)
 
+    def on(self, lo: int, hi: int) -> CostTable:
+        """The same function on ``lo..hi`` (inside the domain)."""
+        if not self.lo <= lo <= hi <= self.hi:
+            raise ValueError(f"{lo}..{hi} not inside the domain {self.lo}..{self.hi}")
+        b = self.breakpoints
+        lengths = np.minimum(b[1:], hi) - np.maximum(b[:-1], lo)
+        return _table(lo, self.value(lo), np.maximum(lengths, 0), self.slopes)
+
     def step_up(self, v: int) -> tuple[float, int]:
         """Cost of ``v -> v + 1`` and how many further units cost the same (inf, 0 at ``hi``)."""
         if v >= self.hi:
@@ -132,14 +150,16 @@ def _table(lo: int, base: int, lengths: np.ndarray, slopes: np.ndarray) -> CostT
     )
 
 
-def deviation_table(noisy: int, groups: int, norm: str) -> CostTable:
-    """``f(v - noisy)`` on ``0..groups``: ``(v - noisy)^2`` ("l2") or ``|v - noisy|`` ("l1")."""
+def deviation_table(noisy: int, lo: int, hi: int, norm: str) -> CostTable:
+    """``f(v - noisy)`` on ``lo..hi``: ``(v - noisy)^2`` ("l2") or ``|v - noisy|`` ("l1")."""
     if norm == "l2":
-        units = np.arange(groups, dtype=np.int64)
-        return _table(0, noisy * noisy, np.ones(groups, dtype=np.int64), 2 * (units - noisy) + 1)
+        units = np.arange(lo, hi, dtype=np.int64)
+        return _table(
+            lo, (lo - noisy) ** 2, np.ones(hi - lo, dtype=np.int64), 2 * (units - noisy) + 1
+        )
     if norm == "l1":
-        turn = min(max(noisy, 0), groups)
-        return _table(0, abs(noisy), np.array([turn, groups - turn]), np.array([-1, 1]))
+        turn = min(max(noisy, lo), hi)
+        return _table(lo, abs(lo - noisy), np.array([turn - lo, hi - turn]), np.array([-1, 1]))
     raise ValueError(f"unknown norm {norm!r}; use one of {NORMS}")
 
 
@@ -167,21 +187,163 @@ def merge_tables(tables: Sequence[CostTable]) -> CostTable:
     return _table(sum(t.lo for t in tables), sum(t.base for t in tables), merged, distinct)
 
 
-def node_tables(
-    noisy: np.ndarray, groups: int, children: Sequence[Sequence[CostTable]], norm: str
-) -> list[CostTable]:
-    """The N cost tables ``phi^r_j`` of one node from its noisy histogram and its children's.
+@dataclass(frozen=True)
+class SquareLeaves:
+    """The merged l2 tables ``(v_c - noisy_c)^2`` on ``0..upper`` of sibling leaves, one size.
 
-    ``children`` holds, per child, that child's N tables (empty for a leaf).
+    Child c's unit slopes are the odd numbers ``first_c, first_c + 2, ...`` (``upper`` of them,
+    ``first_c = 1 - 2 noisy_c``), so how many of the family's slopes lie below a value is a sum
+    of k clipped quotients: ranks are found by bisection and no slope is ever listed.
     """
-    own = [deviation_table(int(c), groups, norm) for c in noisy]
-    if not children:
-        return own
-    merged = [merge_tables([child[j] for child in children]) for j in range(len(own))]
-    for m in merged:
-        if (m.lo, m.hi) != (0, groups):
-            raise ValueError(f"children's group counts sum to {m.hi}, not the node's {groups}")
-    return [add_tables(o, m) for o, m in zip(own, merged, strict=True)]
+
+    noisy: np.ndarray  # (k,)
+    upper: int
+
+    @property
+    def lo(self) -> int:
+        return 0
+
+    @cached_property
+    def hi(self) -> int:
+        return self.noisy.size * self.upper
+
+    @cached_property
+    def _first(self) -> np.ndarray:
+        return 1 - 2 * self.noisy.astype(np.int64)
+
+    def _below(self, s: np.ndarray | int) -> np.ndarray:
+        """Per child (last axis), how many of its slopes are < s."""
+        s = np.asarray(s, dtype=np.int64)[..., None]
+        return np.clip((s - self._first + 1) // 2, 0, self.upper)
+
+    def _rank_value(self, t: int) -> int:
+        """The t-th smallest slope of the family (1-based)."""
+        low, high = int(self._first.min()), int(self._first.max()) + 2 * (self.upper - 1)
+        while low < high:
+            mid = (low + high) // 2
+            if int(self._below(mid + 1).sum()) >= t:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def take(self, total: int) -> np.ndarray:
+        """The family's ``total`` smallest slopes, ties to the lower index: each child's value."""
+        if not 0 <= total <= self.hi:
+            raise ValueError(f"total {total} outside the merged domain 0..{self.hi}")
+        if total == 0:
+            return np.zeros(self.noisy.size, dtype=np.int64)
+        s = self._rank_value(total)
+        out = self._below(s)
+        holders = np.flatnonzero((self._first <= s) & (s <= self._first + 2 * (self.upper - 1)))
+        out[holders[: total - int(out.sum())]] += 1
+        return out
+
+    def cost(self, values: np.ndarray) -> int:
+        """``sum_c (values_c - noisy_c)^2``."""
+        return int(np.square(values.astype(np.int64) - self.noisy).sum())
+
+    def on(self, lo: int, hi: int) -> CostTable:
+        """The merged table on ``lo..hi``: one segment per distinct slope in that rank range."""
+        if not 0 <= lo <= hi <= self.hi:
+            raise ValueError(f"{lo}..{hi} not inside the domain 0..{self.hi}")
+        base = self.cost(self.take(lo))
+        if hi == lo:
+            return _table(lo, base, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        values = np.arange(self._rank_value(lo + 1), self._rank_value(hi) + 1, 2)
+        before = self._below(values).sum(axis=-1)
+        upto = self._below(values + 1).sum(axis=-1)
+        lengths = np.minimum(upto, hi) - np.maximum(before, lo)
+        return _table(lo, base, np.maximum(lengths, 0), values)
+
+
+class Mergeable(Protocol):
+    """A family's merged table for one size, available on any range inside ``lo..hi``."""
+
+    @property
+    def lo(self) -> int: ...
+
+    @property
+    def hi(self) -> int: ...
+
+    def on(self, lo: int, hi: int) -> CostTable: ...
+
+
+@dataclass(frozen=True)
+class SquareLeafFamily:
+    """Sibling leaves under level faithfulness and l2, kept implicit (``SquareLeaves``)."""
+
+    noisy: np.ndarray  # (k, N)
+    upper: int  # G: every leaf cell lies in 0..G
+
+    def sizes(self) -> list[SquareLeaves]:
+        return [SquareLeaves(self.noisy[:, j], self.upper) for j in range(self.noisy.shape[1])]
+
+
+Family = Sequence[Sequence[CostTable]] | SquareLeafFamily  # per child, its N tables
+
+
+def merge_family(children: Family) -> list[Mergeable]:
+    """Per size, the infimal convolution of the children's tables."""
+    if isinstance(children, SquareLeafFamily):
+        return list(children.sizes())
+    return [merge_tables([child[j] for child in children]) for j in range(len(children[0]))]
+
+
+def split_family(children: Family, parent: np.ndarray) -> np.ndarray:
+    """Children's histograms (k x N): per size, the parent's count split by the greedy merge."""
+    if isinstance(children, SquareLeafFamily):
+        columns = [leaves.take(int(v)) for leaves, v in zip(children.sizes(), parent, strict=True)]
+    else:
+        columns = [
+            _Pooled.of([child[j] for child in children]).split(int(v)) for j, v in enumerate(parent)
+        ]
+    return np.stack(columns, axis=1)
+
+
+def _meet(lo: int, hi: int, merged_lo: int, merged_hi: int) -> tuple[int, int]:
+    """A node's domain: its bounds met with its children's merged domain; if they miss each
+    other, the nearest point of the merged domain (the children's window bounds then bind and
+    the certificate sends the solve round again)."""
+    a, b = max(lo, merged_lo), min(hi, merged_hi)
+    if a <= b:
+        return a, b
+    edge = merged_hi if merged_hi < lo else merged_lo
+    return edge, edge
+
+
+def node_tables(
+    noisy: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    merged: Sequence[Mergeable] | None,
+    norm: str,
+) -> list[CostTable]:
+    """The N cost tables ``phi^r_j`` of one node on its bounds ``lo..hi`` (per size), from its
+    noisy histogram and, for an internal node, its children's merged tables."""
+    out = []
+    for j, c in enumerate(noisy):
+        if merged is None:
+            out.append(deviation_table(int(c), int(lo[j]), int(hi[j]), norm))
+            continue
+        a, b = _meet(int(lo[j]), int(hi[j]), merged[j].lo, merged[j].hi)
+        out.append(add_tables(deviation_table(int(c), a, b, norm), merged[j].on(a, b)))
+    return out
+
+
+def cell_bounds(noisy: np.ndarray, upper: int, width: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of a node's cells: ``0..upper`` (G^r under node faithfulness, G under level), or
+    with a ``width`` the window ``noisy +/- width`` clipped to it (l2 internal nodes, level)."""
+    zeros = np.zeros(noisy.size, dtype=np.int64)
+    if width is None:
+        return zeros, np.full(noisy.size, upper, dtype=np.int64)
+    return np.clip(noisy - width, 0, upper), np.clip(noisy + width, 0, upper)
+
+
+def window_hits(counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, upper: int) -> int:
+    """Cells on a window bound that is not a bound of the problem (0 or G): if none, the
+    windowed optimum is the optimum (module docstring)."""
+    return int((((counts <= lo) & (lo > 0)) | ((counts >= hi) & (hi < upper))).sum())
 
 
 @dataclass(frozen=True)
@@ -223,8 +385,15 @@ def split_by_slopes(tables: Sequence[CostTable], total: int) -> np.ndarray:
     return _Pooled.of(tables).split(total)
 
 
+class WindowTooNarrow(ValueError):
+    """The root's total G lies outside what the windowed tables can hold: widen and retry."""
+
+
 def solve_root(tables: Sequence[CostTable], groups: int) -> np.ndarray:
     """The root's histogram: the dummy root of T^dp holding ``groups`` over the N size tables."""
+    low, high = sum(t.lo for t in tables), sum(t.hi for t in tables)
+    if not low <= groups <= high:
+        raise WindowTooNarrow(f"G = {groups} outside the root tables' reach {low}..{high}")
     return split_by_slopes(tables, groups)
 
 
@@ -353,7 +522,8 @@ def solve_family(
 class GroupTree:
     """A hierarchy with one row per node, parents before children (node 0 is the root).
 
-    ``noisy`` holds the noisy histograms (n x N); ``groups`` the public number of groups.
+    ``noisy`` holds the noisy histograms (n x N); ``groups`` every node's number of groups
+    (under level faithfulness only the root's, G, is read).
     """
 
     parent: np.ndarray
@@ -376,6 +546,12 @@ class GroupTree:
     def sizes(self) -> int:
         return int(self.noisy.shape[1])
 
+    def depth(self) -> np.ndarray:
+        depth = np.zeros(self.parent.size, dtype=np.int64)
+        for r in range(1, self.parent.size):
+            depth[r] = depth[self.parent[r]] + 1
+        return depth
+
     def children(self) -> list[np.ndarray]:
         order = np.argsort(self.parent[1:], kind="stable") + 1
         bounds = np.searchsorted(self.parent[order], np.arange(self.parent.size + 1))
@@ -386,7 +562,8 @@ class GroupTree:
 class DpRelease:
     counts: np.ndarray  # (n, N) integers
     objective: int  # sum of f(x - noisy) over the tree
-    lower_bound: int  # opt(P_dp) <= opt(P)
+    lower_bound: int  # the root tables' optimum: = objective under level faithfulness
+    width: int | None  # the l2 window that certified the optimum (None: no windows)
 
 
 def objective(tree: GroupTree, counts: np.ndarray, norm: str) -> int:
@@ -394,93 +571,175 @@ def objective(tree: GroupTree, counts: np.ndarray, norm: str) -> int:
     return int(np.square(diff).sum() if norm == "l2" else np.abs(diff).sum())
 
 
-def dp_release(tree: GroupTree, norm: str) -> DpRelease:
-    """M_H^dp post-processing of a whole tree in one process (the Spark engine splits it)."""
+def check_faithfulness(faithfulness: str) -> None:
+    if faithfulness not in FAITHFULNESS:
+        raise ValueError(f"faithfulness must be one of {FAITHFULNESS}, not {faithfulness!r}")
+
+
+def dp_release(
+    tree: GroupTree, norm: str, faithfulness: str = "level", width: int = 16
+) -> DpRelease:
+    """M_H^dp post-processing of a whole tree in one process (the Spark engine splits it).
+
+    Under level faithfulness with l2, internal nodes below the root use windows of half-width
+    ``width``, doubled until the certificate holds (module docstring).
+    """
+    check_faithfulness(faithfulness)
+    windowed = faithfulness == "level" and norm == "l2"
+    while True:
+        try:
+            release, hits = _dp_once(tree, norm, faithfulness, width if windowed else None)
+        except WindowTooNarrow:
+            if not windowed:
+                raise
+            width *= 2
+            continue
+        if hits == 0:
+            return release
+        width *= 2
+
+
+def _dp_once(
+    tree: GroupTree, norm: str, faithfulness: str, width: int | None
+) -> tuple[DpRelease, int]:
+    """One bottom-up and top-down pass, and how many cells sit on a window bound."""
     kids = tree.children()
+    n, m = tree.noisy.shape
+    total = int(tree.groups[0])
+    level = faithfulness == "level"
+    implicit = level and norm == "l2"  # l2 leaves stay SquareLeaves
+    lo = np.zeros((n, m), dtype=np.int64)
+    hi = np.zeros((n, m), dtype=np.int64)
     tables: list[list[CostTable]] = [[] for _ in kids]
-    for r in reversed(range(len(kids))):
-        tables[r] = node_tables(
-            tree.noisy[r], int(tree.groups[r]), [tables[c] for c in kids[r]], norm
-        )
+    families: list[Family] = [[] for _ in kids]
+    for r in reversed(range(n)):
+        upper = total if level else int(tree.groups[r])
+        leaf = kids[r].size == 0
+        lo[r], hi[r] = cell_bounds(tree.noisy[r], upper, None if leaf or r == 0 else width)
+        if leaf:
+            if not implicit:
+                tables[r] = node_tables(tree.noisy[r], lo[r], hi[r], None, norm)
+            continue
+        leaf_kids = [kids[c].size == 0 for c in kids[r]]
+        if implicit and any(leaf_kids):
+            if not all(leaf_kids):
+                raise ValueError(f"node {r} has leaf and internal children (levels must be even)")
+            families[r] = SquareLeafFamily(tree.noisy[kids[r]], total)
+        else:
+            families[r] = [tables[c] for c in kids[r]]
+        tables[r] = node_tables(tree.noisy[r], lo[r], hi[r], merge_family(families[r]), norm)
     counts = np.zeros_like(tree.noisy)
-    counts[0] = solve_root(tables[0], int(tree.groups[0]))
+    counts[0] = solve_root(tables[0], total)
     lower = sum(t.value(int(v)) for t, v in zip(tables[0], counts[0], strict=True))
-    for r in range(len(kids)):
-        if kids[r].size:
+    for r in range(n):
+        if kids[r].size == 0:
+            continue
+        if level:
+            counts[kids[r]] = split_family(families[r], counts[r])
+        else:
             counts[kids[r]] = solve_family(
                 [tables[c] for c in kids[r]], counts[r], tree.groups[kids[r]]
             )
-    return DpRelease(counts, objective(tree, counts, norm), int(lower))
+    hits = window_hits(counts, lo, hi, total) if width is not None else 0
+    return DpRelease(counts, objective(tree, counts, norm), int(lower), width), hits
 
 
-def violations(tree: GroupTree, counts: np.ndarray) -> dict[str, int]:
+def violations(tree: GroupTree, counts: np.ndarray, faithfulness: str = "level") -> dict[str, int]:
     """Cells that are negative or not integers, (parent, size) pairs whose children do not sum
-    to the parent, and nodes whose sizes do not sum to their number of groups."""
+    to the parent, and faithfulness breaches: levels whose counts do not sum to G ("level") or
+    nodes whose sizes do not sum to their number of groups ("node")."""
+    check_faithfulness(faithfulness)
     whole = np.equal(np.mod(counts, 1), 0)
     sums = np.zeros(counts.shape, dtype=counts.dtype)
     np.add.at(sums, tree.parent[1:], counts[1:])
     internal = np.bincount(tree.parent[1:], minlength=tree.parent.size) > 0
+    if faithfulness == "level":
+        depth = tree.depth()
+        per_level = np.bincount(depth, weights=counts.sum(axis=1).astype(np.float64))
+        unfaithful = int((per_level != tree.groups[0]).sum())
+    else:
+        unfaithful = int((counts.sum(axis=1) != tree.groups).sum())
     return {
         "negative_or_fractional": int((~whole | (counts < 0)).sum()),
         "inconsistent": int((sums[internal] != counts[internal]).sum()),
-        "unfaithful": int((counts.sum(axis=1) != tree.groups).sum()),
+        "unfaithful": unfaithful,
     }
 
 
-def relaxed_qp(tree: GroupTree, fixed_root: np.ndarray | None = None) -> np.ndarray:
-    """The convex relaxation of P solved by Clarabel; floats (n x N).
+def relaxed_qp(
+    tree: GroupTree, faithfulness: str = "level", fixed_root: np.ndarray | None = None
+) -> np.ndarray:
+    """The convex relaxation of the problem solved by Clarabel; floats (n x N).
 
     With ``fixed_root`` the root's histogram is given (a family below an already solved parent)
-    and only its descendants are variables. Faithfulness is imposed at the leaves (with
-    consistency it implies every node's); with a fixed root its last size is left out, since it
-    follows from the others (avoiding a redundant, to round-off inconsistent, equality).
+    and only its descendants are variables. Level faithfulness is the root's sum (nothing more
+    with a fixed root); node faithfulness is imposed at the leaves (with consistency it implies
+    every node's), and with a fixed root the root's last size is left out, since it follows from
+    the others (avoiding a redundant, to round-off inconsistent, equality).
     """
     import clarabel  # a generic QP solver, needed by this baseline only
 
+    check_faithfulness(faithfulness)
     n, m = tree.noisy.shape
-    kids = tree.children()
     first = 0 if fixed_root is None else 1  # the first node that is a variable
-    fixed = np.zeros(m) if fixed_root is None else np.asarray(fixed_root, dtype=np.float64)
-    var = np.full(n, -1)
-    var[first:] = np.arange(n - first)
-
-    def cols(r: int) -> np.ndarray:
-        return var[r] * m + np.arange(m)
-
-    rows: list[int] = []
-    cols_: list[int] = []
-    vals: list[float] = []
-    rhs: list[float] = []
-
-    def equation(columns: np.ndarray, coefficients: np.ndarray, value: float) -> None:
-        rows.extend([len(rhs)] * columns.size)
-        cols_.extend(columns.tolist())
-        vals.extend(coefficients.tolist())
-        rhs.append(value)
-
-    for r in range(n):
-        if kids[r].size == 0:
-            equation(cols(r), np.ones(m), float(tree.groups[r]))
-            continue
-        for j in range(m if r or fixed_root is None else m - 1):
-            child_cols = np.array([cols(c)[j] for c in kids[r]])
-            if r < first:
-                equation(child_cols, np.ones(child_cols.size), float(fixed[j]))
-            else:
-                equation(
-                    np.append(child_cols, cols(r)[j]),
-                    np.append(-np.ones(child_cols.size), 1.0),
-                    0.0,
-                )
     size = (n - first) * m
-    a_eq = sparse.csc_matrix((vals, (rows, cols_)), shape=(len(rhs), size))
+    cell = np.full((n, m), -1)
+    cell[first:] = np.arange(size).reshape(n - first, m)
+    rows = _Rows()
+    internal = np.flatnonzero(np.bincount(tree.parent[1:], minlength=n) > 0)
+    row_of = np.full(n, -1)
+    row_of[internal] = np.arange(internal.size)
+    sizes = np.arange(m)
+    kids = np.arange(1, n)
+    owned = internal[internal >= first]  # parents that are variables: +x[r, j]
+    rhs = np.zeros((internal.size, m))
+    if fixed_root is not None:  # -sum_c x[c, j] = -fixed[j]
+        rhs[row_of[0]] = -np.asarray(fixed_root, dtype=np.float64)
+    rows.add(
+        internal.size * m,
+        np.concatenate(
+            [
+                (row_of[owned][:, None] * m + sizes).ravel(),
+                (row_of[tree.parent[kids]][:, None] * m + sizes).ravel(),
+            ]
+        ),
+        np.concatenate([cell[owned].ravel(), cell[kids].ravel()]),
+        np.concatenate([np.ones(owned.size * m), -np.ones(kids.size * m)]),
+        rhs.ravel(),
+        rhs.ravel(),
+    )
+    if faithfulness == "node":
+        leaves = np.setdiff1d(np.arange(first, n), internal)
+        rows.add(
+            leaves.size,
+            np.repeat(np.arange(leaves.size), m),
+            cell[leaves].ravel(),
+            np.ones(leaves.size * m),
+            tree.groups[leaves].astype(np.float64),
+            tree.groups[leaves].astype(np.float64),
+        )
+    elif fixed_root is None:
+        rows.add(
+            1,
+            np.zeros(m, dtype=np.int64),
+            cell[0],
+            np.ones(m),
+            float(tree.groups[0]),
+            float(tree.groups[0]),
+        )
+    constraint = rows.constraint(size)
+    a_eq = sparse.csc_matrix(constraint.A)
+    keep = np.ones(a_eq.shape[0], dtype=bool)
+    if faithfulness == "node" and fixed_root is not None:
+        keep[row_of[0] * m + m - 1] = False
+    a_eq, b_eq = a_eq[keep], np.asarray(constraint.lb)[keep]
     a = sparse.vstack([a_eq, -sparse.identity(size)], format="csc")
-    b = np.concatenate([rhs, np.zeros(size)])
+    b = np.concatenate([b_eq, np.zeros(size)])
     p = sparse.identity(size, format="csc") * 2.0
     q = -2.0 * tree.noisy[first:].astype(np.float64).ravel()
     settings = clarabel.DefaultSettings()
     settings.verbose = False
-    cones = [clarabel.ZeroConeT(len(rhs)), clarabel.NonnegativeConeT(size)]
+    cones = [clarabel.ZeroConeT(a_eq.shape[0]), clarabel.NonnegativeConeT(size)]
     solution = clarabel.DefaultSolver(p, q, a, b, cones, settings).solve()
     if str(solution.status) not in ("Solved", "AlmostSolved"):
         raise RuntimeError(f"relaxed QP: Clarabel stopped with status {solution.status}")
@@ -533,16 +792,15 @@ class _Rows:
 
 
 def solve_exact_milp(
-    tree: GroupTree, norm: str, faithful: str = "node", time_limit: float | None = None
+    tree: GroupTree, norm: str, faithfulness: str = "level", time_limit: float | None = None
 ) -> MilpSolution:
-    """P (``faithful="node"``) or P_dp (``"root"``) solved exactly by HiGHS branch and bound.
+    """P_level or P_node solved exactly by HiGHS branch and bound (a reference, not a mechanism).
 
     l1 uses ``|x - c~| <= t``; l2 the exact piecewise-linear interpolation of the square at the
-    integers of ``0..G^r`` (one unit segment per integer: sum_r N * G^r variables). ``seconds``
-    covers building the model and solving it.
+    integers of the cell's bounds ``0..G`` (level) or ``0..G^r`` (node): one unit segment per
+    integer. ``seconds`` covers building the model and solving it.
     """
-    if faithful not in ("node", "root"):
-        raise ValueError(f"faithful must be 'node' or 'root', not {faithful!r}")
+    check_faithfulness(faithfulness)
     started = time.perf_counter()
     n, m = tree.noisy.shape
     x_count = n * m
@@ -567,7 +825,7 @@ def solve_exact_milp(
         0.0,
         0.0,
     )
-    faithful_nodes = np.arange(n) if faithful == "node" else np.array([0])
+    faithful_nodes = np.arange(n) if faithfulness == "node" else np.array([0])
     rows.add(
         faithful_nodes.size,
         np.repeat(np.arange(faithful_nodes.size), m),
@@ -576,7 +834,8 @@ def solve_exact_milp(
         tree.groups[faithful_nodes],
         tree.groups[faithful_nodes],
     )
-    upper = np.repeat(tree.groups, m).astype(np.float64)
+    bound = tree.groups if faithfulness == "node" else np.full(n, tree.groups[0])
+    upper = np.repeat(bound, m).astype(np.float64)
     noisy = tree.noisy.ravel().astype(np.float64)
     index = np.arange(x_count)
     if norm == "l1":  # t_i - x_i >= -c~_i and t_i + x_i >= c~_i
@@ -592,7 +851,7 @@ def solve_exact_milp(
         cost = np.concatenate([np.zeros(x_count), np.ones(x_count)])
         var_hi = np.concatenate([upper, np.full(x_count, np.inf)])
     elif norm == "l2":  # x_i - (sum of its unit segments) = 0
-        segments = tree.groups.repeat(m).astype(np.int64)
+        segments = bound.repeat(m).astype(np.int64)
         owner = np.repeat(index, segments)
         unit = np.arange(owner.size) - np.repeat(np.cumsum(segments) - segments, segments)
         rows.add(

@@ -5,20 +5,27 @@ Pure numpy/scipy; nothing here knows about Spark.
 Privacy claim
 -------------
 Reads only the noisy cumulative counts ``H~^r_j`` (ε-DP by the geometric mechanism of the
-measurement pass) and public invariants (the hierarchy and every node's number of groups
-``G^r = H^r_N``, which is not noised). By post-processing immunity the output is ε-DP.
+measurement pass) and public invariants: the hierarchy, the total G and, under node
+faithfulness only, every node's number of groups ``G^r = H^r_N`` (then not noised). By
+post-processing immunity the output is ε-DP.
 
 What is solved
 --------------
-Top-down, family by family, as TopDown does. For the root (no parent) and then for the
-children ``c`` of every node whose cumulative histogram ``P`` is already released, integers
+Top-down, family by family, as TopDown does. The root: ``H^root_N = G`` (public) and
 
-    minimise   sum_c sum_{j<N} (H^c_j - H~^c_j)^2
-    subject to 0 <= H^c_1 <= H^c_2 <= ... <= H^c_{N-1} <= G^c     (monotone, valid, faithful)
-               sum_c H^c_j = P_j for every j < N                     (consistent; no parent: none)
+    minimise   sum_{j<N} (H_j - H~_j)^2   s.t.  0 <= H_1 <= ... <= H_{N-1} <= G.
 
-and the released histogram is the difference ``x^c_j = H^c_j - H^c_{j-1}`` (``H_0 = 0``,
-``H_N = G^c``), non-negative because H is monotone.
+Then the children ``c`` of every node whose cumulative histogram ``P`` is already released:
+
+    minimise   sum_c sum_j (H^c_j - H~^c_j)^2
+    subject to 0 <= H^c_1 <= H^c_2 <= ... <= H^c_J <= cap^c          (monotone, valid)
+               sum_c H^c_j = P_j for every j <= J                       (consistent)
+
+with, under level faithfulness (the paper's Model 2: only the root is pinned to G), ``J = N``
+(``H^c_N``, the child's number of groups, is a noisy measured variable) and ``cap^c = G``;
+under node faithfulness ``J = N - 1`` and ``cap^c = G^c = H^c_N``. The released histogram is
+the difference ``x^c_j = H^c_j - H^c_{j-1}`` (``H_0 = 0``), non-negative because H is
+monotone; every level then sums to G (consistency from the root down).
 
 **Exactness.** Each family's integer program is solved exactly. Its constraint matrix is totally
 unimodular: take any subset of its variables; in each child's chain the chosen variables form
@@ -117,14 +124,15 @@ def _window_solve(
 
 
 def solve_cumulative_family(
-    noisy: np.ndarray, groups: np.ndarray, parent: np.ndarray | None
+    noisy: np.ndarray, caps: np.ndarray, parent: np.ndarray | None
 ) -> np.ndarray:
-    """Released cumulative counts (k x N-1) of one family (or of the root, ``parent=None``)."""
+    """Released cumulative counts (k x J) of one family (or of the root, ``parent=None``):
+    monotone chains in ``0..caps[c]`` summing to ``parent`` column by column."""
     noisy = np.asarray(noisy, dtype=np.int64)
-    cap = np.broadcast_to(np.asarray(groups, dtype=np.int64)[:, None], noisy.shape)
+    cap = np.broadcast_to(np.asarray(caps, dtype=np.int64)[:, None], noisy.shape)
     # Centre on each child's own optimum (no parent): near the answer, and never infeasible.
     centre = (
-        np.clip(noisy, 0, cap) if parent is None else solve_cumulative_family(noisy, groups, None)
+        np.clip(noisy, 0, cap) if parent is None else solve_cumulative_family(noisy, caps, None)
     )
     width = _FIRST_WINDOW
     while True:
@@ -149,17 +157,41 @@ def solve_cumulative_family(
         width *= 2
 
 
-def cumulative_release(tree: GroupTree) -> np.ndarray:
-    """M_c post-processing of a whole tree; ``tree.noisy`` holds the noisy ``H~`` (n x N-1).
+def cumulative_root(noisy: np.ndarray, total: int, faithfulness: str) -> np.ndarray:
+    """The root's histogram (N) from its noisy ``H~_1..H~_{N-1}`` (under level faithfulness
+    also ``H~_N``, ignored: G is public) given the public total G."""
+    head = np.asarray(noisy, dtype=np.int64)
+    head = head[:-1] if faithfulness == "level" else head
+    g = np.array([total], dtype=np.int64)
+    return from_cumulative(solve_cumulative_family(head[None, :], g, None), g)[0]
 
-    Returns the released histograms (n x N).
+
+def cumulative_family(
+    noisy: np.ndarray, parent: np.ndarray, faithfulness: str, caps: np.ndarray
+) -> np.ndarray:
+    """Children's histograms (k x N) below a parent's released histogram ``parent``.
+
+    ``noisy`` is ``H~_1..H~_N`` per child (level) or ``H~_1..H~_{N-1}`` (node); ``caps`` is G
+    for every child (level) or each child's ``G^c`` (node).
     """
+    cumulative = np.cumsum(parent)
+    if faithfulness == "level":
+        found = solve_cumulative_family(noisy, caps, cumulative)
+        return from_cumulative(found[:, :-1], found[:, -1])
+    found = solve_cumulative_family(noisy, caps, cumulative[:-1])
+    return from_cumulative(found, caps)
+
+
+def cumulative_release(tree: GroupTree, faithfulness: str = "level") -> np.ndarray:
+    """M_c post-processing of a whole tree; ``tree.noisy`` holds the noisy cumulative counts
+    (n x N under level faithfulness, n x N-1 under node). Returns the histograms (n x N)."""
     kids = tree.children()
-    cumulative = np.zeros_like(tree.noisy)
-    cumulative[0] = solve_cumulative_family(tree.noisy[:1], tree.groups[:1], None)[0]
+    total = int(tree.groups[0])
+    m = tree.noisy.shape[1] + (0 if faithfulness == "level" else 1)
+    counts = np.zeros((tree.parent.size, m), dtype=np.int64)
+    counts[0] = cumulative_root(tree.noisy[0], total, faithfulness)
     for r in range(len(kids)):
         if kids[r].size:
-            cumulative[kids[r]] = solve_cumulative_family(
-                tree.noisy[kids[r]], tree.groups[kids[r]], cumulative[r]
-            )
-    return from_cumulative(cumulative, tree.groups)
+            caps = np.full(kids[r].size, total) if faithfulness == "level" else tree.groups[kids[r]]
+            counts[kids[r]] = cumulative_family(tree.noisy[kids[r]], counts[r], faithfulness, caps)
+    return counts
