@@ -141,8 +141,7 @@ def test_cumulative_release_holds_every_guarantee_with_scale_l_over_epsilon(spar
 def test_evaluation_is_a_delta_table_with_emd_and_mae_per_level(spark, dp):
     rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
     assert set(rows) == set(LEVELS) and all(
-        r["emd_mean"] >= 0 and r["mae"] >= 0 and r["nodes"] == LEVELS[lv]
-        for lv, r in rows.items()
+        r["emd_mean"] >= 0 and r["mae"] >= 0 and r["nodes"] == LEVELS[lv] for lv, r in rows.items()
     )
     assert "evaluation" in manifest(dp)["tables"]
 
