@@ -6,8 +6,10 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.optimize import milp
 
 from censusdp_spark.solvers import ChildrenProblem, round_children, solve_children
+from censusdp_spark.solvers.laminar_rounding import is_laminar, round_laminar
 
 
 def small_problem(
@@ -188,6 +190,7 @@ def test_cell_level_rounding_for_large_families_is_integral_feasible_and_cell_op
     from censusdp_spark.solvers import ChildrenProblem, solve_children
 
     monkeypatch.setattr(rounding, "MILP_SIZE_LIMIT", 0)
+    monkeypatch.setattr(rounding, "is_laminar", lambda *_: False)
     rng = np.random.default_rng(seed)
     k, n = 3, 3
     parent = rng.integers(1, 6, n)
@@ -212,3 +215,154 @@ def test_cell_level_rounding_for_large_families_is_integral_feasible_and_cell_op
     assert float(np.abs(x - x_hat).sum()) == pytest.approx(
         _cell_level_brute_force(problem, x_hat), abs=1e-9
     )
+
+
+# The flow path for nested (laminar) queries, checked against the MILP on the same instances.
+
+NESTED_QUERY_SETS = {
+    "total_detailed": lambda n: (np.zeros(n, dtype=np.int64), np.arange(n)),
+    "chain": lambda n: (np.zeros(n, dtype=np.int64), np.arange(n) // 3, np.arange(n)),
+    # Nested but neither refines the other: {0,1},{2},{3},... against {0},{1},{2,3},...
+    "nested_not_refining": lambda n: (
+        np.concatenate([[0, 0], np.arange(1, n - 1)]),
+        np.concatenate([[0, 1], np.arange(2, n - 1), [n - 2]]),
+        np.zeros(n, dtype=np.int64),
+    ),
+    "no_total": lambda n: (np.arange(n) // 2, np.arange(n)),
+}
+
+
+def random_estimate(
+    rng: np.random.Generator, maps: tuple[np.ndarray, ...], k: int, parent: bool, totals: bool
+) -> tuple[ChildrenProblem, np.ndarray]:
+    """``x_hat`` a random mixture of integer tables that share their margins (so it meets every
+    sum exactly), fractional where the tables differ."""
+    n = maps[0].shape[0]
+    table = rng.integers(0, 4, size=(k, n))
+    tables = [table]
+    for _ in range(2):
+        table = table.copy()
+        for _ in range(3 * n):
+            (c, d), (i, j) = rng.choice(k, 2), rng.choice(n, 2, replace=False)
+            if c != d and table[c, j] > 0 and table[d, i] > 0:
+                table[c, i] += 1
+                table[d, j] += 1
+                table[c, j] -= 1
+                table[d, i] -= 1
+        tables.append(table)
+    x_hat = np.tensordot(rng.dirichlet(np.ones(3)), np.array(tables, dtype=float), axes=1)
+    if not parent and not totals:  # the root rounds its grand total: let it be fractional
+        x_hat = x_hat + rng.uniform(-0.4, 0.4, size=(1, n)) * (x_hat > 0.5)
+    sizes = tuple(int(m.max()) + 1 for m in maps)
+    problem = ChildrenProblem(
+        maps,
+        sizes,
+        np.ones(len(maps)),
+        tuple(np.zeros((k, s)) for s in sizes),
+        tables[0].sum(axis=0) if parent else None,
+        tables[0].sum(axis=1) if totals else None,
+    )
+    return problem, x_hat
+
+
+def milp_rounding(problem: ChildrenProblem, x_hat: np.ndarray, monkeypatch) -> np.ndarray:
+    import censusdp_spark.solvers.rounding as rounding
+
+    with monkeypatch.context() as patch:
+        patch.setattr(rounding, "is_laminar", lambda *_: False)
+        return round_children(problem, x_hat)
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("queries", sorted(NESTED_QUERY_SETS))
+def test_nested_queries_round_as_well_as_the_milp(seed: int, queries: str, monkeypatch) -> None:
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(4, 9))
+    maps = NESTED_QUERY_SETS[queries](n)
+    root = seed % 4 == 0
+    k = 1 if root else int(rng.integers(2, 9))
+    totals = seed % 3 == 1
+    problem, x_hat = random_estimate(rng, maps, k, parent=not root, totals=totals)
+    grand_total = int(np.round(x_hat.sum()))
+    x = round_children(problem, x_hat)
+    best = milp_rounding(problem, x_hat, monkeypatch)
+    assert meets_constraints(problem, x, grand_total)
+    floor = np.floor(x_hat + 1e-9)
+    assert np.all((x == floor) | (x == floor + 1))
+    assert deviation(problem, x, x_hat) == pytest.approx(deviation(problem, best, x_hat), abs=1e-9)
+
+
+def crossing_queries() -> tuple[np.ndarray, ...]:
+    """votingage (2) x hisprace (3) cells with both one-way marginals: they cross."""
+    cells = np.arange(6)
+    return (cells // 3, cells % 3, cells)
+
+
+def test_crossing_queries_are_not_laminar_unless_the_moving_entries_avoid_the_crossing() -> None:
+    everywhere = np.ones((2, 6), dtype=bool)
+    assert not is_laminar(crossing_queries(), everywhere)
+    one_age_group = np.array([[True, True, False, False, False, False]] * 2)
+    assert is_laminar(crossing_queries(), one_age_group)
+    assert is_laminar(NESTED_QUERY_SETS["chain"](6), everywhere)
+
+
+@pytest.mark.parametrize("queries", ["crossing", "nested"])
+def test_crossing_queries_take_the_milp_and_nested_ones_the_flow(queries: str, monkeypatch) -> None:
+    import censusdp_spark.solvers.rounding as rounding
+
+    calls: list[str] = []
+    monkeypatch.setattr(
+        rounding, "round_laminar", lambda *args: calls.append("flow") or round_laminar(*args)
+    )
+    monkeypatch.setattr(rounding, "milp", lambda *a, **kw: calls.append("milp") or milp(*a, **kw))
+    maps = crossing_queries() if queries == "crossing" else NESTED_QUERY_SETS["chain"](6)
+    sizes = tuple(int(m.max()) + 1 for m in maps)
+    problem = ChildrenProblem(
+        maps, sizes, np.ones(3), tuple(np.zeros((2, s)) for s in sizes), np.ones(6, np.int64), None
+    )
+    x = round_children(problem, np.full((2, 6), 0.5))
+    assert calls == (["milp"] if queries == "crossing" else ["flow"])
+    assert meets_constraints(problem, x, 0)
+
+
+@pytest.mark.parametrize("seed", [29, 250])
+def test_cycles_crossing_a_child_twice_are_split_and_still_reach_the_optimum(
+    seed: int, monkeypatch
+) -> None:
+    """Without the two-cycle shortcut, these instances meet a condensed cycle whose two passes
+    through one child's tree overlap; splitting it must not lose optimality."""
+    import censusdp_spark.solvers.laminar_rounding as laminar
+
+    overlaps: list[tuple[int, int]] = []
+    find_overlap = laminar._Network._overlapping_passes
+
+    def spy(self, arcs):
+        found = find_overlap(self, arcs)
+        overlaps.extend([found] if found else [])
+        return found
+
+    monkeypatch.setattr(laminar._Network, "_overlapping_passes", spy)
+    monkeypatch.setattr(laminar._Network, "cancel_two_cycles", lambda *_: set())
+    rng = np.random.default_rng(seed)
+    maps = NESTED_QUERY_SETS["total_detailed"](10)
+    problem, x_hat = random_estimate(rng, maps, 8, parent=True, totals=True)
+    x = round_children(problem, x_hat)
+    assert overlaps
+    assert meets_constraints(problem, x, 0)
+    best = milp_rounding(problem, x_hat, monkeypatch)
+    assert deviation(problem, x, x_hat) == pytest.approx(deviation(problem, best, x_hat), abs=1e-9)
+
+
+def test_sums_that_no_rounding_meets_together_are_rejected() -> None:
+    """Each cell and each child can be met alone, but not both: the estimate misses them."""
+    maps = NESTED_QUERY_SETS["total_detailed"](2)
+    problem = ChildrenProblem(
+        maps,
+        (1, 2),
+        np.ones(2),
+        (np.zeros((2, 1)), np.zeros((2, 2))),
+        np.array([1, 0]),
+        np.array([0, 1]),
+    )
+    with pytest.raises(ValueError, match="parent and child_totals"):
+        round_children(problem, np.array([[0.5, 0.0], [0.0, 0.5]]))

@@ -9,22 +9,34 @@ Given the L2 estimate ``x_hat`` (shape ``(k, n)``), the rounded histograms are
                sum_j x_j = T                     (at the root: T = child_totals[0] if given,
                                                   else round(sum x_hat)).
 
-Only entries with a fractional part can move, and only the marginal cells that contain such an
-entry can deviate, so the problem is a small mixed-integer program: one binary per fractional
-entry and one continuous variable per affected marginal cell bounding the absolute deviation.
-It is solved to proven optimality (zero relative gap) by HiGHS through ``scipy.optimize.milp``.
+The objective is unweighted: every query's marginal cells count alike. Only entries with a
+fractional part can move, and only the marginal cells that contain such an entry can deviate.
 
 The constraint set is a transportation polytope whose vertices are integral, and the L2 estimate's
 fractional parts are a point of it, so a rounding always exists when ``x_hat`` meets the
 constraints up to round-off.
 
-Large families (more than ``MILP_SIZE_LIMIT`` fractional entries, or when HiGHS finds no rounding
-within the time limit) use the cell-level rounding instead: minimise the L1 deviation of the
-detailed cells only, sum_{c,j} |b_{c,j} - f_{c,j}| = sum f + sum (1 - 2 f) b, under the same sum
-constraints. Its constraint matrix is the incidence matrix of a bipartite graph (cells x
-children), which is totally unimodular, so a simplex vertex of the linear program is integral and
-optimal for that objective. It meets every constraint exactly; it does not weigh the other
-queries' deviations.
+Which method solves it:
+
+* Nested queries (the flow path). When, for every child, the queries' marginal cells restricted
+  to its fractional entries are laminar (any two are disjoint or one contains the other; true
+  for instance of {total, detailed}, of any chain of coarser and finer marginals, and of
+  crossing marginals on children whose fractional entries happen not to cross), the problem is
+  a minimum-cost flow with convex costs on one tree per child. Its constraint matrix is totally
+  unimodular, so the best integral flow is optimal among all roundings, and
+  ``laminar_rounding`` finds it by cancelling negative cycles until none is left, which
+  certifies optimality (see that module). It is exact at any size and ignores ``time_limit``.
+* Otherwise (crossing marginals, e.g. votingage and hisprace together) a small mixed-integer
+  program: one binary per fractional entry and one continuous variable per affected marginal
+  cell bounding the absolute deviation, solved to proven optimality (zero relative gap) by
+  HiGHS through ``scipy.optimize.milp``.
+* Large crossing families (more than ``MILP_SIZE_LIMIT`` fractional entries, or when HiGHS finds
+  no rounding within the time limit) use the cell-level rounding instead: minimise the L1
+  deviation of the detailed cells only, sum_{c,j} |b_{c,j} - f_{c,j}| = sum f + sum (1 - 2 f) b,
+  under the same sum constraints. Its constraint matrix is the incidence matrix of a bipartite
+  graph (cells x children), which is totally unimodular, so a simplex vertex of the linear
+  program is integral and optimal for that objective. It meets every constraint exactly; it
+  does not weigh the other queries' deviations.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import numpy as np
 import scipy.sparse as sparse
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
+from censusdp_spark.solvers.laminar_rounding import is_laminar, round_laminar
 from censusdp_spark.solvers.subproblem import ChildrenProblem
 
 INTEGRAL_TOLERANCE = 1e-9
@@ -51,10 +64,11 @@ def round_children(
     meets the constraints in the module docstring and minimises the total L1 deviation of all
     query answers from those of ``x_hat``. Integral input is returned unchanged.
 
-    Without ``time_limit`` the rounding is proven optimal, which for thousands of fractional
-    entries under crossing marginals can take minutes. With ``time_limit`` (seconds) the best
-    rounding HiGHS has found by then is returned: it meets every constraint but may not be
-    optimal; ``RuntimeError`` if it has found none.
+    Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow,
+    at any size. Otherwise, without ``time_limit`` the rounding is proven optimal, which for
+    thousands of fractional entries under crossing marginals can take minutes; with
+    ``time_limit`` (seconds) the best rounding HiGHS has found by then is returned: it meets
+    every constraint but may not be optimal; ``RuntimeError`` if it has found none.
 
     Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off, or
     does not meet the constraints closely enough for a rounding to exist.
@@ -64,6 +78,8 @@ def round_children(
     column_need, row_need = _needs(problem, x_hat, floor, moving)
     if not moving.any():
         return floor
+    if is_laminar(problem.marginals, moving):
+        return floor + round_laminar(problem.marginals, fraction, moving, column_need, row_need)
     children, cells = np.nonzero(moving)
     n_binary = children.shape[0]
     rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
