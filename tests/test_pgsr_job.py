@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from censusdp_spark.io.group_readers import read_leaf_histograms
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.model.pgsr_config import GroupInputSpec, GroupSizes, load_pgsr_config
 
@@ -190,8 +191,6 @@ def households_spec(path: Path, **kw) -> GroupInputSpec:
 
 
 def test_member_quantities_are_summed_per_household_and_top_coded(spark, tmp_path):
-    from censusdp_spark.engine.group_sizes import read_leaf_histograms
-
     csv = tmp_path / "people.csv"
     csv.write_text(
         "block,hh,person\n01,a,1\n01,a,1\n01,b,1\n02,c,1\n02,c,1\n02,c,1\n02,c,1\n02,c,0\n"
@@ -206,9 +205,67 @@ def test_member_quantities_are_summed_per_household_and_top_coded(spark, tmp_pat
 
 
 def test_a_size_above_max_without_topcode_names_its_row(spark, tmp_path):
-    from censusdp_spark.engine.group_sizes import read_leaf_histograms
-
     csv = tmp_path / "households.csv"
     csv.write_text("block,hh,np\n01,a,2\n01,b,5\n")
     with pytest.raises(InputError, match="row 2, column np"):
         read_leaf_histograms(spark, households_spec(csv, size_column="np"), GroupSizes(4, False), 2)
+
+
+BAD_CONFIG = """
+[run]
+name = "bad"
+output = "{out}"
+private_dir = "{private}"
+[geography]
+levels = [{{ name = "all", digits = 0 }}, {{ name = "block", digits = 2 }}]
+[groups]
+max_size = 3
+topcode = {topcode}
+[input]
+path = "{csv}"
+layout = "households"
+geocode = "block"
+household = "hh"
+{quantity} = "n"
+[budget]
+epsilon = "1"
+"""
+
+
+@pytest.mark.parametrize(
+    ("rows", "quantity", "topcode", "where", "rule"),
+    [
+        ("01,a,2\n01,b,-1\n", "size", "true", "row 2, column n", "size must be a non-negative"),
+        ("01,a,2.5\n", "size", "true", "row 1, column n", "size must be a non-negative integer"),
+        ("01,a,0\n", "size", "true", "row 1, column n", "a group must have size >= 1"),
+        ("01,a,2\n02,b,1\n03,a,1\n", "size", "true", "row 1, column hh", "household a in two"),
+        ("01,a,1\n02,a,1\n", "member_quantity", "true", "row 1, column hh", "different leaves"),
+        ("01,a,2\n01,b,4\n", "size", "false", "row 2, column n", "above max_size = 3"),
+        ("01,a,2\n1,b,1\n", "size", "true", "row 2, column block", "exactly 2 digits"),
+        ("01,a,2\nXY,b,1\n", "size", "true", "row 2, column block", "exactly 2 digits"),
+    ],
+    ids=[
+        "negative",
+        "fractional",
+        "zero",
+        "two-blocks",
+        "members-split",
+        "over-N",
+        "short",
+        "alpha",
+    ],
+)
+def test_bad_input_names_file_row_and_rule_and_writes_nothing(
+    tmp_path, capsys, rows, quantity, topcode, where, rule
+):
+    csv = tmp_path / "households.csv"
+    csv.write_text("block,hh,n\n" + rows)
+    out, private = tmp_path / "out", tmp_path / "private"
+    conf = tmp_path / "bad.toml"
+    conf.write_text(
+        BAD_CONFIG.format(out=out, private=private, topcode=topcode, csv=csv, quantity=quantity)
+    )
+    assert pgsr("--config", str(conf)) == 2
+    message = capsys.readouterr().err
+    assert str(csv) in message and where in message and rule in message, message
+    assert not out.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
+from typing import Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,7 +21,22 @@ from censusdp_spark.model.config import InputSpec
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.model.schema import Schema
 
-_INTEGER = r"^\s*[0-9]+\s*$"
+INTEGER = r"^\s*[0-9]+\s*$"  # a non-negative integer, as text
+
+
+class ColumnSpec(Protocol):
+    """What the shared column and geocode checks need of an input spec."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def geocode_columns(self) -> tuple[str, ...]: ...
+
+    @property
+    def ignore(self) -> tuple[str, ...]: ...
+
+    def used_columns(self) -> tuple[str, ...]: ...
 
 
 def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
@@ -52,7 +68,7 @@ def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
     return df
 
 
-def _row_number(df: DataFrame, condition: Column) -> int:
+def row_number_of(df: DataFrame, condition: Column) -> int:
     """1-based data-row position, in file order, of the first row matching ``condition``."""
     flagged = df.select(condition.alias("bad")).rdd.zipWithIndex()
     hit = flagged.filter(lambda pair: bool(pair[0]["bad"])).map(lambda pair: pair[1]).take(1)
@@ -68,7 +84,7 @@ class RowRule:
     rule: str
 
 
-def _enforce(df: DataFrame, source: str, rules: list[RowRule]) -> None:
+def enforce_rules(df: DataFrame, source: str, rules: list[RowRule]) -> None:
     """Check all rules in one Spark job; raise for the first rule broken, at its first row."""
     if not rules:
         return
@@ -76,11 +92,11 @@ def _enforce(df: DataFrame, source: str, rules: list[RowRule]) -> None:
     assert counts is not None
     for i, rule in enumerate(rules):
         if counts[f"r{i}"]:
-            row = _row_number(df, rule.broken)
+            row = row_number_of(df, rule.broken)
             raise InputError(source, f"row {row}, column {rule.column}", rule.rule)
 
 
-def _check_columns(df: DataFrame, spec: InputSpec) -> None:
+def check_columns(df: DataFrame, spec: ColumnSpec) -> None:
     source = str(spec.path)
     present = set(df.columns)
     for col in spec.used_columns():
@@ -95,12 +111,12 @@ def _check_columns(df: DataFrame, spec: InputSpec) -> None:
         )
 
 
-def _geocode(spec: InputSpec) -> Column:
+def geocode_of(spec: ColumnSpec) -> Column:
     parts = [F.trim(F.col(c).cast("string")) for c in spec.geocode_columns]
     return F.concat(*parts) if len(parts) > 1 else parts[0]
 
 
-def _geocode_rule(spec: InputSpec, digits: int) -> RowRule:
+def geocode_rule(spec: ColumnSpec, digits: int) -> RowRule:
     geo = F.col("geocode")
     return RowRule(
         geo.isNull() | ~geo.rlike(rf"^[0-9]{{{digits}}}$"),
@@ -109,13 +125,13 @@ def _geocode_rule(spec: InputSpec, digits: int) -> RowRule:
     )
 
 
-def _check_unique_geocodes(df: DataFrame, spec: InputSpec) -> None:
+def check_unique_geocodes(df: DataFrame, spec: ColumnSpec) -> None:
     source = str(spec.path)
     name = "+".join(spec.geocode_columns)
     dup = df.groupBy("geocode").count().filter("count > 1").limit(1).collect()
     if dup:
         code = dup[0]["geocode"]
-        row = _row_number(df, F.col("geocode") == code)
+        row = row_number_of(df, F.col("geocode") == code)
         raise InputError(source, f"row {row}, column {name}", f"duplicate geocode {code}")
 
 
@@ -123,21 +139,21 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     """Block count tables: each configured cell is an expression over integer count columns."""
     source = str(spec.path)
     raw = read_table(spark, spec.path, spec.format)
-    _check_columns(raw, spec)
+    check_columns(raw, spec)
     count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)})
     df = raw.select(
-        _geocode(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
+        geocode_of(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
     )
     if not df.limit(1).collect():
         raise InputError(source, "rows", "the input is empty")
-    rules = [_geocode_rule(spec, leaf_digits)] + [
+    rules = [geocode_rule(spec, leaf_digits)] + [
         RowRule(
-            F.col(c).isNull() | ~F.col(c).rlike(_INTEGER), c, "count must be a non-negative integer"
+            F.col(c).isNull() | ~F.col(c).rlike(INTEGER), c, "count must be a non-negative integer"
         )
         for c in count_cols
     ]
-    _enforce(df, source, rules)
-    _check_unique_geocodes(df, spec)
+    enforce_rules(df, source, rules)
+    check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
     values, cell_rules = [], []
     for cell in spec.cells:
@@ -145,7 +161,7 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
         value = reduce(lambda a, b: a + b, terms)
         cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
         values.append(F.struct(F.lit(cell.cell).alias("cell"), value.alias("count")))
-    _enforce(typed, source, cell_rules)
+    enforce_rules(typed, source, cell_rules)
     nonzero = F.filter(F.array(*values), lambda s: s["count"] > 0)
     return typed.select(
         "geocode",
@@ -160,16 +176,16 @@ def read_microdata(
     """One row per person: attribute columns are mapped to levels and aggregated per block."""
     source = str(spec.path)
     raw = read_table(spark, spec.path, spec.format)
-    _check_columns(raw, spec)
+    check_columns(raw, spec)
     df = raw.select(
-        _geocode(spec).alias("geocode"),
+        geocode_of(spec).alias("geocode"),
         *[F.trim(F.col(a.column).cast("string")).alias(a.column) for a in spec.attributes],
     )
     if not df.limit(1).collect():
         raise InputError(source, "rows", "the input is empty")
     strides = schema.strides()
     cell = F.lit(0).cast("long")
-    rules = [_geocode_rule(spec, leaf_digits)]
+    rules = [geocode_rule(spec, leaf_digits)]
     for pos, a in enumerate(spec.attributes):
         attr = schema.attribute(a.attribute)
         mapping = F.create_map(
@@ -186,7 +202,7 @@ def read_microdata(
             )
         )
         cell = cell + index.cast("long") * int(strides[pos])
-    _enforce(df, source, rules)
+    enforce_rules(df, source, rules)
     counted = df.groupBy("geocode", cell.cast("int").alias("cell")).agg(F.count("*").alias("count"))
     per_block = counted.groupBy("geocode").agg(
         F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")

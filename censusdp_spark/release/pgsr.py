@@ -44,6 +44,7 @@ from censusdp_spark.engine import group_sizes as gs
 from censusdp_spark.engine.checks import GuaranteeViolation
 from censusdp_spark.engine.hierarchy import node_histograms
 from censusdp_spark.io import delta
+from censusdp_spark.io.group_readers import read_leaf_histograms
 from censusdp_spark.model.pgsr_config import MECHANISMS, PgsrConfig, load_pgsr_config
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
 from censusdp_spark.release.manifest import versions, write_manifest
@@ -292,7 +293,7 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
         config.run.secret_file, config.run.secret_env, config.run.private_dir
     )
 
-    leaves = gs.read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
+    leaves = read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
     leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
     # Few, larger partitions: every pandas task has a fixed start-up cost.
     parallelism = spark.sparkContext.defaultParallelism
