@@ -269,3 +269,52 @@ def test_bad_input_names_file_row_and_rule_and_writes_nothing(
     message = capsys.readouterr().err
     assert str(csv) in message and where in message and rule in message, message
     assert not out.exists()
+
+
+def true_histograms() -> dict[tuple[str, str], list[int]]:
+    """Every node's true size histogram, from the CALM input file."""
+    import csv
+
+    digits = {"region": 0, "county": 3, "tract": 9, "block_group": 12, "taz": 16}
+    out: dict[tuple[str, str], list[int]] = {}
+    with (ROOT / "data" / "calm" / "calm_taz_household_sizes.csv").open() as f:
+        for row in csv.DictReader(f):
+            leaf = row["county"] + row["tract"] + row["block_group"] + row["taz"]
+            sizes = [int(row[f"HHSIZE{j}"]) for j in range(1, 5)]
+            for level, d in digits.items():
+                node = out.setdefault((level, leaf[:d]), [0, 0, 0, 0])
+                out[(level, leaf[:d])] = [a + b for a, b in zip(node, sizes, strict=True)]
+    return out
+
+
+def noise_variance(spark, out: Path, cumulative: bool) -> tuple[float, int]:
+    import numpy as np
+
+    truth = true_histograms()
+    draws = []
+    for r in table(spark, out, "noisy_measurements").collect():
+        exact = np.array(truth[(r["level"], r["geocode"])])
+        draws.append(np.array(r["noisy"]) - (np.cumsum(exact) if cumulative else exact))
+    noise = np.concatenate(draws).astype(np.float64)
+    return float(noise.var()), noise.size
+
+
+def geometric_variance(scale: float) -> float:
+    import math
+
+    alpha = math.exp(-1 / scale)
+    return 2 * alpha / (1 - alpha) ** 2
+
+
+@pytest.mark.parametrize(("mechanism", "scale"), [("dp", 10.0), ("cumulative", 5.0)])
+def test_noise_added_to_the_written_measurements_has_scale_sensitivity_times_l_over_epsilon(
+    spark, dp, cumulative, mechanism, scale
+):
+    """2L/eps = 10 for histograms, L/eps = 5 for cumulative counts (L = 5, eps = 1), measured
+    on the noise actually in ``noisy_measurements``: 4,332 draws give the variance to about
+    4% (one standard error), so the test fails if the scale is 30% off (variance x 1.7)."""
+    variance, n = noise_variance(spark, dp if mechanism == "dp" else cumulative, mechanism != "dp")
+    assert n == 4 * sum(LEVELS.values())
+    assert abs(variance / geometric_variance(scale) - 1) < 0.16
+    assert abs(variance / geometric_variance(1.3 * scale) - 1) > 0.25
+    assert abs(variance / geometric_variance(scale / 1.3) - 1) > 0.25
