@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from censusdp_spark.engine.group_sizes import NoisePlan, noisy_node
+from censusdp_spark.engine.group_sizes import NoisePlan, noisy_node, window_width
 from censusdp_spark.solvers.group_sizes import (
     GroupTree,
     dp_release,
@@ -120,6 +120,11 @@ def noisy(
     return GroupTree(data.parent, rows, data.truth.sum(1))
 
 
+def first_width(data: Dataset, epsilon: Fraction) -> int:
+    """The engine's first l2 window half-width for this noise scale (2L/eps)."""
+    return window_width(Fraction(2 * data.levels) / epsilon)
+
+
 def per_level(data: Dataset, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean L1 and mean EMD per level (index = depth)."""
     diff = counts - data.truth
@@ -148,7 +153,7 @@ def accuracy_trial(data: Dataset, eps: Fraction, trial: int, faithfulness: str) 
     cum = noisy(data, "cumulative", eps, trial, faithfulness)
     runs = {
         "relaxed": lambda: round_naive(relaxed_qp(hist, faithfulness)),
-        "dp": lambda: dp_release(hist, "l2", faithfulness).counts,
+        "dp": lambda: dp_release(hist, "l2", faithfulness, first_width(data, eps)).counts,
         "cumulative": lambda: cumulative_release(cum, faithfulness),
     }
     out = []
@@ -202,7 +207,7 @@ def summary_table(trials: list[Trial]) -> list[str]:
 def speed_rows(data: Dataset, eps: Fraction, faithfulness: str) -> dict:
     hist = noisy(data, "histogram", eps, 0, faithfulness)
     started = time.perf_counter()
-    release = dp_release(hist, "l2", faithfulness)
+    release = dp_release(hist, "l2", faithfulness, first_width(data, eps))
     dp_s = time.perf_counter() - started
     started = time.perf_counter()
     relaxed = relaxed_qp(hist, faithfulness)
