@@ -154,11 +154,11 @@ class _Network:
         where that move is not possible)."""
         n = self.n
         ups = b[rows]
-        count = ups @ self.member
-        target = self.target[rows]
-        here = np.abs(count - target)
-        up = (np.abs(count + 1.0 - target) - here)[:, self.marginal_of]
-        down = (np.abs(count - 1.0 - target) - here)[:, self.marginal_of]
+        # For integer s, |s + 1 - F| - |s - F| = clip(2 (s - F) + 1, -1, 1), and going down
+        # is the mirror image.
+        excess = 2.0 * (ups @ self.member - self.target[rows])
+        up = np.clip(excess + 1.0, -1.0, 1.0)[:, self.marginal_of]
+        down = np.clip(1.0 - excess, -1.0, 1.0)[:, self.marginal_of]
         pair = np.einsum("rqu,quv->ruv", up, self.split) + np.einsum(
             "rqv,quv->ruv", down, self.split
         )
@@ -173,7 +173,7 @@ class _Network:
         """Cheapest arc between condensed nodes and the child it goes through (-1: a free arc
         between the source and a cell)."""
         child = costs.argmin(axis=0)
-        cheapest = np.take_along_axis(costs, child[None], axis=0)[0]
+        cheapest = costs.min(axis=0)
         if self.source:
             cheapest[self.n, : self.n] = 0.0
             cheapest[: self.n, self.n] = 0.0
@@ -190,7 +190,8 @@ class _Network:
         deviation by exactly its cost.
         """
         loop = cheapest + cheapest.T
-        first, second = np.nonzero(np.triu(loop < -IMPROVEMENT_TOLERANCE, 1))
+        first, second = np.nonzero(loop < -IMPROVEMENT_TOLERANCE)
+        first, second = first[first < second], second[first < second]
         changed: set[int] = set()
         for index in np.argsort(loop[first, second], kind="stable"):
             u, v = int(first[index]), int(second[index])
