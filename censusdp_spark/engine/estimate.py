@@ -1,8 +1,9 @@
 """Estimation, level by level: each parent's children solved as one subproblem on an executor.
 
-The root is solved alone; then for every level the noisy measurements of the children are
-grouped by parent (``groupBy(parent).cogroup(parent estimate).applyInPandas``) and each group is
-handed to the pure-numpy solvers: weighted non-negative least squares with the children summing
+The root is solved alone; then for every level the noisy measurements of the children meet
+their parent's estimate (a join on the parent geocode), are grouped by parent
+(``engine.families.map_families``: many families per Python call) and each family is handed to
+the pure-numpy solvers: weighted non-negative least squares with the children summing
 to the parent's integer estimate cell by cell and the invariant totals held, then controlled
 rounding to integers that keeps both. Cells where the parent is zero or that are structural
 zeros are not variables at all. Nothing per node is collected to the driver.
@@ -20,6 +21,7 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.families import map_families
 from censusdp_spark.model.config import RunConfig
 from censusdp_spark.solvers.least_squares import solve_children
 from censusdp_spark.solvers.rounding import round_children
@@ -114,13 +116,6 @@ def _dense(cells: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _root_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    def task(children: pd.DataFrame) -> pd.DataFrame:
-        return solve_family(plan, None, children)
-
-    return task
-
-
 def _worker_fault(fault: str) -> None:
     """Test hook: ``python_worker_once:<marker path>`` kills this Python worker the first time."""
     if fault.startswith("python_worker_once:"):
@@ -130,18 +125,16 @@ def _worker_fault(fault: str) -> None:
             os._exit(23)
 
 
-def _family_task(
-    plan: LevelPlan, fault: str
-) -> Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]:
-    def task(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
-        _worker_fault(fault)
-        if children.empty:
-            return pd.DataFrame({"level": [], "geocode": [], "cells": [], "counts": []})
-        if parent.empty:  # a zero-population parent has no estimate rows
+def _family_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def task(family: pd.DataFrame) -> pd.DataFrame:
+        if plan.is_root:
+            return solve_family(plan, None, family)
+        cells = family["parent_cells"].iat[0]
+        if cells is None:  # a zero-population parent has no estimate rows
             dense = np.zeros(plan.n_cells, dtype=np.int64)
         else:
-            dense = _dense(parent["cells"].iloc[0], parent["counts"].iloc[0], plan.n_cells)
-        return solve_family(plan, dense, children)
+            dense = _dense(cells, family["parent_counts"].iat[0], plan.n_cells)
+        return solve_family(plan, dense, family)
 
     return task
 
@@ -158,7 +151,9 @@ def estimate_level(
 
     ``noisy``: this level's rows of the noisy measurement table; ``invariant_totals``:
     ``geocode, inv_total`` for this level (possibly empty); ``parent_estimates``: the level
-    above as ``geocode, cells, counts`` (None at the root). ``fault`` is a test hook (see
+    above as ``geocode, cells, counts`` (None at the root). The children's rows meet their
+    parent's estimate by a join on the parent geocode, then every family is solved by
+    ``map_families`` (many families per Python call). ``fault`` is a test hook (see
     ``_worker_fault``), empty in normal runs.
     """
     parent_key = F.substring("geocode", 1, parent_digits) if parent_digits > 0 else F.lit("")
@@ -167,10 +162,21 @@ def estimate_level(
         .join(invariant_totals, "geocode", "left")
         .withColumn("parent", parent_key)
     )
-    if parent_estimates is None:
-        return children.groupBy("parent").applyInPandas(_root_task(plan), ESTIMATE_SCHEMA)
-    return (
-        children.groupBy("parent")
-        .cogroup(parent_estimates.groupBy("geocode"))
-        .applyInPandas(_family_task(plan, fault), ESTIMATE_SCHEMA)
+    if parent_estimates is not None:
+        children = children.join(
+            parent_estimates.select(
+                F.col("geocode").alias("parent"),
+                F.col("cells").alias("parent_cells"),
+                F.col("counts").alias("parent_counts"),
+            ),
+            "parent",
+            "left",
+        )
+    return map_families(
+        children,
+        family=["parent"],
+        order=["geocode", "query"],
+        solve=_family_task(plan),
+        schema=ESTIMATE_SCHEMA,
+        on_task_start=lambda: _worker_fault(fault),
     )
