@@ -17,8 +17,8 @@ from censusdp_spark.synth.adaptive import (
     gaussian_measure,
     gaussian_sigma,
     l2_sensitivity,
+    plan_budget,
     selection_sensitivity,
-    split_rounds,
 )
 from censusdp_spark.synth.workloads import (
     GROUP,
@@ -33,23 +33,26 @@ SECRET = bytes(range(32))
 TOTALS = Totals(households=1000, individuals=2500, family_individuals=2000)
 
 
-def test_rounds_split_rho_exactly_and_equally():
-    rounds = split_rounds(Fraction(1, 7), 13, Fraction(2, 5))
-    assert len(rounds) == 13
-    assert sum(r.rho_select + r.rho_measure for r in rounds) == Fraction(1, 7)
-    assert {r.rho_select for r in rounds} == {Fraction(2, 455)} and {
-        r.rho_measure for r in rounds
-    } == {Fraction(3, 455)}
-    assert rounds[0].epsilon_select == pytest.approx(math.sqrt(8 * 2 / 455))
+def test_plan_splits_each_round_exactly_into_selection_and_measurement():
+    plan = plan_budget(Fraction(1, 7), 13, Fraction(2, 5))
+    assert plan.initial == () and 13 * plan.round_rho == Fraction(1, 7)
+    r = plan.round(1, plan.round_rho, Fraction(1, 7), last=False)
+    assert (r.rho_select, r.rho_measure) == (Fraction(2, 455), Fraction(3, 455))
+    assert r.epsilon_select == pytest.approx(math.sqrt(8 * 2 / 455))
+    # Less than two rounds' worth left, or the last candidate: the round takes all of it.
+    assert plan.round(2, plan.round_rho, plan.round_rho * 3 / 2, last=False).rho_measure == (
+        plan.round_rho * 3 / 2 * Fraction(3, 5)
+    )
+    assert plan.round(3, plan.round_rho, Fraction(1, 7), last=True).rho_select == Fraction(2, 35)
 
 
 @pytest.mark.parametrize(
     ("rho", "share"),
     [(0.1, Fraction(1, 2)), (Fraction(1, 10), 0.5), (Fraction(-1), Fraction(1, 2))],
 )
-def test_rounds_refuse_floats_and_non_positive_budgets(rho, share):
+def test_plans_refuse_floats_and_non_positive_budgets(rho, share):
     with pytest.raises(BudgetSplitError):
-        split_rounds(rho, 4, share)
+        plan_budget(rho, 4, share)
 
 
 def test_sensitivities_follow_the_change_one_person_neighbour():
@@ -110,7 +113,7 @@ class _Frozen:
         self.fits += 1
 
 
-def run(secret: bytes):
+def run(secret: bytes, rounds: int = 5):
     domain = small_domain()
     candidates = marginal_workloads(domain, 2)
     truth = np.random.default_rng(0).random(candidates.n_queries) * 0.2
@@ -119,7 +122,7 @@ def run(secret: bytes):
         candidates,
         truth,
         TOTALS,
-        split_rounds(Fraction(1, 2), 5, Fraction(1, 2)),
+        plan_budget(Fraction(1, 2), rounds, Fraction(1, 2)),
         secret,
         "t",
     )
@@ -134,5 +137,79 @@ def test_the_same_secret_reproduces_selections_and_noise_and_another_does_not():
         not np.array_equal(x.noisy, y.noisy)
         for x, y in zip(a.measurements, c.measurements, strict=True)
     )
-    assert a.rho_spent() == Fraction(1, 2)
-    assert len({m.workload for m in a.measurements}) == 5  # no workload is measured twice
+    assert len({m.workload for m in a.measurements}) == len(a.measurements)  # none twice
+
+
+class _Learner:
+    """A synthesiser whose answers become the last measurement: every refit moves them by far
+    more than the noise, so the round budget is never raised."""
+
+    def __init__(self, candidates) -> None:
+        self.candidates, self.state = candidates, {}
+
+    def answers(self, workloads):
+        return np.concatenate(
+            [self.state.get(w, np.full(w.n_cells, 0.9)) for w in workloads.workloads]
+        )
+
+    def fit(self, targets):
+        self.state = {t.workload: t.noisy for t in targets}
+
+
+def rounds_of(result) -> list:
+    return [m for m in result.measurements if m.round > 0]
+
+
+def test_rounds_spend_rho_exactly_and_stay_equal_while_each_measurement_teaches_the_model():
+    domain = small_domain()
+    candidates = marginal_workloads(domain, 3)
+    truth = np.random.default_rng(1).random(candidates.n_queries) * 0.2
+    plan = plan_budget(Fraction(1, 2), 6, Fraction(1, 2))
+    result = adaptive_measurements(
+        _Learner(candidates), candidates, truth, TOTALS, plan, SECRET, "learner"
+    )
+    assert result.rho_spent() == Fraction(1, 2)
+    assert [m.round for m in result.measurements] == [1, 2, 3, 4, 5, 6]
+    assert {m.rho_select + m.rho_measure for m in result.measurements} == {Fraction(1, 12)}
+
+
+def test_rounds_whose_refit_moves_nothing_get_four_times_the_budget_and_still_sum_exactly():
+    result = run(SECRET, rounds=30)  # the frozen synthesiser never moves: every round is raised
+    spent = [m.rho_select + m.rho_measure for m in rounds_of(result)]
+    # 1/60, then 4/60; then 25/60 are left, less than two rounds of 16/60: the last takes them.
+    assert spent == [Fraction(1, 60), Fraction(4, 60), Fraction(25, 60)]
+    assert result.rho_spent() == Fraction(1, 2)
+
+
+def test_plan_gives_each_initial_measurement_a_rounds_measurement_budget_and_sums_exactly():
+    plan = plan_budget(Fraction(1, 10), 7, Fraction(1, 3), initial=5)
+    assert sum(plan.initial, Fraction(0)) + 7 * plan.round_rho == Fraction(1, 10)
+    first = plan.round(1, plan.round_rho, Fraction(1, 10), last=False)
+    assert set(plan.initial) == {first.rho_measure} and first.rho_select == first.rho_measure / 2
+    with pytest.raises(BudgetSplitError):
+        plan_budget(Fraction(1, 10), 7, Fraction(1, 3), initial=-1)
+
+
+def test_measurement_noise_has_the_formula_sigma_in_the_loop_and_30_percent_off_would_fail():
+    """Every measurement's σ is Δ₂/√(2ρ_measure) for its class, and the noise it adds has that
+    standard deviation (truth 0.5, far from the clipping bounds)."""
+    domain = small_domain()
+    candidates = marginal_workloads(domain, 1) + marginal_workloads(domain, 3)
+    truth = np.full(candidates.n_queries, 0.5)
+    initial = len(marginal_workloads(domain, 1))
+    plan = plan_budget(Fraction(1, 3), len(candidates) - initial, Fraction(1, 2), initial)
+    result = adaptive_measurements(
+        _Learner(candidates), candidates, truth, TOTALS, plan, SECRET, "sigma"
+    )
+    assert result.rho_spent() == Fraction(1, 3)
+    z = []
+    for m in result.measurements:
+        assert m.sigma == pytest.approx(
+            l2_sensitivity(m.workload, TOTALS) / math.sqrt(2 * m.rho_measure)
+        )
+        z.append((m.noisy - 0.5) / m.sigma)
+    z = np.concatenate(z)
+    assert len(z) > 400
+    se = 1 / math.sqrt(2 * len(z))  # standard error of a sample standard deviation
+    assert abs(z.std() - 1) < 4 * se
+    assert abs(z.std() / 1.3 - 1) > 4 * se  # a σ 30% too large would be caught

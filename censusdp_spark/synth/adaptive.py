@@ -1,7 +1,23 @@
 """Adaptive Measurements (Liu et al. 2021, Algorithm 1 of Liu & Wu): select, measure, refit.
 
-Round t = 1 … T, with the total ρ split exactly (``fractions.Fraction``) into T equal parts and
-each part into a selection share and a measurement share:
+The total ρ is split exactly (``fractions.Fraction``) by :func:`plan_budget`:
+
+0. **Initialise** (as AIM does, McKenna et al. 2022): every one-way marginal and the size
+   histogram is measured with the Gaussian mechanism below, without selection, each with the ρ
+   of one round's measurement, and the model is fitted to them. The rounds then start from a
+   model that already holds what the independent baseline knows, instead of spending rounds
+   (and, at small ε, most of the budget) rediscovering one-way facts.
+
+Then the rounds spend the rest. Each round's ρ is split into a selection share and a
+measurement share; it starts at the rest over T (the config's ``rounds``) and, as in AIM, is
+multiplied by 4 (σ halved, ε doubled) after a round whose refit moved the measured workload's
+answers by no more than the noise could explain (‖after − before‖₁ ≤ √(2/π)·σ·cells): a
+measurement at that noise no longer teaches the model anything. When less than two rounds'
+budget remains, the last round takes all of it. With a small ρ the rounds thus grow few and
+precise; with a large one they stay near T. The decision reads only noisy measurements and the
+model (post-processing), so it costs nothing; the loop stops when ρ is spent exactly.
+
+Each round:
 
 1. **Select** the unmeasured candidate workload whose current model answers are worst, by the
    exponential mechanism on the score u(w) = max over its cells |q(D) − q(model)| with
@@ -10,7 +26,9 @@ each part into a selection share and a measurement share:
    bounded range), so the step is ρ_select-zCDP.
 2. **Measure** every cell of the chosen workload with the Gaussian mechanism,
    σ = Δ₂/√(2 ρ_measure) (ρ = Δ₂²/(2σ²), Bun & Steinke 2016); answers clipped to [0, 1].
-3. **Refit** the model to all measurements so far (post-processing).
+3. **Refit** the model to all measurements so far (post-processing), each weighted by
+   (σ_ref/σ)², its inverse noise variance relative to a round's group-level measurement: the
+   weighted squared error is the Gaussian likelihood of the measurements.
 
 Neighbouring datasets (Liu & Wu §3): the individual attributes of one person change; the number
 of households N_G, of individuals N_I, every household's membership and group attributes, and
@@ -19,7 +37,7 @@ household's indicator; size: nothing moves) or 1/N_I ≤ 1/N_G (Q_I: one person'
 every score has sensitivity Δ = 1/N_G (the paper's max over the classes). A whole workload moves
 in at most two cells (the person leaves one cell and enters another; for Q_G the household may
 lose one person-value combination and gain one), so its L2 sensitivity is √2/N_G for Q_G and
-size and √2/N_I for Q_I. By composition the run is ρ-zCDP with ρ = Σ_t (ρ_select + ρ_measure),
+size and √2/N_I for Q_I. By composition the run is ρ-zCDP with ρ = Σ_initial ρ_i + Σ_t (ρ_select + ρ_measure),
 which is checked to equal the configured total exactly.
 
 Trust assumptions: the Gaussian noise is numpy's floating-point normal (``Generator.normal``) and
@@ -62,23 +80,40 @@ class RoundBudget:
         return math.sqrt(8 * self.rho_select)
 
 
-def split_rounds(rho: Fraction, rounds: int, select_share: Fraction) -> tuple[RoundBudget, ...]:
-    """ρ/T per round, ``select_share`` of it for selection; the parts re-add to ρ exactly."""
+@dataclass(frozen=True)
+class BudgetPlan:
+    """The total ρ; the ρ of each initial measurement (in order); the ρ of a round before any
+    raise; each round's selection share."""
+
+    rho: Fraction
+    initial: tuple[Fraction, ...]
+    round_rho: Fraction
+    select_share: Fraction
+
+    def round(self, t: int, round_rho: Fraction, remaining: Fraction, last: bool) -> RoundBudget:
+        """Round ``t`` at ``round_rho``, or all of ``remaining`` if it is the last one or less
+        than two rounds are left."""
+        rho_t = remaining if last or remaining < 2 * round_rho else round_rho
+        return RoundBudget(t, rho_t * self.select_share, rho_t * (1 - self.select_share))
+
+
+def plan_budget(rho: Fraction, rounds: int, select_share: Fraction, initial: int = 0) -> BudgetPlan:
+    """``initial`` measurements, each with the ρ of one round's measurement (AIM's choice), then
+    rounds of (ρ − initial)/``rounds`` each until raised."""
     if not isinstance(rho, Fraction) or not isinstance(select_share, Fraction):
         raise BudgetSplitError("rho and select_share must be exact fractions")
-    if rho <= 0 or rounds < 1 or not 0 < select_share < 1:
+    if rho <= 0 or initial < 0 or rounds < 1 or not 0 < select_share < 1:
         raise BudgetSplitError(
-            f"need rho > 0, rounds >= 1, 0 < select_share < 1; got {rho}, {rounds}, {select_share}"
+            "need rho > 0, initial >= 0, rounds >= 1, 0 < select_share < 1; "
+            f"got {rho}, {initial}, {rounds}, {select_share}"
         )
-    per_round = rho / rounds
-    out = tuple(
-        RoundBudget(t, per_round * select_share, per_round * (1 - select_share))
-        for t in range(1, rounds + 1)
+    unit = rho / (initial + rounds / (1 - select_share))  # one measurement's ρ
+    plan = BudgetPlan(
+        rho, tuple(unit for _ in range(initial)), unit / (1 - select_share), select_share
     )
-    spent = sum((b.rho_select + b.rho_measure for b in out), Fraction(0))
-    if spent != rho:
-        raise BudgetSplitError(f"rounds spend {spent}, not {rho}")
-    return out
+    if sum(plan.initial, Fraction(0)) + rounds * plan.round_rho != rho:
+        raise BudgetSplitError(f"the plan does not re-add to {rho}")
+    return plan
 
 
 def selection_sensitivity(totals: Totals) -> float:
@@ -116,6 +151,17 @@ def workload_max_errors(truth: np.ndarray, model: np.ndarray, workloads: Workloa
     return np.maximum.reduceat(np.abs(truth - model), workloads.offsets[:-1])
 
 
+def measurement_weight(sigma: float, reference: float) -> float:
+    """(σ_ref/σ)²: the inverse-variance weight of a measurement, relative to ``reference``."""
+    return (reference / sigma) ** 2
+
+
+def explained_by_noise(before: np.ndarray, after: np.ndarray, sigma: float) -> bool:
+    """AIM's test: the refit moved the measured answers by at most the expected L1 size of the
+    noise (E|N(0, σ²)| = σ√(2/π) per cell)."""
+    return float(np.abs(after - before).sum()) <= math.sqrt(2 / math.pi) * sigma * len(before)
+
+
 class Synthesiser(Protocol):
     """What the loop needs of a method: current answers, and a refit to the measurements."""
 
@@ -126,13 +172,14 @@ class Synthesiser(Protocol):
 
 @dataclass(frozen=True)
 class Measurement:
-    round: int
+    round: int  # 0 for the initial measurements
     workload: Workload
     noisy: np.ndarray
     sigma: float
     rho_select: Fraction
     rho_measure: Fraction
-    epsilon_select: float
+    epsilon_select: float  # 0 for the initial measurements (nothing selected)
+    weight: float  # (σ_ref/σ)² in the fitting loss
 
 
 @dataclass
@@ -144,7 +191,7 @@ class AdaptiveResult:
         return sum((m.rho_select + m.rho_measure for m in self.measurements), Fraction(0))
 
     def targets(self) -> list[Target]:
-        return [Target(m.workload, m.noisy) for m in self.measurements]
+        return [Target(m.workload, m.noisy, m.weight) for m in self.measurements]
 
 
 def adaptive_measurements(
@@ -152,44 +199,72 @@ def adaptive_measurements(
     candidates: WorkloadSet,
     truth: np.ndarray,
     totals: Totals,
-    budgets: Sequence[RoundBudget],
+    plan: BudgetPlan,
     secret: bytes,
     stream: str,
 ) -> AdaptiveResult:
-    """Run the rounds; ``truth`` (normalised answers of ``candidates``) is touched only by the
-    two mechanisms. Each round's randomness is its own keyed stream, so a rerun with the same
-    secret redraws exactly the same selections and noise."""
-    if len(budgets) > len(candidates):
-        raise ValueError(f"{len(budgets)} rounds but only {len(candidates)} candidate workloads")
+    """Measure the first ``len(plan.initial)`` workloads of ``candidates``, then run rounds over
+    the others until ρ is spent; ``truth`` (normalised answers of ``candidates``) is touched only
+    by the two mechanisms. Each measurement's randomness is its own keyed stream, so a rerun with
+    the same secret redraws exactly the same selections and noise."""
+    n_initial = len(plan.initial)
+    if len(candidates) <= n_initial:
+        raise ValueError("no candidate workload left for the rounds")
     result = AdaptiveResult()
     measured = np.zeros(len(candidates), dtype=bool)
     delta = selection_sensitivity(totals)
-    for budget in budgets:
+    reference = (
+        math.sqrt(2.0) / totals.households / math.sqrt(2 * plan.round_rho * (1 - plan.select_share))
+    )
+    started = time.perf_counter()
+    for i, rho_i in enumerate(plan.initial):
+        workload = candidates.workloads[i]
+        sigma = gaussian_sigma(workload, totals, rho_i)
+        noisy = gaussian_measure(
+            truth[candidates.cells(i)], sigma, keyed_rng(secret, stream, "initial", i)
+        )
+        weight = measurement_weight(sigma, reference)
+        result.measurements.append(
+            Measurement(0, workload, noisy, sigma, Fraction(0), rho_i, 0.0, weight)
+        )
+        measured[i] = True
+    if n_initial:
+        synth.fit(result.targets())
+        result.seconds.extend([(time.perf_counter() - started) / n_initial] * n_initial)
+    remaining = plan.rho - sum(plan.initial, Fraction(0))
+    round_rho, t = plan.round_rho, 0
+    while remaining > 0:
         started = time.perf_counter()
-        scores = workload_max_errors(truth, synth.answers(candidates), candidates)
+        t += 1
+        budget = plan.round(t, round_rho, remaining, last=measured.sum() == len(candidates) - 1)
+        remaining -= budget.rho_select + budget.rho_measure
+        model = synth.answers(candidates)
+        scores = workload_max_errors(truth, model, candidates)
         scores[measured] = -np.inf
         chosen = exponential_mechanism(
-            scores, budget.epsilon_select, delta, keyed_rng(secret, stream, "select", budget.round)
+            scores, budget.epsilon_select, delta, keyed_rng(secret, stream, "select", t)
         )
         measured[chosen] = True
         workload = candidates.workloads[chosen]
         sigma = gaussian_sigma(workload, totals, budget.rho_measure)
         noisy = gaussian_measure(
-            truth[candidates.cells(chosen)],
-            sigma,
-            keyed_rng(secret, stream, "measure", budget.round),
+            truth[candidates.cells(chosen)], sigma, keyed_rng(secret, stream, "measure", t)
         )
         result.measurements.append(
             Measurement(
-                budget.round,
+                t,
                 workload,
                 noisy,
                 sigma,
                 budget.rho_select,
                 budget.rho_measure,
                 budget.epsilon_select,
+                measurement_weight(sigma, reference),
             )
         )
         synth.fit(result.targets())
+        after = synth.answers(WorkloadSet((workload,)))
+        if explained_by_noise(model[candidates.cells(chosen)], after, sigma):
+            round_rho *= 4
         result.seconds.append(time.perf_counter() - started)
     return result

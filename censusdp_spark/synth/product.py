@@ -62,10 +62,12 @@ class ProductMixture:
 
 @dataclass(frozen=True)
 class Target:
-    """A noisy measurement to fit: the workload and its noisy (normalised) answers."""
+    """A noisy measurement to fit: the workload, its noisy (normalised) answers and the weight of
+    its squared error (its inverse noise variance, relative to the other measurements)."""
 
     workload: Workload
     noisy: np.ndarray
+    weight: float = 1.0
 
 
 def outer(
@@ -170,7 +172,7 @@ def expected_answers(mix: ProductMixture, workloads: WorkloadSet, ratio: float) 
 def loss_and_grad(
     mix: ProductMixture, targets: Sequence[Target], ratio: float, mean_size: float | None = None
 ) -> tuple[float, ProductMixture]:
-    """Σ_targets ‖answers − noisy‖² (+ the public mean-size term) and its gradient."""
+    """Σ_targets weight · ‖answers − noisy‖² (+ the public mean-size term) and its gradient."""
     forward = _Forward(mix, ratio)
     grad = mix.zeros_like()
     k, m = forward.k, forward.m
@@ -178,8 +180,8 @@ def loss_and_grad(
     for target in targets:
         w = target.workload
         residual = forward.answer(w) - target.noisy
-        loss += float(residual @ residual)
-        g = (2.0 * residual).astype(forward.dtype)
+        loss += target.weight * float(residual @ residual)
+        g = (2.0 * target.weight * residual).astype(forward.dtype)
         if w.kind == SIZE:
             grad.size += g[None, :] / k
             continue

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from censusdp_spark.privacy import keyed_rng
-from censusdp_spark.synth.adaptive import adaptive_measurements, split_rounds
+from censusdp_spark.synth.adaptive import adaptive_measurements, plan_budget
 from censusdp_spark.synth.config import METHODS, HpdFixedOptions, HpdGenOptions, MwemOptions
 from censusdp_spark.synth.domain import HouseholdDomain, Households
 from censusdp_spark.synth.hpd import FixedModel, GenModel, HpdSynthesiser, Layout
@@ -25,7 +25,7 @@ from censusdp_spark.synth.independent import independent_marginals, one_way_work
 from censusdp_spark.synth.mwem import MwemSynthesiser
 from censusdp_spark.synth.product import expected_answers
 from censusdp_spark.synth.sampling import sample_product_mixture
-from censusdp_spark.synth.workloads import Totals, WorkloadSet, marginal_workloads, size_workload
+from censusdp_spark.synth.workloads import Totals, WorkloadSet, marginal_workloads
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,13 @@ class SynthResult:
 
 
 def training_workloads(method: str, domain: HouseholdDomain, degree: int) -> WorkloadSet:
-    """The candidate workloads a method measures: one-way marginals for the baseline, else every
-    Q_G and Q_I workload of ``degree`` attributes plus the size histogram."""
+    """The workloads a method may measure: the one-way marginals and the size histogram (all
+    that the baseline measures, and the adaptive methods' initial measurements), then for the
+    adaptive methods every Q_G and Q_I workload of ``degree`` attributes, the candidates of the
+    rounds."""
     if method == "independent":
         return one_way_workloads(domain)
-    return marginal_workloads(domain, degree) + size_workload(domain)
+    return one_way_workloads(domain) + marginal_workloads(domain, degree)
 
 
 def synthesise(
@@ -107,7 +109,9 @@ def synthesise(
             timings,
         )
 
-    budgets = split_rounds(rho, options.rounds, options.select_share)
+    plan = plan_budget(
+        rho, options.rounds, options.select_share, len(one_way_workloads(domain).workloads)
+    )
     init_rng = keyed_rng(secret, stream, "init")
     synth: MwemSynthesiser | HpdSynthesiser
     if method == "mwem":
@@ -126,7 +130,7 @@ def synthesise(
             steps, lr, hyper = gen.steps_per_round, gen.learning_rate, dict(gen.__dict__)
         synth = HpdSynthesiser(model, steps, lr, ratio, mean_size)
     hyper.update(rounds=options.rounds, select_share=str(options.select_share))
-    result = adaptive_measurements(synth, candidates, truth, totals, budgets, secret, stream)
+    result = adaptive_measurements(synth, candidates, truth, totals, plan, secret, stream)
     timings["rounds"] = time.perf_counter() - started
     rows = [
         {
@@ -136,6 +140,7 @@ def synthesise(
             "rho_measure": str(m.rho_measure),
             "epsilon_select": m.epsilon_select,
             "sigma": m.sigma,
+            "weight": m.weight,
             "seconds": s,
         }
         for m, s in zip(result.measurements, result.seconds, strict=True)
