@@ -11,41 +11,148 @@ over households). Only these sums, never a person record, reach the driver.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
-from censusdp_spark.io.readers import read_table
+from censusdp_spark.io.readers import RowRule, enforce_rules, read_table, row_number_of
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.synth.config import SynthInput
-from censusdp_spark.synth.domain import HouseholdDomain, encode_joined
+from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, encode_joined
 from censusdp_spark.synth.workloads import Totals, WorkloadSet, count_answers, totals_of
 
-PARTIAL_SCHEMA = "key string, index long, count long, example string"
+PARTIAL_SCHEMA = "key string, index long, count long"
 _QUERY = "q"
 
 
 @dataclass(frozen=True)
 class WorkloadCounts:
-    """Summed counts of every query, the public totals, and what the encoding dropped or missed."""
+    """Summed counts of every query, the public totals, and the households left out for being
+    larger than M (only when the config drops them; the input was checked by
+    :func:`check_linked_rows` before)."""
 
     counts: np.ndarray
     totals: Totals
     dropped_oversize: int
-    bad_head: int
-    unmapped: dict[str, int] = field(default_factory=dict)
-    unmapped_examples: dict[str, str] = field(default_factory=dict)
+
+
+def binning_hits(binning: Binning, levels: Collection[int]) -> Column:
+    """True where the raw column maps to one of ``levels``: the rules of
+    :meth:`censusdp_spark.synth.domain.Binning.encode`, as a Spark expression."""
+    raw = F.col(binning.column)
+    text = F.trim(raw.cast("string"))
+    blank = raw.isNull() | (text == "")
+    number = text.try_cast("double")
+    hit = F.lit(False)
+    for low, high, level in binning.ranges:
+        if level in levels:
+            hit = hit | ((number >= low) & (number < high))
+    numbers = [v for v, level in binning.values.items() if level in levels and isinstance(v, float)]
+    texts = [v for v, level in binning.values.items() if level in levels and isinstance(v, str)]
+    if numbers:
+        hit = hit | number.isin(numbers)
+    if texts:
+        hit = hit | text.isin(texts)
+    hit = F.coalesce(hit & ~blank, F.lit(False))
+    return hit | blank if binning.missing in levels else hit
+
+
+def _domain_rules(attributes: Sequence[Attribute]) -> list[RowRule]:
+    return [
+        RowRule(
+            ~binning_hits(a.binning, range(a.size)),
+            a.binning.column,
+            f"value outside the declared domain of {a.name!r} (no level, range or 'missing' "
+            "of the config maps it)",
+        )
+        for a in attributes
+    ]
+
+
+def _refuse_key(df: DataFrame, source: Path, key_column: str, bad: DataFrame, rule: str) -> None:
+    """If ``bad`` (a frame of keys) has a row, raise naming the first row of ``df`` with its key."""
+    hit = bad.limit(1).collect()
+    if hit:
+        key = hit[0][key_column]
+        row = row_number_of(df, F.col(key_column) == key)
+        raise InputError(
+            str(source), f"row {row}, column {key_column}", rule.format(key=key, **hit[0].asDict())
+        )
+
+
+def check_linked_rows(
+    households: DataFrame, persons: DataFrame, spec: SynthInput, domain: HouseholdDomain
+) -> None:
+    """Refuse, naming file, row and rule: values outside the declared domain, a household id
+    twice, a person of a missing household, a household without persons, a household larger
+    than M (unless the config drops them) and, with roles, a household without exactly one
+    head. One Spark job per rule set; nothing is written before the input has passed."""
+    hid = spec.household_id
+    enforce_rules(households, str(spec.households), _domain_rules(domain.group))
+    enforce_rules(persons, str(spec.persons), _domain_rules(domain.individual))
+    ids = households.select(hid)
+    _refuse_key(
+        households,
+        spec.households,
+        hid,
+        households.groupBy(hid).count().filter("count > 1"),
+        "household id {key!r} appears {count} times",
+    )
+    _refuse_key(
+        persons,
+        spec.persons,
+        hid,
+        persons.select(hid).join(ids, hid, "left_anti"),
+        "person of household {key!r}, which is missing from the household table",
+    )
+    _refuse_key(
+        households,
+        spec.households,
+        hid,
+        ids.join(persons.select(hid), hid, "left_anti"),
+        "household {key!r} has no person",
+    )
+    m = domain.max_members
+    heads = (
+        F.count_if(
+            binning_hits(domain.individual[domain.roles.attribute].binning, {domain.roles.head})
+        )
+        if domain.roles is not None
+        else F.lit(1)
+    )
+    per_household = persons.groupBy(hid).agg(F.count("*").alias("n"), heads.alias("heads"))
+    if not spec.drop_larger:
+        _refuse_key(
+            households,
+            spec.households,
+            hid,
+            per_household.filter(F.col("n") > m),
+            "household {key!r} has {n} persons, more than input.max_members = "
+            f'{m} (set input.larger_households = "drop" to leave such households out)',
+        )
+    if domain.roles is not None:
+        rel = domain.individual[domain.roles.attribute]
+        _refuse_key(
+            persons,
+            spec.persons,
+            hid,
+            per_household.filter((F.col("n") <= m) & (F.col("heads") != 1)),
+            "household {key!r} has {heads} members of "
+            f"{rel.name} = {rel.levels[domain.roles.head]!r} (column {rel.binning.column}); "
+            "every household needs exactly one",
+        )
 
 
 def read_linked(spark: SparkSession, spec: SynthInput, domain: HouseholdDomain) -> DataFrame:
     """Person rows with their household's group columns, every column a string, one partition
-    per group of households. Raises ``InputError`` for missing columns or unlinked rows."""
+    per group of households. Raises ``InputError`` for missing columns or any row that breaks a
+    rule of :func:`check_linked_rows`."""
     households = read_table(spark, spec.households, spec.format)
     persons = read_table(spark, spec.persons, spec.format)
     group_cols = list(dict.fromkeys(a.binning.column for a in domain.group))
@@ -65,39 +172,7 @@ def read_linked(spark: SparkSession, spec: SynthInput, domain: HouseholdDomain) 
         *[F.col(c).cast("string") for c in [spec.household_id, *group_cols]]
     )
     persons = persons.select(*[F.col(c).cast("string") for c in person_cols])
-    # One job checks the link: every household id once, with at least one person; no orphan.
-    link = (
-        households.groupBy(spec.household_id)
-        .count()
-        .withColumnRenamed("count", "h")
-        .join(
-            persons.groupBy(spec.household_id).count().withColumnRenamed("count", "p"),
-            spec.household_id,
-            "full_outer",
-        )
-        .filter("h IS NULL OR p IS NULL OR h > 1")
-        .limit(1)
-        .collect()
-    )
-    if link:
-        key, h, p = link[0][spec.household_id], link[0]["h"], link[0]["p"]
-        if h is None:
-            raise InputError(
-                str(spec.persons),
-                f"column {spec.household_id}",
-                f"person of unknown household {key!r}",
-            )
-        if p is None:
-            raise InputError(
-                str(spec.households),
-                f"column {spec.household_id}",
-                f"household {key!r} has no person",
-            )
-        raise InputError(
-            str(spec.households),
-            f"column {spec.household_id}",
-            f"household id {key!r} appears {h} times",
-        )
+    check_linked_rows(households, persons, spec, domain)
     person_only = [c for c in person_cols if c != spec.household_id]
     joined = persons.join(
         households.select(spec.household_id, *[c for c in group_cols if c not in person_only]),
@@ -130,76 +205,34 @@ def workload_counts(
             "individuals": totals.individuals,
             "family_individuals": totals.family_individuals,
             "dropped_oversize": encoded.dropped_oversize,
-            "bad_head": encoded.bad_head,
         }
-        keys = [_QUERY] * len(hit) + list(extra) + [f"unmapped:{a}" for a in encoded.unmapped]
-        index = np.r_[hit, np.zeros(len(extra) + len(encoded.unmapped), dtype=np.int64)]
-        values = np.r_[counts[hit], list(extra.values()), list(encoded.unmapped.values())].astype(
-            np.int64
-        )
-        examples = [""] * (len(hit) + len(extra)) + [
-            ", ".join(encoded.unmapped_examples[a]) for a in encoded.unmapped
-        ]
         yield pd.DataFrame(
-            {"key": keys, "index": index.astype(np.int64), "count": values, "example": examples}
+            {
+                "key": [_QUERY] * len(hit) + list(extra),
+                "index": np.r_[hit, np.zeros(len(extra), dtype=np.int64)].astype(np.int64),
+                "count": np.r_[counts[hit], list(extra.values())].astype(np.int64),
+            }
         )
 
     summed = (
         linked.mapInPandas(partial, schema=PARTIAL_SCHEMA)
         .groupBy("key", "index")
-        .agg(F.sum("count").alias("count"), F.max("example").alias("example"))
+        .agg(F.sum("count").alias("count"))
         .collect()
     )
     counts = np.zeros(workloads.n_queries)
     scalars: dict[str, int] = {}
-    examples: dict[str, str] = {}
     for row in summed:
         if row["key"] == _QUERY:
             counts[row["index"]] = row["count"]
         else:
             scalars[row["key"]] = int(row["count"])
-            examples[row["key"]] = row["example"] or ""
     totals = Totals(
         scalars.get("households", 0),
         scalars.get("individuals", 0),
         scalars.get("family_individuals", 0),
     )
-    unmapped = {k.split(":", 1)[1]: v for k, v in scalars.items() if k.startswith("unmapped:")}
-    return WorkloadCounts(
-        counts,
-        totals,
-        scalars.get("dropped_oversize", 0),
-        scalars.get("bad_head", 0),
-        unmapped,
-        {k.split(":", 1)[1]: v for k, v in examples.items() if k.startswith("unmapped:")},
-    )
-
-
-def check_encoding(result: WorkloadCounts, domain: HouseholdDomain, spec: SynthInput) -> None:
-    """Refuse input the config cannot represent: unmapped values, households without one head."""
-    for name, n in sorted(result.unmapped.items()):
-        attr = next(a for a in (*domain.group, *domain.individual) if a.name == name)
-        source = spec.households if attr in domain.group else spec.persons
-        raise InputError(
-            str(source),
-            f"column {attr.binning.column}",
-            f"{n} value(s) map to no level of {name!r} "
-            f"(e.g. {result.unmapped_examples.get(name, '')}); "
-            "add them to the config's levels/ranges or name a 'missing' level",
-        )
-    if result.bad_head:
-        assert domain.roles is not None
-        rel = domain.individual[domain.roles.attribute]
-        head = rel.levels[domain.roles.head]
-        raise InputError(
-            str(spec.persons),
-            f"column {rel.binning.column}",
-            f"{result.bad_head} household(s) do not have exactly one {head!r}",
-        )
-    if result.totals.households == 0:
-        raise InputError(
-            str(spec.households), "rows", f"no household of at most {domain.max_members} members"
-        )
+    return WorkloadCounts(counts, totals, scalars.get("dropped_oversize", 0))
 
 
 def write_frames(spark: SparkSession, frames: dict[str, pd.DataFrame], output: Path) -> None:

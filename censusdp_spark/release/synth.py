@@ -129,7 +129,6 @@ def resolve_rho(config: SynthConfig, options: SynthOptions) -> tuple[Fraction, f
 
 def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
     from censusdp_spark.engine.synth import (
-        check_encoding,
         measurements_frame,
         read_linked,
         workload_counts,
@@ -174,7 +173,12 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
     counted = workload_counts(
         linked, domain, needed, config.input.household_id, config.input.member_order
     )
-    check_encoding(counted, domain, config.input)
+    if counted.totals.households == 0:
+        raise InputError(
+            str(config.input.households),
+            "rows",
+            f"no household of at most {domain.max_members} persons",
+        )
     totals = counted.totals
     truth = normalise(counted.counts, needed, totals)
     t = lap("read_and_answer", t)

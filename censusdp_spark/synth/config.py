@@ -19,6 +19,7 @@ from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Rol
 
 METHODS = ("mwem", "hpd_fixed", "hpd_gen", "independent")
 INPUT_FORMATS = ("csv", "parquet", "delta")
+LARGER_HOUSEHOLDS = ("refuse", "drop")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class SynthInput:
     format: str
     household_id: str
     member_order: str
+    drop_larger: bool = False  # households of more than M persons: left out, else an input error
 
 
 @dataclass(frozen=True)
@@ -227,12 +229,23 @@ def load_synth_config(path: Path | str, project_root: Path | None = None) -> Syn
     spec = r.table(
         doc["input"],
         "input",
-        {"households", "persons", "format", "household_id", "member_order", "max_members"},
+        {
+            "households",
+            "persons",
+            "format",
+            "household_id",
+            "member_order",
+            "max_members",
+            "larger_households",
+        },
         {"households", "persons", "household_id", "member_order", "max_members"},
     )
     fmt = spec.get("format", "csv")
     if fmt not in INPUT_FORMATS:
         raise r.fail("input.format", f"{fmt!r} must be one of {INPUT_FORMATS}")
+    larger = spec.get("larger_households", "refuse")
+    if larger not in LARGER_HOUSEHOLDS:
+        raise r.fail("input.larger_households", f"{larger!r} must be one of {LARGER_HOUSEHOLDS}")
 
     def data_path(key: str) -> Path:
         p = Path(r.string(spec[key], f"input.{key}"))
@@ -244,6 +257,7 @@ def load_synth_config(path: Path | str, project_root: Path | None = None) -> Syn
         fmt,
         r.string(spec["household_id"], "input.household_id"),
         r.string(spec["member_order"], "input.member_order"),
+        larger == "drop",
     )
     max_members = _positive_int(r, spec["max_members"], "input.max_members", 10)
     group, individual = (
@@ -253,6 +267,13 @@ def load_synth_config(path: Path | str, project_root: Path | None = None) -> Syn
     names = [a.name for a in (*group, *individual)]
     if len(set(names)) != len(names):
         raise r.fail("group/individual", f"attribute names must be unique: {names}")
+    both = sorted({a.binning.column for a in group} & {a.binning.column for a in individual})
+    if both:
+        raise r.fail(
+            "group/individual",
+            f"column {both[0]!r} is declared at both levels; a column is a household (group) "
+            "or a person (individual) attribute, not both",
+        )
     roles = (
         _roles(r, doc["relationships"], individual, max_members) if "relationships" in doc else None
     )
