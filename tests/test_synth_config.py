@@ -65,6 +65,7 @@ def test_minimal_config_gets_defaults(tmp_path):
     assert config.degree == 2 and config.domain.roles is None  # |S| = 3 needs three attributes
     assert config.domain.individual[0].levels == ("child", "adult")
     assert config.hpd_fixed.components > 0
+    assert not config.input.drop_larger  # households over M are input errors unless dropped
 
 
 @pytest.mark.parametrize(
@@ -91,6 +92,14 @@ def test_minimal_config_gets_defaults(tmp_path):
             "not an individual attribute",
         ),
         (lambda t: t + "\n[hpd_fixed]\nlearning_rate = -1\n", "positive number"),
+        (
+            lambda t: t.replace('column = "AGEP"', 'column = "TEN"'),
+            "[group/individual] column 'TEN' is declared at both levels",
+        ),
+        (
+            lambda t: t.replace("max_members = 3", 'max_members = 3\nlarger_households = "keep"'),
+            "[input.larger_households] 'keep' must be one of ('refuse', 'drop')",
+        ),
     ],
 )
 def test_bad_configs_are_refused_naming_the_key(tmp_path, edit, message):
