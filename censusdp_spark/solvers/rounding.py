@@ -87,14 +87,11 @@ def round_children(
     if n_binary > MILP_SIZE_LIMIT:
         rounded[children, cells] += _round_cells(rows, row_bounds, fraction[children, cells])
         return rounded
-    binary_cost, deviation_rows, lower, upper = _deviation_terms(
+    binary_cost, deviation, lower, upper = _deviation_terms(
         problem, children, cells, fraction[children, cells]
     )
-    n_deviation = deviation_rows.shape[1] - n_binary
-    matrix = sparse.vstack(
-        [sparse.hstack([rows, sparse.csr_matrix((rows.shape[0], n_deviation))]), deviation_rows],
-        format="csr",
-    )
+    n_deviation = lower.size // 3
+    matrix = _stacked(rows, deviation, (lower.size, n_binary + n_deviation))
     options: dict[str, float] = {"mip_rel_gap": 0.0}
     if time_limit is not None:
         options["time_limit"] = time_limit
@@ -186,27 +183,46 @@ def _sum_constraints(
 ) -> tuple[sparse.csr_matrix, np.ndarray]:
     """Equality rows ``sum b = need`` per constrained cell and child, over the moving entries."""
     n_binary = children.shape[0]
-    blocks = []
-    targets = []
+    row_of: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    n_rows = 0
     for index, need in ((cells, column_need), (children, row_need)):
         if need is None:
             continue
-        used = np.unique(index)
-        row_of = np.searchsorted(used, index)
-        blocks.append(
-            sparse.csr_matrix(
-                (np.ones(n_binary), (row_of, np.arange(n_binary))), shape=(used.size, n_binary)
-            )
-        )
+        used, position = np.unique(index, return_inverse=True)
+        row_of.append(position + n_rows)
         targets.append(need[used].astype(float))
-    if not blocks:
+        n_rows += used.size
+    if not row_of:
         return sparse.csr_matrix((0, n_binary)), np.zeros(0)
-    return sparse.vstack(blocks, format="csr"), np.concatenate(targets)
+    row = np.concatenate(row_of)
+    column = np.tile(np.arange(n_binary), len(row_of))
+    matrix = sparse.csr_matrix((np.ones(row.size), (row, column)), shape=(n_rows, n_binary))
+    return matrix, np.concatenate(targets)
+
+
+_Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""``(row, column, value)`` of the non-zero entries of a sparse matrix."""
+
+
+def _stacked(
+    top: sparse.csr_matrix, bottom: _Triplets, shape: tuple[int, int]
+) -> sparse.csr_matrix:
+    """``top`` (padded with zero columns) above ``bottom`` (of ``shape``), as one CSR matrix."""
+    top_rows = np.repeat(np.arange(top.shape[0]), np.diff(top.indptr))
+    row, column, value = bottom
+    return sparse.csr_matrix(
+        (
+            np.concatenate([top.data, value]),
+            (np.concatenate([top_rows, row + top.shape[0]]), np.concatenate([top.indices, column])),
+        ),
+        shape=(top.shape[0] + shape[0], shape[1]),
+    )
 
 
 def _deviation_terms(
     problem: ChildrenProblem, children: np.ndarray, cells: np.ndarray, fraction: np.ndarray
-) -> tuple[np.ndarray, sparse.csr_matrix, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, _Triplets, np.ndarray, np.ndarray]:
     """The L1 deviation of every affected marginal cell, as costs and constraints.
 
     For an affected (query, child, marginal cell) with moving entries ``B`` and total fractional
@@ -219,7 +235,7 @@ def _deviation_terms(
       relaxation would always have the useless bound 0.
 
     Returns ``(binary_cost, rows, lower, upper)``: the cost added to each binary and the rows over
-    ``[b, e]``, one ``e`` per column beyond the binaries.
+    ``[b, e]`` (three per ``e``, one ``e`` per column beyond the binaries) as triplets.
     """
     n_binary = children.shape[0]
     binary_cost = np.zeros(n_binary)
@@ -245,19 +261,27 @@ def _deviation_terms(
     below = np.floor(target)
     phi = target - below
     slope = 1.0 - 2.0 * phi
-    membership = sparse.csr_matrix(
-        (np.ones(member.size), (group, member)), shape=(n_deviation, n_binary)
-    )
-    identity = sparse.identity(n_deviation, format="csr")
-    rows = sparse.vstack(
+    # Rows: e >= s - F, then e >= F - s, then the cut; a zero slope leaves the cut without b.
+    deviation = np.arange(n_deviation)
+    sloped = slope[group] != 0.0
+    row = np.concatenate(
         [
-            sparse.hstack([membership, -identity]),
-            sparse.hstack([membership, identity]),
-            sparse.hstack([sparse.diags(slope) @ membership, -identity]),
-        ],
-        format="csr",
+            group,
+            deviation,
+            group + n_deviation,
+            deviation + n_deviation,
+            group[sloped] + 2 * n_deviation,
+            deviation + 2 * n_deviation,
+        ]
+    )
+    column = np.concatenate(
+        [member, deviation + n_binary] * 2 + [member[sloped], deviation + n_binary]
+    )
+    ones = np.ones(n_deviation)
+    value = np.concatenate(
+        [np.ones(member.size), -ones, np.ones(member.size), ones, slope[group][sloped], -ones]
     )
     unbounded = np.full(n_deviation, np.inf)
     lower = np.concatenate([-unbounded, target, -unbounded])
     upper = np.concatenate([target, unbounded, slope * below - phi])
-    return binary_cost, rows, lower, upper
+    return binary_cost, (row, column, value), lower, upper
