@@ -33,17 +33,12 @@ SECRET = bytes(range(32))
 TOTALS = Totals(households=1000, individuals=2500, family_individuals=2000)
 
 
-def test_plan_splits_each_round_exactly_into_selection_and_measurement():
+def test_plan_splits_rho_exactly_and_equally_over_the_rounds():
     plan = plan_budget(Fraction(1, 7), 13, Fraction(2, 5))
-    assert plan.initial == () and 13 * plan.round_rho == Fraction(1, 7)
-    r = plan.round(1, plan.round_rho, Fraction(1, 7), last=False)
-    assert (r.rho_select, r.rho_measure) == (Fraction(2, 455), Fraction(3, 455))
-    assert r.epsilon_select == pytest.approx(math.sqrt(8 * 2 / 455))
-    # Less than two rounds' worth left, or the last candidate: the round takes all of it.
-    assert plan.round(2, plan.round_rho, plan.round_rho * 3 / 2, last=False).rho_measure == (
-        plan.round_rho * 3 / 2 * Fraction(3, 5)
-    )
-    assert plan.round(3, plan.round_rho, Fraction(1, 7), last=True).rho_select == Fraction(2, 35)
+    assert plan.initial == () and len(plan.rounds) == 13 and plan.total() == Fraction(1, 7)
+    assert {r.rho_select for r in plan.rounds} == {Fraction(2, 455)}
+    assert {r.rho_measure for r in plan.rounds} == {Fraction(3, 455)}
+    assert plan.rounds[0].epsilon_select == pytest.approx(math.sqrt(8 * 2 / 455))
 
 
 @pytest.mark.parametrize(
@@ -113,7 +108,7 @@ class _Frozen:
         self.fits += 1
 
 
-def run(secret: bytes, rounds: int = 5):
+def run(secret: bytes):
     domain = small_domain()
     candidates = marginal_workloads(domain, 2)
     truth = np.random.default_rng(0).random(candidates.n_queries) * 0.2
@@ -122,7 +117,7 @@ def run(secret: bytes, rounds: int = 5):
         candidates,
         truth,
         TOTALS,
-        plan_budget(Fraction(1, 2), rounds, Fraction(1, 2)),
+        plan_budget(Fraction(1, 2), 5, Fraction(1, 2)),
         secret,
         "t",
     )
@@ -137,12 +132,12 @@ def test_the_same_secret_reproduces_selections_and_noise_and_another_does_not():
         not np.array_equal(x.noisy, y.noisy)
         for x, y in zip(a.measurements, c.measurements, strict=True)
     )
-    assert len({m.workload for m in a.measurements}) == len(a.measurements)  # none twice
+    assert a.rho_spent() == Fraction(1, 2)
+    assert len({m.workload for m in a.measurements}) == 5  # no workload is measured twice
 
 
 class _Learner:
-    """A synthesiser whose answers become the last measurement: every refit moves them by far
-    more than the noise, so the round budget is never raised."""
+    """A synthesiser whose answers become its measurements: the scores change every round."""
 
     def __init__(self, candidates) -> None:
         self.candidates, self.state = candidates, {}
@@ -156,36 +151,28 @@ class _Learner:
         self.state = {t.workload: t.noisy for t in targets}
 
 
-def rounds_of(result) -> list:
-    return [m for m in result.measurements if m.round > 0]
-
-
-def test_rounds_spend_rho_exactly_and_stay_equal_while_each_measurement_teaches_the_model():
+def test_initial_measurements_and_rounds_spend_rho_exactly_as_recorded():
     domain = small_domain()
-    candidates = marginal_workloads(domain, 3)
+    candidates = marginal_workloads(domain, 1) + marginal_workloads(domain, 3)
+    initial = len(marginal_workloads(domain, 1))
     truth = np.random.default_rng(1).random(candidates.n_queries) * 0.2
-    plan = plan_budget(Fraction(1, 2), 6, Fraction(1, 2))
+    plan = plan_budget(Fraction(1, 2), 6, Fraction(1, 2), initial)
     result = adaptive_measurements(
         _Learner(candidates), candidates, truth, TOTALS, plan, SECRET, "learner"
     )
-    assert result.rho_spent() == Fraction(1, 2)
-    assert [m.round for m in result.measurements] == [1, 2, 3, 4, 5, 6]
-    assert {m.rho_select + m.rho_measure for m in result.measurements} == {Fraction(1, 12)}
-
-
-def test_rounds_whose_refit_moves_nothing_get_four_times_the_budget_and_still_sum_exactly():
-    result = run(SECRET, rounds=30)  # the frozen synthesiser never moves: every round is raised
-    spent = [m.rho_select + m.rho_measure for m in rounds_of(result)]
-    # 1/60, then 4/60; then 25/60 are left, less than two rounds of 16/60: the last takes them.
-    assert spent == [Fraction(1, 60), Fraction(4, 60), Fraction(25, 60)]
-    assert result.rho_spent() == Fraction(1, 2)
+    assert [m.round for m in result.measurements] == [0] * initial + [1, 2, 3, 4, 5, 6]
+    assert result.rho_spent() == plan.total() == Fraction(1, 2)
+    assert [m.workload for m in result.measurements[:initial]] == list(
+        candidates.workloads[:initial]
+    )
+    assert all(m.rho_select == 0 for m in result.measurements[:initial])
 
 
 def test_plan_gives_each_initial_measurement_a_rounds_measurement_budget_and_sums_exactly():
     plan = plan_budget(Fraction(1, 10), 7, Fraction(1, 3), initial=5)
-    assert sum(plan.initial, Fraction(0)) + 7 * plan.round_rho == Fraction(1, 10)
-    first = plan.round(1, plan.round_rho, Fraction(1, 10), last=False)
-    assert set(plan.initial) == {first.rho_measure} and first.rho_select == first.rho_measure / 2
+    assert plan.total() == Fraction(1, 10) and len(plan.initial) == 5
+    assert set(plan.initial) == {r.rho_measure for r in plan.rounds}
+    assert {r.rho_select for r in plan.rounds} == {plan.rounds[0].rho_measure / 2}
     with pytest.raises(BudgetSplitError):
         plan_budget(Fraction(1, 10), 7, Fraction(1, 3), initial=-1)
 

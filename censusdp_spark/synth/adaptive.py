@@ -8,16 +8,10 @@ The total ρ is split exactly (``fractions.Fraction``) by :func:`plan_budget`:
    model that already holds what the independent baseline knows, instead of spending rounds
    (and, at small ε, most of the budget) rediscovering one-way facts.
 
-Then the rounds spend the rest. Each round's ρ is split into a selection share and a
-measurement share; it starts at the rest over T (the config's ``rounds``) and, as in AIM, is
-multiplied by 4 (σ halved, ε doubled) after a round whose refit moved the measured workload's
-answers by no more than the noise could explain (‖after − before‖₁ ≤ √(2/π)·σ·cells): a
-measurement at that noise no longer teaches the model anything. When less than two rounds'
-budget remains, the last round takes all of it. With a small ρ the rounds thus grow few and
-precise; with a large one they stay near T. The decision reads only noisy measurements and the
-model (post-processing), so it costs nothing; the loop stops when ρ is spent exactly.
-
-Each round:
+Then round t = 1 … T gets an equal part of the rest, split into a selection share and a
+measurement share. (AIM's budget raise, ×4 after a round whose refit moved the answers less than
+the noise, was tried and dropped: with whole 3-way workloads of up to a few hundred cells it
+fired almost every round, leaving 5–13 rounds and twice the max error of fixed rounds.)
 
 1. **Select** the unmeasured candidate workload whose current model answers are worst, by the
    exponential mechanism on the score u(w) = max over its cells |q(D) − q(model)| with
@@ -37,8 +31,9 @@ household's indicator; size: nothing moves) or 1/N_I ≤ 1/N_G (Q_I: one person'
 every score has sensitivity Δ = 1/N_G (the paper's max over the classes). A whole workload moves
 in at most two cells (the person leaves one cell and enters another; for Q_G the household may
 lose one person-value combination and gain one), so its L2 sensitivity is √2/N_G for Q_G and
-size and √2/N_I for Q_I. By composition the run is ρ-zCDP with ρ = Σ_initial ρ_i + Σ_t (ρ_select + ρ_measure),
-which is checked to equal the configured total exactly.
+size and √2/N_I for Q_I. By composition the run is ρ-zCDP with
+ρ = Σ_initial ρ_i + Σ_t (ρ_select + ρ_measure), which is checked to equal the configured total
+exactly.
 
 Trust assumptions: the Gaussian noise is numpy's floating-point normal (``Generator.normal``) and
 the Gumbel noise numpy's floating-point Gumbel, both drawn from a keyed ChaCha20 stream
@@ -82,24 +77,21 @@ class RoundBudget:
 
 @dataclass(frozen=True)
 class BudgetPlan:
-    """The total ρ; the ρ of each initial measurement (in order); the ρ of a round before any
-    raise; each round's selection share."""
+    """ρ of each initial measurement (in order), then of each round."""
 
-    rho: Fraction
     initial: tuple[Fraction, ...]
-    round_rho: Fraction
-    select_share: Fraction
+    rounds: tuple[RoundBudget, ...]
 
-    def round(self, t: int, round_rho: Fraction, remaining: Fraction, last: bool) -> RoundBudget:
-        """Round ``t`` at ``round_rho``, or all of ``remaining`` if it is the last one or less
-        than two rounds are left."""
-        rho_t = remaining if last or remaining < 2 * round_rho else round_rho
-        return RoundBudget(t, rho_t * self.select_share, rho_t * (1 - self.select_share))
+    def total(self) -> Fraction:
+        return sum(self.initial, Fraction(0)) + sum(
+            (b.rho_select + b.rho_measure for b in self.rounds), Fraction(0)
+        )
 
 
 def plan_budget(rho: Fraction, rounds: int, select_share: Fraction, initial: int = 0) -> BudgetPlan:
     """``initial`` measurements, each with the ρ of one round's measurement (AIM's choice), then
-    rounds of (ρ − initial)/``rounds`` each until raised."""
+    ``rounds`` equal rounds, each split into selection and measurement; the parts re-add to ρ
+    exactly."""
     if not isinstance(rho, Fraction) or not isinstance(select_share, Fraction):
         raise BudgetSplitError("rho and select_share must be exact fractions")
     if rho <= 0 or initial < 0 or rounds < 1 or not 0 < select_share < 1:
@@ -108,11 +100,16 @@ def plan_budget(rho: Fraction, rounds: int, select_share: Fraction, initial: int
             f"got {rho}, {initial}, {rounds}, {select_share}"
         )
     unit = rho / (initial + rounds / (1 - select_share))  # one measurement's ρ
+    per_round = unit / (1 - select_share)
     plan = BudgetPlan(
-        rho, tuple(unit for _ in range(initial)), unit / (1 - select_share), select_share
+        tuple(unit for _ in range(initial)),
+        tuple(
+            RoundBudget(t, per_round * select_share, per_round * (1 - select_share))
+            for t in range(1, rounds + 1)
+        ),
     )
-    if sum(plan.initial, Fraction(0)) + rounds * plan.round_rho != rho:
-        raise BudgetSplitError(f"the plan does not re-add to {rho}")
+    if plan.total() != rho:
+        raise BudgetSplitError(f"the plan spends {plan.total()}, not {rho}")
     return plan
 
 
@@ -154,12 +151,6 @@ def workload_max_errors(truth: np.ndarray, model: np.ndarray, workloads: Workloa
 def measurement_weight(sigma: float, reference: float) -> float:
     """(σ_ref/σ)²: the inverse-variance weight of a measurement, relative to ``reference``."""
     return (reference / sigma) ** 2
-
-
-def explained_by_noise(before: np.ndarray, after: np.ndarray, sigma: float) -> bool:
-    """AIM's test: the refit moved the measured answers by at most the expected L1 size of the
-    noise (E|N(0, σ²)| = σ√(2/π) per cell)."""
-    return float(np.abs(after - before).sum()) <= math.sqrt(2 / math.pi) * sigma * len(before)
 
 
 class Synthesiser(Protocol):
@@ -208,14 +199,14 @@ def adaptive_measurements(
     by the two mechanisms. Each measurement's randomness is its own keyed stream, so a rerun with
     the same secret redraws exactly the same selections and noise."""
     n_initial = len(plan.initial)
-    if len(candidates) <= n_initial:
-        raise ValueError("no candidate workload left for the rounds")
+    if len(plan.rounds) > len(candidates) - n_initial:
+        raise ValueError(
+            f"{len(plan.rounds)} rounds but only {len(candidates) - n_initial} candidate workloads"
+        )
     result = AdaptiveResult()
     measured = np.zeros(len(candidates), dtype=bool)
     delta = selection_sensitivity(totals)
-    reference = (
-        math.sqrt(2.0) / totals.households / math.sqrt(2 * plan.round_rho * (1 - plan.select_share))
-    )
+    reference = math.sqrt(2.0) / totals.households / math.sqrt(2 * plan.rounds[0].rho_measure)
     started = time.perf_counter()
     for i, rho_i in enumerate(plan.initial):
         workload = candidates.workloads[i]
@@ -231,28 +222,24 @@ def adaptive_measurements(
     if n_initial:
         synth.fit(result.targets())
         result.seconds.extend([(time.perf_counter() - started) / n_initial] * n_initial)
-    remaining = plan.rho - sum(plan.initial, Fraction(0))
-    round_rho, t = plan.round_rho, 0
-    while remaining > 0:
+    for budget in plan.rounds:
         started = time.perf_counter()
-        t += 1
-        budget = plan.round(t, round_rho, remaining, last=measured.sum() == len(candidates) - 1)
-        remaining -= budget.rho_select + budget.rho_measure
-        model = synth.answers(candidates)
-        scores = workload_max_errors(truth, model, candidates)
+        scores = workload_max_errors(truth, synth.answers(candidates), candidates)
         scores[measured] = -np.inf
         chosen = exponential_mechanism(
-            scores, budget.epsilon_select, delta, keyed_rng(secret, stream, "select", t)
+            scores, budget.epsilon_select, delta, keyed_rng(secret, stream, "select", budget.round)
         )
         measured[chosen] = True
         workload = candidates.workloads[chosen]
         sigma = gaussian_sigma(workload, totals, budget.rho_measure)
         noisy = gaussian_measure(
-            truth[candidates.cells(chosen)], sigma, keyed_rng(secret, stream, "measure", t)
+            truth[candidates.cells(chosen)],
+            sigma,
+            keyed_rng(secret, stream, "measure", budget.round),
         )
         result.measurements.append(
             Measurement(
-                t,
+                budget.round,
                 workload,
                 noisy,
                 sigma,
@@ -263,8 +250,5 @@ def adaptive_measurements(
             )
         )
         synth.fit(result.targets())
-        after = synth.answers(WorkloadSet((workload,)))
-        if explained_by_noise(model[candidates.cells(chosen)], after, sigma):
-            round_rho *= 4
         result.seconds.append(time.perf_counter() - started)
     return result
