@@ -325,32 +325,37 @@ def test_crossing_queries_take_the_milp_and_nested_ones_the_flow(queries: str, m
     assert meets_constraints(problem, x, 0)
 
 
-@pytest.mark.parametrize("seed", [29, 250])
-def test_cycles_crossing_a_child_twice_are_split_and_still_reach_the_optimum(
-    seed: int, monkeypatch
-) -> None:
-    """Without the two-cycle shortcut, these instances meet a condensed cycle whose two passes
-    through one child's tree overlap; splitting it must not lose optimality."""
+def test_a_cycle_through_one_child_twice_is_split_into_a_negative_exact_one() -> None:
+    """Each child gives up two round-ups and takes two, through its total: the two passes share
+    the total's node, so the cycle is split; the part kept must still gain, by its cost."""
     import censusdp_spark.solvers.laminar_rounding as laminar
 
-    overlaps: list[tuple[int, int]] = []
-    find_overlap = laminar._Network._overlapping_passes
+    maps = NESTED_QUERY_SETS["total_detailed"](4)
+    fraction = np.array([[0.9, 0.1, 0.8, 0.2], [0.1, 0.9, 0.2, 0.8]])
+    b = np.array([[0, 1, 0, 1], [1, 0, 1, 0]])
+    network = laminar._Network(
+        maps, fraction, np.ones((2, 4), bool), np.ones(4, np.int64), np.full(2, 2)
+    )
+    costs = np.full((2, network.size, network.size), np.inf)
+    network.update_costs(costs, b, np.arange(2))
+    crossing = [(0, 1, 0), (1, 2, 1), (2, 3, 0), (3, 0, 1)]
+    assert sum(costs[c, u, v] for u, v, c in crossing) < 0
 
-    def spy(self, arcs):
-        found = find_overlap(self, arcs)
-        overlaps.extend([found] if found else [])
-        return found
+    kept, gain = network.untangle(crossing, costs)
 
-    monkeypatch.setattr(laminar._Network, "_overlapping_passes", spy)
-    monkeypatch.setattr(laminar._Network, "cancel_two_cycles", lambda *_: set())
-    rng = np.random.default_rng(seed)
-    maps = NESTED_QUERY_SETS["total_detailed"](10)
-    problem, x_hat = random_estimate(rng, maps, 8, parent=True, totals=True)
-    x = round_children(problem, x_hat)
-    assert overlaps
-    assert meets_constraints(problem, x, 0)
-    best = milp_rounding(problem, x_hat, monkeypatch)
-    assert deviation(problem, x, x_hat) == pytest.approx(deviation(problem, best, x_hat), abs=1e-9)
+    assert len(kept) < len(crossing)
+    before = b.copy()
+    network.apply(kept, b)
+    change = sum(
+        np.abs(np.bincount(m, row - f, minlength=m.max() + 1)).sum()
+        - np.abs(np.bincount(m, old - f, minlength=m.max() + 1)).sum()
+        for m in maps
+        for row, old, f in zip(b, before, fraction, strict=True)
+    )
+    assert gain < 0
+    assert change == pytest.approx(gain, abs=1e-12)
+    np.testing.assert_array_equal(b.sum(axis=0), np.ones(4))
+    np.testing.assert_array_equal(b.sum(axis=1), np.full(2, 2))
 
 
 def test_sums_that_no_rounding_meets_together_are_rejected() -> None:

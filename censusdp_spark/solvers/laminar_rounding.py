@@ -28,19 +28,21 @@ condensed graph on the ``n`` cells (plus one sink or source) with arc costs
 ``min_c cost_c(u -> v)`` has a negative cycle if and only if the full residual graph has one:
 a negative full cycle costs at least its condensed image, and a negative condensed cycle expands
 to a negative closed walk, which contains a negative simple cycle. Starting from a feasible
-rounding, each step finds a minimum-mean cycle of the condensed graph (Karp) and applies it:
+rounding (the largest fractions of each constrained line, or a maximum flow when both sums are
+given), each step applies negative cycles of the condensed graph:
 
-* if no child's tree is crossed twice by overlapping paths, the expanded walk is a simple cycle
-  and applying it lowers the objective by exactly its cost;
-* otherwise the two overlapping passes through a child are swapped at the shared tree node,
-  which splits the cycle into two smaller ones whose costs sum to at most the original (a tree
-  path never costs more than a walk between the same leaves, by convexity); the more negative
-  one is kept and the rule repeats.
+* first, as a shortcut, negative two-arc cycles, most negative first, each through two children
+  that no cycle of this step has touched (so its cost is exact);
+* when there are none, a negative cycle found with Karp's minimum-mean-cycle algorithm. If no
+  child's tree is crossed twice by overlapping paths, the expanded walk is a simple cycle and
+  applying it lowers the objective by exactly its cost. Otherwise the two overlapping passes
+  through a child are swapped at the shared tree node, which splits the cycle into two smaller
+  ones whose costs sum to at most the original (a tree path never costs more than a walk
+  between the same leaves, by convexity); the more negative one is kept and the rule repeats.
 
-The objective falls strictly at every step, so the method stops, and it stops only when no
-negative cycle is left: the rounding is then optimal. Steps whose gain is below
-``IMPROVEMENT_TOLERANCE`` are treated as round-off, so the objective is optimal to that
-tolerance.
+The objective falls strictly at every step, so the method stops; it stops when Karp finds no
+cycle with a mean cost per arc below ``-IMPROVEMENT_TOLERANCE``, so no cycle of the full
+residual graph lowers the objective by more than round-off: the rounding is optimal.
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ _ROOT = -1
 def is_laminar(marginals: tuple[np.ndarray, ...], moving: np.ndarray) -> bool:
     """Whether, for every child, the queries' marginal cells restricted to its moving entries
     are pairwise disjoint or nested."""
-    k, n = moving.shape
     children, cells = np.nonzero(moving)
     groups = [np.asarray(m)[cells] for m in marginals]
     sizes = [int(g.max(initial=0)) + 1 for g in groups]
@@ -282,8 +283,10 @@ def _negative_cycle(cheapest: np.ndarray) -> list[int] | None:
     """A negative cycle ``[v0, v1, ..., v0]`` of the dense graph, or None if there is none.
 
     Karp's algorithm: ``walk[r, v]`` is the cheapest walk of ``r`` arcs ending at ``v`` (from
-    anywhere). The node minimising ``max_r (walk[N, v] - walk[r, v]) / (N - r)`` ends a walk of
-    ``N`` arcs whose cycles include a minimum-mean cycle; the cheapest of them is returned.
+    anywhere), and ``min_v max_r (walk[N, v] - walk[r, v]) / (N - r)`` is the minimum mean cost
+    of a cycle. If it is negative, the cheapest ``N``-arc walk to the minimising node is cheaper
+    than every shorter walk to it, so the cycles it contains cost less than nothing in total;
+    the cheapest of them is returned.
     """
     size = cheapest.shape[0]
     walk = np.zeros((size + 1, size))
@@ -329,40 +332,54 @@ def _start(
     column_need: np.ndarray | None,
     row_need: np.ndarray | None,
 ) -> np.ndarray:
-    """A feasible rounding: the largest fractions in each constrained line when only one kind
-    of sum is given, a maximum flow when both are."""
-    if column_need is not None and row_need is not None:
-        return _feasible_by_flow(moving, column_need, row_need)
-    need, by_column = (column_need, True) if column_need is not None else (row_need, False)
-    assert need is not None
+    """A feasible rounding: the largest fractions of each cell (of the one child at the root),
+    then, when child sums are given too, the fewest changes that meet them."""
+    if column_need is None:
+        assert row_need is not None
+        return _largest(fraction.T, moving.T, row_need).T.copy()
+    b = _largest(fraction, moving, column_need)
+    if row_need is not None:
+        _meet_row_sums(b, moving, row_need)
+    return b
+
+
+def _largest(fraction: np.ndarray, moving: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """Round up the ``need[j]`` largest fractions of every column ``j``."""
     order = np.where(moving, fraction, -1.0)
-    if not by_column:
-        order = order.T
     rank = np.empty_like(order, dtype=np.int64)
     np.put_along_axis(
         rank, np.argsort(-order, axis=0, kind="stable"), np.arange(order.shape[0])[:, None], 0
     )
-    b = (rank < need[None, :]).astype(np.int64)
-    return b if by_column else b.T.copy()
+    return (rank < need[None, :]).astype(np.int64)
 
 
-def _feasible_by_flow(
-    moving: np.ndarray, column_need: np.ndarray, row_need: np.ndarray
-) -> np.ndarray:
-    """Round-ups meeting both sums, from a maximum flow source -> cells -> children -> sink."""
-    k, n = moving.shape
-    children, cells = np.nonzero(moving)
-    source, sink = n + k, n + k + 1
-    tails = np.concatenate([np.full(n, source), cells, n + np.arange(k)])
-    heads = np.concatenate([np.arange(n), n + children, np.full(k, sink)])
-    capacity = np.concatenate([column_need, np.ones(children.size, np.int64), row_need])
+def _meet_row_sums(b: np.ndarray, moving: np.ndarray, row_need: np.ndarray) -> None:
+    """Move round-ups within columns, in place, until every child has ``row_need``.
+
+    A maximum flow from the children with too many round-ups to those with too few, through
+    ``child -> cell`` (give up a round-up) and ``cell -> child`` (take one) arcs of capacity 1,
+    keeps every column sum. If a rounding meets both sums, the difference between it and ``b``
+    is such a flow, so the maximum flow moves the whole excess.
+    """
+    k, n = b.shape
+    excess = b.sum(axis=1) - row_need
+    if not excess.any():
+        return
+    give_child, give_cell = np.nonzero(b == 1)
+    take_child, take_cell = np.nonzero(moving & (b == 0))
+    over, under = np.flatnonzero(excess > 0), np.flatnonzero(excess < 0)
+    source, sink = k + n, k + n + 1
+    tails = np.concatenate([np.full(over.size, source), give_child, k + take_cell, under])
+    heads = np.concatenate([over, k + give_cell, take_child, np.full(under.size, sink)])
+    capacity = np.concatenate(
+        [excess[over], np.ones(give_child.size + take_child.size, np.int64), -excess[under]]
+    )
     graph = sparse.csr_matrix(
-        (capacity.astype(np.int32), (tails, heads)), shape=(n + k + 2, n + k + 2)
+        (capacity.astype(np.int32), (tails, heads)), shape=(k + n + 2, k + n + 2)
     )
     result = maximum_flow(graph, source, sink)
-    if result.flow_value != int(column_need.sum()):
+    if result.flow_value != int(excess[over].sum()):
         raise ValueError("x_hat: its sums do not match parent and child_totals together")
     flow = result.flow.tocsr()
-    b = np.zeros((k, n), dtype=np.int64)
-    b[children, cells] = np.asarray(flow[cells, n + children]).ravel()
-    return b
+    b[give_child, give_cell] -= np.asarray(flow[give_child, k + give_cell]).ravel()
+    b[take_child, take_cell] += np.asarray(flow[k + take_cell, take_child]).ravel()
