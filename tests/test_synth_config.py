@@ -111,3 +111,11 @@ def test_bad_configs_are_refused_naming_the_key(tmp_path, edit, message):
         .replace(")", r"\)"),
     ):
         load(tmp_path, edit(MINIMAL))
+
+
+def test_rounds_scale_with_the_square_root_of_rho_when_a_reference_is_set(tmp_path):
+    budget = load_synth_config(ROOT / "conf" / "synth_pums.toml", ROOT).budget
+    assert budget.rounds_at_rho == Fraction(1, 50)
+    assert [budget.rounds_for(Fraction(1, 50 * 4**k)) for k in range(4)] == [60, 30, 15, 8]
+    assert budget.rounds_for(Fraction(1, 10**9)) == 1
+    assert load(tmp_path, MINIMAL).budget.rounds_for(Fraction(1, 10**6)) == 5  # no reference

@@ -156,7 +156,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
     output = run.output
     if output.exists() and any(output.iterdir()) and not options.overwrite:
         raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it")
-    rounds = options.rounds or config.budget.rounds
+    rounds = options.rounds or config.budget.rounds_for(rho)
     method_options = MethodOptions(
         rounds, config.budget.select_share, config.mwem, config.hpd_fixed, config.hpd_gen
     )
@@ -297,7 +297,9 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--epsilon", type=float, help="total epsilon at --delta (converted to rho, rounded down)"
     )
     p.add_argument("--delta", type=float, help="with --epsilon (default [run].delta)")
-    p.add_argument("--rounds", type=int, help="override [budget].rounds")
+    p.add_argument(
+        "--rounds", type=int, help="fixed number of rounds T (default: [budget], scaled with rho)"
+    )
     p.add_argument("--output", type=Path, help="override [run].output")
     p.add_argument(
         "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"

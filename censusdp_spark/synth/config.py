@@ -1,9 +1,9 @@
 """The synthetic-data config (``conf/synth_*.toml``), validated once at the door.
 
 Sections: ``[run]`` (as for TopDown), ``[input]`` (two tables and their key columns),
-``[budget]`` (ρ, rounds, the selection share of each round), ``[workload]``, ``[relationships]``,
-one ``[[group]]`` / ``[[individual]]`` table per attribute (column and bins), and one table of
-hyperparameters per method. Unknown keys are errors; fractions are exact.
+``[budget]`` (ρ, rounds and how they scale with ρ, the selection share of each round),
+``[workload]``, ``[relationships]``, one ``[[group]]`` / ``[[individual]]`` table per attribute
+(column and bins), and one table of hyperparameters per method. Unknown keys are errors; fractions are exact.
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ class SynthBudget:
     rho: Fraction
     rounds: int
     select_share: Fraction  # of each round's rho, for the exponential mechanism
+    rounds_at_rho: Fraction | None = None  # the ρ at which T = rounds; None: T = rounds always
+
+    def rounds_for(self, rho: Fraction) -> int:
+        """T at this ρ: ``rounds``·√(ρ/``rounds_at_rho``), rounded, at least 1.
+
+        A round's noise on a normalised answer grows as √(T/ρ), while the error left on the
+        workloads no round measured shrinks as T grows; balancing a noise term ∝ √(T/ρ) against
+        a coverage term ∝ 1/√T gives T ∝ √ρ. Without ``rounds_at_rho``, T is ``rounds``.
+        """
+        if self.rounds_at_rho is None:
+            return self.rounds
+        return max(1, round(self.rounds * math.sqrt(rho / self.rounds_at_rho)))
 
 
 @dataclass(frozen=True)
@@ -279,7 +291,12 @@ def load_synth_config(path: Path | str, project_root: Path | None = None) -> Syn
     )
     domain = HouseholdDomain(group, individual, max_members, roles)
 
-    budget = r.table(doc["budget"], "budget", {"rho", "rounds", "select_share"}, {"rho", "rounds"})
+    budget = r.table(
+        doc["budget"],
+        "budget",
+        {"rho", "rounds", "rounds_at_rho", "select_share"},
+        {"rho", "rounds"},
+    )
     rho = r.fraction(budget["rho"], "budget.rho")
     share = r.fraction(budget.get("select_share", "1/2"), "budget.select_share")
     if rho <= 0:
@@ -287,6 +304,11 @@ def load_synth_config(path: Path | str, project_root: Path | None = None) -> Syn
     if not 0 < share < 1:
         raise r.fail("budget.select_share", f"{share} must lie strictly between 0 and 1")
     rounds = _positive_int(r, budget["rounds"], "budget.rounds")
+    rounds_at_rho = None
+    if "rounds_at_rho" in budget:
+        rounds_at_rho = r.fraction(budget["rounds_at_rho"], "budget.rounds_at_rho")
+        if rounds_at_rho <= 0:
+            raise r.fail("budget.rounds_at_rho", f"{rounds_at_rho} must be > 0")
 
     workload = r.table(doc.get("workload", {}), "workload", {"degree"})
     degree = _positive_int(
@@ -297,7 +319,7 @@ def load_synth_config(path: Path | str, project_root: Path | None = None) -> Syn
         run=run,
         input=source,
         domain=domain,
-        budget=SynthBudget(rho, rounds, share),
+        budget=SynthBudget(rho, rounds, share, rounds_at_rho),
         degree=degree,
         mwem=_options(r, doc.get("mwem", {}), "mwem", MwemOptions()),
         hpd_fixed=_options(r, doc.get("hpd_fixed", {}), "hpd_fixed", HpdFixedOptions()),
