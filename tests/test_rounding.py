@@ -306,8 +306,13 @@ def test_crossing_queries_are_not_laminar_unless_the_moving_entries_avoid_the_cr
     assert is_laminar(NESTED_QUERY_SETS["chain"](6), everywhere)
 
 
-@pytest.mark.parametrize("queries", ["crossing", "nested"])
-def test_crossing_queries_take_the_milp_and_nested_ones_the_flow(queries: str, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("queries", "flow_size_limit", "path"),
+    [("crossing", None, "milp"), ("nested", None, "flow"), ("nested", 2 * 7**2 - 1, "milp")],
+)
+def test_crossing_queries_and_huge_families_take_the_milp_and_nested_ones_the_flow(
+    queries: str, flow_size_limit: int | None, path: str, monkeypatch
+) -> None:
     import censusdp_spark.solvers.rounding as rounding
 
     calls: list[str] = []
@@ -315,13 +320,15 @@ def test_crossing_queries_take_the_milp_and_nested_ones_the_flow(queries: str, m
         rounding, "round_laminar", lambda *args: calls.append("flow") or round_laminar(*args)
     )
     monkeypatch.setattr(rounding, "milp", lambda *a, **kw: calls.append("milp") or milp(*a, **kw))
+    if flow_size_limit is not None:
+        monkeypatch.setattr(rounding, "FLOW_SIZE_LIMIT", flow_size_limit)
     maps = crossing_queries() if queries == "crossing" else NESTED_QUERY_SETS["chain"](6)
     sizes = tuple(int(m.max()) + 1 for m in maps)
     problem = ChildrenProblem(
         maps, sizes, np.ones(3), tuple(np.zeros((2, s)) for s in sizes), np.ones(6, np.int64), None
     )
     x = round_children(problem, np.full((2, 6), 0.5))
-    assert calls == (["milp"] if queries == "crossing" else ["flow"])
+    assert calls == [path]
     assert meets_constraints(problem, x, 0)
 
 

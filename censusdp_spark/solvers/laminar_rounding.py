@@ -62,19 +62,28 @@ def is_laminar(marginals: tuple[np.ndarray, ...], moving: np.ndarray) -> bool:
     """Whether, for every child, the queries' marginal cells restricted to its moving entries
     are pairwise disjoint or nested."""
     children, cells = np.nonzero(moving)
-    groups = [np.asarray(m)[cells] for m in marginals]
+    groups = [np.asarray(m, dtype=np.int64)[cells] for m in marginals]
     sizes = [int(g.max(initial=0)) + 1 for g in groups]
     for first in range(len(groups)):
         a = children * sizes[first] + groups[first]
-        count_a = np.bincount(a)[a]
+        count_a = _multiplicity(a, moving.shape[0] * sizes[first])
         for second in range(first + 1, len(groups)):
             b = children * sizes[second] + groups[second]
-            count_b = np.bincount(b)[b]
-            pair = a * sizes[second] + groups[second]
-            common = np.bincount(pair)[pair]
+            count_b = _multiplicity(b, moving.shape[0] * sizes[second])
+            common = _multiplicity(
+                a * sizes[second] + groups[second], moving.shape[0] * sizes[first] * sizes[second]
+            )
             if np.any((common != count_a) & (common != count_b)):
                 return False
     return True
+
+
+def _multiplicity(keys: np.ndarray, bound: int) -> np.ndarray:
+    """How often each entry's key occurs; keys lie in ``[0, bound)``."""
+    if bound <= max(1 << 16, 8 * keys.size):
+        return np.bincount(keys, minlength=bound)[keys]
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    return counts[inverse]
 
 
 def round_laminar(

@@ -25,7 +25,8 @@ Which method solves it:
   a minimum-cost flow with convex costs on one tree per child. Its constraint matrix is totally
   unimodular, so the best integral flow is optimal among all roundings, and
   ``laminar_rounding`` finds it by cancelling negative cycles until none is left, which
-  certifies optimality (see that module). It is exact at any size and ignores ``time_limit``.
+  certifies optimality (see that module). It ignores ``time_limit``, and is used while its
+  ``k (n + 1)^2`` table of move costs has at most ``FLOW_SIZE_LIMIT`` entries (memory).
 * Otherwise (crossing marginals, e.g. votingage and hisprace together) a small mixed-integer
   program: one binary per fractional entry and one continuous variable per affected marginal
   cell bounding the absolute deviation, solved to proven optimality (zero relative gap) by
@@ -54,6 +55,9 @@ INTEGRAL_TOLERANCE = 1e-9
 MILP_SIZE_LIMIT = 4000
 """Fractional entries above which the query-level MILP is skipped for the cell-level rounding."""
 
+FLOW_SIZE_LIMIT = 4_000_000
+"""Largest ``k (n + 1)^2`` (entries of the move-cost table, 8 bytes each) for the flow path."""
+
 
 def round_children(
     problem: ChildrenProblem, x_hat: np.ndarray, time_limit: float | None = None
@@ -64,8 +68,8 @@ def round_children(
     meets the constraints in the module docstring and minimises the total L1 deviation of all
     query answers from those of ``x_hat``. Integral input is returned unchanged.
 
-    Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow,
-    at any size. Otherwise, without ``time_limit`` the rounding is proven optimal, which for
+    Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow
+    unless the family is very large. Otherwise, without ``time_limit`` the rounding is proven optimal, which for
     thousands of fractional entries under crossing marginals can take minutes; with
     ``time_limit`` (seconds) the best rounding HiGHS has found by then is returned: it meets
     every constraint but may not be optimal; ``RuntimeError`` if it has found none.
@@ -78,7 +82,8 @@ def round_children(
     column_need, row_need = _needs(problem, x_hat, floor, moving)
     if not moving.any():
         return floor
-    if is_laminar(problem.marginals, moving):
+    flow_size = problem.n_children * (problem.n_cells + 1) ** 2
+    if flow_size <= FLOW_SIZE_LIMIT and is_laminar(problem.marginals, moving):
         return floor + round_laminar(problem.marginals, fraction, moving, column_need, row_need)
     children, cells = np.nonzero(moving)
     n_binary = children.shape[0]
