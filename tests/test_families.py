@@ -1,4 +1,4 @@
-"""map_families (many families per Python call) and the family-keyed measurement noise."""
+"""map_families (many families per Python call) and the group-keyed measurement noise."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.engine.families import family_starts, map_families
-from censusdp_spark.engine.measure import QueryNoise, exact_marginals, noisy_family
+from censusdp_spark.engine.measure import QueryNoise, exact_marginals, noisy_group
 
 SECRET = bytes(range(32))
 
@@ -73,11 +73,11 @@ def test_exact_marginals_of_sparse_histograms():
     ]
 
 
-def test_family_noise_is_reproducible_and_keyed_by_family():
+def test_family_noise_is_reproducible_and_keyed_by_group():
     cells, counts = _family(3)
-    first = noisy_family(SECRET, "block", "4400101", cells, counts, QUERIES)
-    again = noisy_family(SECRET, "block", "4400101", cells, counts, QUERIES)
-    other = noisy_family(SECRET, "block", "4400102", cells, counts, QUERIES)
+    first = noisy_group(SECRET, "block", "4400101", cells, counts, QUERIES)
+    again = noisy_group(SECRET, "block", "4400101", cells, counts, QUERIES)
+    other = noisy_group(SECRET, "block", "4400102", cells, counts, QUERIES)
     assert [a.shape for a in first] == [(3, 1), (3, 4)]
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
@@ -85,11 +85,11 @@ def test_family_noise_is_reproducible_and_keyed_by_family():
 
 @pytest.mark.slow
 def test_family_noise_has_the_stated_variance_per_query_and_no_correlation():
-    """Over many families the noise of each query has variance sigma2 and siblings' noise is
-    uncorrelated (a shared stream must not make children's draws dependent)."""
+    """Over many groups the noise of each query has variance sigma2 and the noise of nodes sharing a
+    stream is uncorrelated (a shared stream must not make nodes' draws dependent)."""
     cells, counts = _family(4)
     truth = [exact_marginals(cells, counts, q) for q in QUERIES]
-    draws = [noisy_family(SECRET, "block", f"p{i}", cells, counts, QUERIES) for i in range(20_000)]
+    draws = [noisy_group(SECRET, "block", f"p{i}", cells, counts, QUERIES) for i in range(20_000)]
     for j, query in enumerate(QUERIES):
         noise = np.stack([d[j] - truth[j] for d in draws]).astype(np.float64)
         flat = noise.reshape(len(draws), -1)

@@ -69,11 +69,11 @@ def solve_family(
     """Integer estimates for one parent's children.
 
     ``parent`` is the dense integer estimate of the parent (None at the root); ``children`` has
-    one row per (child ``geocode``, ``query``) with the ``noisy`` answer and the child's
-    invariant total ``inv_total`` (null where the level has none).
+    one row per (child ``geocode``, ``query``), sorted by geocode then query name (as
+    ``map_families`` delivers them), with the ``noisy`` answer and the child's invariant total
+    ``inv_total`` (null where the level has none).
     """
-    children = children.sort_values(["geocode", "query"], kind="stable")
-    geocodes = children["geocode"].drop_duplicates().to_numpy()
+    geocodes, noisy, totals = _family_arrays(plan, children)
     k = len(geocodes)
     if parent is None:
         active = np.flatnonzero(~plan.structural_zero)
@@ -83,21 +83,13 @@ def solve_family(
     if active.size and parent is not None and k == 1:
         x[0] = parent[active]
     elif active.size:
-        noisy = []
-        for name in plan.query_names:
-            rows = children[children["query"] == name]
-            if len(rows) != k:
-                raise RuntimeError(f"level {plan.level}: query {name!r} missing for some children")
-            noisy.append(np.stack(rows["noisy"].to_numpy()).astype(np.float64))
-        totals = children.drop_duplicates("geocode")["inv_total"]
-        child_totals = None if totals.isna().any() else totals.to_numpy(dtype=np.int64)
         problem = ChildrenProblem(
             marginals=tuple(c2m[active] for c2m in plan.cell_to_marginal),
             marginal_sizes=plan.marginal_sizes,
             weights=plan.weights,
-            noisy=tuple(noisy),
+            noisy=noisy,
             parent=None if parent is None else parent[active].astype(np.int64),
-            child_totals=child_totals,
+            child_totals=totals,
         )
         x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
     cells, counts = [], []
@@ -108,6 +100,33 @@ def solve_family(
     return pd.DataFrame(
         {"level": plan.level, "geocode": geocodes, "cells": cells, "counts": counts}
     )
+
+
+def _family_arrays(
+    plan: LevelPlan, children: pd.DataFrame
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
+    """Child geocodes, the noisy answers per query (plan order, ``(k, size)`` floats) and the
+    invariant child totals (None when the level has none) of rows sorted by (geocode, query)."""
+    by_name = sorted(plan.query_names)
+    q = len(by_name)
+    geocode = children["geocode"].to_numpy()
+    names = children["query"].to_numpy()
+    k = len(geocode) // q
+    if (
+        len(geocode) != k * q
+        or not (names.reshape(k, q) == np.array(by_name, dtype=object)).all()
+        or not (geocode.reshape(k, q) == geocode[::q, None]).all()
+    ):
+        raise RuntimeError(
+            f"level {plan.level}: a family's rows are not one per (child, query) for"
+            f" queries {by_name}"
+        )
+    rows = children["noisy"].to_numpy()
+    noisy = tuple(
+        np.stack(rows[by_name.index(name) :: q]).astype(np.float64) for name in plan.query_names
+    )
+    totals = children["inv_total"].iloc[::q]
+    return geocode[::q], noisy, None if totals.isna().any() else totals.to_numpy(dtype=np.int64)
 
 
 def _dense(cells: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:

@@ -7,6 +7,8 @@ measurement pass, the invariants and the evaluation, and are never written to a 
 
 from __future__ import annotations
 
+from functools import reduce
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -14,33 +16,32 @@ from censusdp_spark.model.geography import Hierarchy
 
 
 def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
-    """All levels' node histograms in one aggregation: every block row is fanned out to its
-    ancestor at each level, then summed by (level, node, cell). Zero-population nodes keep a
-    row with empty arrays."""
-    ancestors = F.array(
-        *[
-            F.struct(
-                F.lit(lv.name).alias("level"),
-                (F.substring("geocode", 1, lv.digits) if lv.digits else F.lit("")).alias("node"),
-            )
-            for lv in hierarchy.levels
-        ]
-    )
-    fanned = blocks.select(
-        F.explode(ancestors).alias("a"), F.explode_outer(F.arrays_zip("cells", "counts")).alias("e")
-    )
-    sums = fanned.groupBy(
-        F.col("a.level").alias("level"),
-        F.col("a.node").alias("geocode"),
-        F.col("e.cells").alias("cell"),
-    ).agg(F.sum("e.counts").alias("count"))
-    nodes = sums.groupBy("level", "geocode").agg(
+    """All levels' node histograms, built bottom-up: the leaves are the block rows as they are;
+    each level above sums the (node, cell) counts of the level below, so only the leaf level is
+    ever exploded to one row per non-zero cell, and every aggregation after the first is small.
+    Zero-population nodes keep a row with empty arrays."""
+    levels = [
+        blocks.select(F.lit(hierarchy.leaf.name).alias("level"), "geocode", "cells", "counts")
+    ]
+    below = blocks.select(
+        "geocode", F.explode_outer(F.arrays_zip("cells", "counts")).alias("e")
+    ).select("geocode", F.col("e.cells").alias("cell"), F.col("e.counts").alias("count"))
+    for level in reversed(hierarchy.levels[:-1]):
+        node = F.substring("geocode", 1, level.digits) if level.digits else F.lit("")
+        below = below.groupBy(node.alias("geocode"), "cell").agg(F.sum("count").alias("count"))
+        levels.append(_sparse(below, level.name))
+    return reduce(DataFrame.unionByName, levels)
+
+
+def _sparse(long: DataFrame, level: str) -> DataFrame:
+    """``geocode, cell, count`` (a null cell marks an empty node) -> one row per node."""
+    nodes = long.groupBy("geocode").agg(
         F.sort_array(
             F.collect_list(F.when(F.col("cell").isNotNull(), F.struct("cell", "count")))
         ).alias("h")
     )
     return nodes.select(
-        "level",
+        F.lit(level).alias("level"),
         "geocode",
         F.col("h.cell").cast("array<int>").alias("cells"),
         F.col("h.count").cast("array<bigint>").alias("counts"),

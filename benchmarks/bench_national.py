@@ -1,0 +1,182 @@
+"""TopDown on the SYNTHETIC national input at several fractions: the scaling curve of issue 7.
+
+    .venv/bin/python benchmarks/bench_national.py [--fractions 0.01,0.1,0.3,1] [--work DIR]
+
+For every fraction it generates the input if ``DIR/national_<F>`` does not hold it yet
+(``censusdp generate national --seed 2020 --fraction F``), then runs
+``censusdp topdown --config conf/national_demo.toml --master local[2]`` as a child process and
+records:
+
+* wall time per stage, from the job's ``[censusdp] <stage>: <s> s`` progress lines;
+* peak memory: the largest sum of resident set sizes over the whole process tree (driver JVM,
+  Python workers), sampled every 0.5 s from /proc;
+* noised cells per second of the measurement stage (every node's every marginal cell);
+* cost per block relative to the smallest fraction of the same run (1.0 = linear scaling).
+
+Writes benchmarks/results/national.md. Never a unit test: these are figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from censusdp_spark.model.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "conf" / "national_demo.toml"
+STAGE = re.compile(r"^\[censusdp\] (\w+): ([0-9.]+) s(?: \((\d+) nodes\))?")
+
+
+def _tree_rss_bytes(root_pid: int) -> int:
+    """Sum of RSS over ``root_pid`` and all its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            pid, ppid, pages = int(entry.name), int(fields[1]), int(fields[21])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+        rss[pid] = pages * os.sysconf("SC_PAGE_SIZE")
+    total, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def _input(fraction: float, work: Path) -> Path:
+    folder = work / f"national_{fraction:g}"
+    if not (folder / "metadata.json").exists():
+        subprocess.run(
+            [sys.executable, "-m", "censusdp_spark.cli", "generate", "national", "--seed", "2020",
+             "--fraction", str(fraction), "--output", str(folder), "--overwrite"],
+            check=True,
+        )  # fmt: skip
+    return folder
+
+
+def run_topdown(blocks: Path, output: Path) -> dict:
+    command = [
+        sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config", str(CONFIG),
+        "--input", str(blocks), "--output", str(output), "--overwrite", "--master", "local[2]",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss_bytes(proc.pid))
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stages: dict[str, float] = {}
+    nodes: dict[str, int] = {}
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        match = STAGE.match(line)
+        if match:
+            stages[match[1]] = float(match[2])
+            if match[3]:
+                nodes[match[1].removeprefix("estimate_")] = int(match[3])
+    code = proc.wait()
+    done.set()
+    sampler.join()
+    if code != 0:
+        raise RuntimeError(f"TopDown failed with exit code {code}: {' '.join(command)}")
+    return {
+        "wall_s": time.perf_counter() - started,
+        "stages": stages,
+        "nodes": nodes,
+        "peak_gib": peak / 2**30,
+    }
+
+
+def noised_cells(nodes: dict[str, int]) -> int:
+    config = load_config(CONFIG)
+    return sum(count * sum(q.size for q in config.queries[level]) for level, count in nodes.items())
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    base = rows[0]
+    base_per_block = base["wall_s"] / base["blocks"]
+    stage_names = list(rows[-1]["stages"])
+    lines = [
+        "## National scale (issue 7): TopDown on the SYNTHETIC national input",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end). Inputs: "
+        "`censusdp generate national --seed 2020 --fraction F` (SYNTHETIC blocks under the real "
+        "2020 tracts; fractions pick whole states). Config: `conf/national_demo.toml` (16 cells, "
+        "production person rho, state populations invariant).",
+        "",
+        "| fraction | states | blocks | wall (s) | s per 1k blocks | vs linear from the first row "
+        "| peak RSS, whole tree (GiB) | noised cells/s in measure |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        per_block = r["wall_s"] / r["blocks"]
+        lines.append(
+            f"| {r['fraction']:g} | {r['states']} | {r['blocks']:,} | {r['wall_s']:.0f} | "
+            f"{1000 * per_block:.2f} | {per_block / base_per_block:.2f}× | {r['peak_gib']:.1f} | "
+            f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} |"
+        )
+    lines += [
+        "",
+        "Wall time per stage (s):",
+        "",
+        "| fraction | " + " | ".join(stage_names) + " |",
+        "|---|" + "---|" * len(stage_names),
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['fraction']:g} | "
+            + " | ".join(f"{r['stages'].get(s, float('nan')):.1f}" for s in stage_names)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fractions", default="0.01,0.1,0.3,1")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national"))
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks/results/national.md")
+    args = parser.parse_args()
+    rows = []
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        folder = _input(fraction, args.work)
+        meta = json.loads((folder / "metadata.json").read_text())
+        result = run_topdown(folder / "blocks", args.work / f"release_{fraction:g}")
+        row = {
+            "fraction": fraction,
+            "states": len(meta["states"]),
+            "blocks": result["nodes"]["block"],
+            "cells": noised_cells(result["nodes"]),
+            **result,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        args.results.write_text(
+            markdown(rows, " ".join(["benchmarks/bench_national.py", *sys.argv[1:]]))
+        )
+
+
+if __name__ == "__main__":
+    main()
