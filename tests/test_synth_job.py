@@ -184,10 +184,12 @@ def bad_input_run(tmp_path, secret, households, persons, config_edit=lambda t: t
     return out
 
 
-def real_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
-    return (
-        pd.read_csv(ROOT / "data" / "pums" / "households.csv", dtype=str),
-        pd.read_csv(ROOT / "data" / "pums" / "persons.csv", dtype=str),
+def real_tables(n: int = 300) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The first ``n`` real households and their persons (small, so each run is quick)."""
+    households = pd.read_csv(ROOT / "data" / "pums" / "households.csv", dtype=str).head(n)
+    persons = pd.read_csv(ROOT / "data" / "pums" / "persons.csv", dtype=str)
+    return households, persons[persons["SERIALNO"].isin(households["SERIALNO"])].reset_index(
+        drop=True
     )
 
 
