@@ -43,7 +43,12 @@ def check_estimates(
         .filter(F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0)))
         .count()
     )
-    totals = estimates.groupBy("level", "geocode").agg(F.sum("count").alias("total"))
+    invariant_levels = [r["level"] for r in invariant_totals.select("level").distinct().collect()]
+    totals = (
+        estimates.filter(F.col("level").isin(invariant_levels))
+        .groupBy("level", "geocode")
+        .agg(F.sum("count").alias("total"))
+    )
     broken_invariants = (
         invariant_totals.join(totals, ["level", "geocode"], "left")
         .filter(F.coalesce(F.col("total"), F.lit(0)) != F.col("inv_total"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import reduce
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -26,9 +27,13 @@ def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
     below = blocks.select(
         "geocode", F.explode_outer(F.arrays_zip("cells", "counts")).alias("e")
     ).select("geocode", F.col("e.cells").alias("cell"), F.col("e.counts").alias("count"))
-    for level in reversed(hierarchy.levels[:-1]):
+    for i, level in enumerate(reversed(hierarchy.levels[:-1])):
         node = F.substring("geocode", 1, level.digits) if level.digits else F.lit("")
         below = below.groupBy(node.alias("geocode"), "cell").agg(F.sum("count").alias("count"))
+        if i == 0:
+            # Every level above reads this one; Spark does not reuse its shuffle across the
+            # union's branches, so keep it (a few million rows nationally) instead of redoing it.
+            below = below.persist(StorageLevel.MEMORY_AND_DISK)
         levels.append(_sparse(below, level.name))
     return reduce(DataFrame.unionByName, levels)
 
