@@ -290,7 +290,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "synth.md")
     args = parser.parse_args()
     if args.merge:
-        parts = [json.loads(p.read_text()) for p in args.merge]
+        parts = [part for p in args.merge for part in json.loads(p.read_text())]
         write_report(parts, args.output)
         print(f"wrote {args.output}")
         return
