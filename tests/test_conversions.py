@@ -8,7 +8,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from censusdp_spark.privacy import approx_dp_to_zcdp, bun_steinke_epsilon, zcdp_to_approx_dp
+from censusdp_spark.privacy import (
+    approx_dp_to_zcdp,
+    bounded_range_epsilon,
+    bun_steinke_epsilon,
+    zcdp_to_approx_dp,
+)
 
 PERSONS_RHO = Fraction(293764, 114921)
 UNITS_RHO = Fraction(11417641, 152349649)
@@ -93,3 +98,29 @@ def test_bad_inputs_are_refused_naming_them(rho, delta):
 def test_inverse_refuses_negative_epsilon():
     with pytest.raises(ValueError, match="epsilon must be non-negative, got -1"):
         approx_dp_to_zcdp(-1, DELTA)
+
+
+@pytest.mark.parametrize(
+    "rho",
+    [Fraction(1, 8), Fraction(2, 455), Fraction(1, 3), Fraction(10**12), Fraction(0)],
+    ids=str,
+)
+def test_bounded_range_epsilon_is_the_largest_dyadic_epsilon_within_rho(rho):
+    """ε²/8 ≤ ρ always (never over-claim), and the next multiple of 2⁻⁶⁴ would exceed ρ."""
+    epsilon = bounded_range_epsilon(rho)
+    assert epsilon.denominator <= 2**64 and (2**64 % epsilon.denominator) == 0
+    assert epsilon**2 / 8 <= rho
+    assert (epsilon + Fraction(1, 2**64)) ** 2 / 8 > rho
+    assert float(epsilon) == pytest.approx(math.sqrt(8 * rho), rel=1e-15, abs=1e-18)
+
+
+def test_bounded_range_epsilon_is_exact_when_the_root_is_rational():
+    assert bounded_range_epsilon(Fraction(1, 8)) == 1
+    assert bounded_range_epsilon(Fraction(9, 32)) == Fraction(3, 2)
+
+
+def test_bounded_range_epsilon_refuses_floats_and_negative_rho():
+    with pytest.raises(TypeError):
+        bounded_range_epsilon(0.125)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        bounded_range_epsilon(Fraction(-1, 8))

@@ -15,10 +15,12 @@ import pytest
 from scipy import stats
 
 from censusdp_spark.privacy import (
+    bernoulli_exp_minus,
     discrete_gaussian,
     discrete_gaussian_pmf,
     discrete_gaussian_variance,
     discrete_laplace,
+    exponential_mechanism,
     keyed_rng,
     samplers,
 )
@@ -251,6 +253,86 @@ def test_geometric_count_has_ratio_exp_minus_one():
     support = np.arange(0, 60)
     pmf = (1 - math.exp(-1)) * np.exp(-support.astype(float))
     assert_fits(counts, (support, pmf))
+
+
+# --- Bernoulli(exp(−γ)) and the exponential mechanism -----------------------------------------
+
+BERNOULLI_GAMMAS = [Fraction(0), Fraction(1, 3), Fraction(5, 7), Fraction(1), Fraction(22, 7)]
+BERNOULLI_GAMMAS += [Fraction(5, 2), Fraction(10**12 + 1, 10**11)]  # a big non-dyadic one
+
+
+def bernoulli_frequencies(gammas, per_gamma: int, *key) -> np.ndarray:
+    draws = bernoulli_exp_minus(np.repeat(np.array(gammas, dtype=object), per_gamma), rng_for(*key))
+    return draws.reshape(len(gammas), per_gamma).mean(axis=1)
+
+
+def test_bernoulli_exp_minus_has_frequency_exp_minus_gamma_and_would_catch_gamma_30_percent_off():
+    n = 60_000
+    freq = bernoulli_frequencies(BERNOULLI_GAMMAS, n, "bernoulli")
+    target = np.exp(-np.array([float(g) for g in BERNOULLI_GAMMAS]))
+    stderr = np.sqrt(target * (1 - target) / n) + 1e-12
+    assert freq[0] == 1.0  # γ = 0 always succeeds
+    assert np.all(np.abs(freq - target) < 5 * stderr)
+    for wrong in (1.3, 0.7):
+        off = np.exp(-wrong * np.array([float(g) for g in BERNOULLI_GAMMAS[1:5]]))
+        assert np.all(np.abs(freq[1:5] - off) > 5 * stderr[1:5])
+
+
+@pytest.mark.parametrize("digit_bits", [2, 4])
+def test_bernoulli_exp_minus_stays_exact_when_most_draws_tie_on_the_first_digit(
+    monkeypatch, digit_bits
+):
+    monkeypatch.setattr(samplers, "_DIGIT_BITS", digit_bits)
+    gammas = [Fraction(1, 3), Fraction(5, 7), Fraction(22, 7)]
+    n = 40_000
+    freq = bernoulli_frequencies(gammas, n, "bernoulli ties", digit_bits)
+    target = np.exp(-np.array([float(g) for g in gammas]))
+    assert np.all(np.abs(freq - target) < 5 * np.sqrt(target * (1 - target) / n))
+
+
+def exponential_law(scores, epsilon) -> np.ndarray:
+    weights = np.exp(float(epsilon) * np.array([float(s) for s in scores]))
+    return weights / weights.sum()
+
+
+EM_SCORES = [Fraction(1, 3), Fraction(-2, 7), Fraction(0), Fraction(5, 3), Fraction(3, 2)]
+
+
+def test_exponential_mechanism_fits_its_exact_law_and_rejects_epsilon_30_percent_off():
+    """Sensitivity 1/2 with ε = 3/4: weights exp(3/4 · s / (2 · 1/2)) = exp(3s/4)."""
+    rng = rng_for("exponential mechanism")
+    n = 20_000
+    picks = [
+        exponential_mechanism(EM_SCORES, Fraction(3, 4), Fraction(1, 2), rng) for _ in range(n)
+    ]
+    observed = np.bincount(picks, minlength=len(EM_SCORES))
+    right = exponential_law(EM_SCORES, Fraction(3, 4))
+    assert stats.chisquare(observed, n * right).pvalue > THRESHOLD
+    for factor in (1.3, 0.7):
+        wrong = exponential_law(EM_SCORES, Fraction(3, 4) * Fraction(factor))
+        assert stats.chisquare(observed, n * wrong).pvalue < THRESHOLD
+
+
+def test_exponential_mechanism_with_one_score_and_with_a_huge_gap():
+    rng = rng_for("exponential mechanism edges")
+    assert exponential_mechanism([Fraction(7, 3)], 1, 1, rng) == 0
+    # ε/(2Δ) = 50: the runner-up has probability about exp(−50), the first exp(−5·10⁷).
+    picks = {
+        exponential_mechanism([0, 10**6, 10**6 - 1], 10, Fraction(1, 10), rng) for _ in range(50)
+    }
+    assert picks == {1}
+
+
+def test_exponential_mechanism_refuses_floats_and_empty_scores():
+    rng = rng_for("exponential mechanism refusals")
+    with pytest.raises(TypeError, match="Fraction"):
+        exponential_mechanism([0.5, 1], 1, 1, rng)
+    with pytest.raises(TypeError, match="Fraction"):
+        exponential_mechanism([0, 1], 0.5, 1, rng)
+    with pytest.raises(ValueError, match="at least one"):
+        exponential_mechanism([], 1, 1, rng)
+    with pytest.raises(ValueError, match="non-negative"):
+        bernoulli_exp_minus([Fraction(-1, 2)], rng)
 
 
 # --- the exact law ------------------------------------------------------------------------------

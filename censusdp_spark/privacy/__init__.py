@@ -5,24 +5,30 @@ Nothing here knows about Spark or the census schema; every module states its pri
 
 from censusdp_spark.privacy.conversions import (
     approx_dp_to_zcdp,
+    bounded_range_epsilon,
     bun_steinke_epsilon,
     zcdp_to_approx_dp,
 )
 from censusdp_spark.privacy.samplers import (
+    bernoulli_exp_minus,
     discrete_gaussian,
     discrete_gaussian_pmf,
     discrete_gaussian_variance,
     discrete_laplace,
+    exponential_mechanism,
 )
 from censusdp_spark.privacy.streams import keyed_rng, load_or_create_secret, secret_fingerprint
 
 __all__ = [
     "approx_dp_to_zcdp",
+    "bernoulli_exp_minus",
+    "bounded_range_epsilon",
     "bun_steinke_epsilon",
     "discrete_gaussian",
     "discrete_gaussian_pmf",
     "discrete_gaussian_variance",
     "discrete_laplace",
+    "exponential_mechanism",
     "keyed_rng",
     "load_or_create_secret",
     "secret_fingerprint",

@@ -13,6 +13,11 @@ validity. The second bound is never above the first: the first is the minimum ov
 αρ + ln(1/δ)/(α − 1), and the second's objective adds two non-positive terms to it.
 :func:`approx_dp_to_zcdp` is the inverse: the largest ρ whose tight ε at δ is within a target.
 
+An ε-DP mechanism whose privacy loss has bounded range ε, such as the exponential mechanism, is
+ε²/8-zCDP (Cesar and Rogers 2021, Lemma 3.2). :func:`bounded_range_epsilon` inverts that for an
+exact sampler, which needs a rational ε: it returns the largest multiple of 2⁻⁶⁴ with
+ε²/8 ≤ ρ, computed with integers only, so the ρ it is charged never understates what it spends.
+
 Numerics: with a = α − 1 the derivative of the objective is ρ − (ln(1/δ) − ln(1 + a))/a², which
 is negative below its only root and positive above it, and the root lies in
 (0, √(ln(1/δ)/ρ)]. We find it with Brent's method and evaluate the objective there with log1p,
@@ -61,6 +66,20 @@ def approx_dp_to_zcdp(epsilon: Real, delta: float) -> float:
             low = middle
         else:
             high = middle
+
+
+def bounded_range_epsilon(rho: Fraction | int, bits: int = 64) -> Fraction:
+    """The largest ε = k/2**bits with ε²/8 ≤ ρ: the exponential mechanism's ε for ρ-zCDP.
+
+    With x = ⌊8ρ·4**bits⌋ and k = isqrt(x): k² ≤ x ≤ 8ρ·4**bits, so (k/2**bits)²/8 ≤ ρ; and
+    (k + 1)² ≥ x + 1 > 8ρ·4**bits, so ε falls short of √(8ρ) by less than 2**−bits.
+    """
+    if isinstance(rho, bool) or not isinstance(rho, int | Fraction):
+        raise TypeError(f"rho must be an int or a fractions.Fraction, got {rho!r}")
+    if rho < 0:
+        raise ValueError(f"rho must be non-negative, got {rho!r}")
+    scaled = Fraction(rho) * 8 * 4**bits
+    return Fraction(math.isqrt(scaled.numerator // scaled.denominator), 2**bits)
 
 
 def _checked(rho: Real, delta: float) -> tuple[float, float]:

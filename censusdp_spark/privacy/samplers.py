@@ -1,4 +1,5 @@
-"""Exact discrete Gaussian and discrete Laplace samplers, vectorised over numpy arrays.
+"""Exact discrete Gaussian and discrete Laplace samplers, exact Bernoulli(exp(−γ)) draws and the
+exact exponential mechanism, vectorised over numpy arrays.
 
 Privacy claim
 -------------
@@ -7,18 +8,24 @@ Privacy claim
   Gaussian for Differential Privacy", Theorem 14).
 * ``discrete_laplace``: adding independent noise with Pr[z] ∝ exp(−|z|/b) to every coordinate of a
   query with L1 sensitivity Δ is (Δ/b)-DP (the geometric mechanism).
+* ``exponential_mechanism``: choosing index i with probability ∝ exp(ε·s_i/(2Δ)), for scores whose
+  every entry moves by at most Δ between neighbours, is ε-DP (McSherry and Talwar 2007), and, as
+  its privacy loss has bounded range ε, ε²/8-zCDP (Cesar and Rogers 2021, Lemma 3.2).
+  ``bernoulli_exp_minus`` is its building block and carries no claim of its own.
 
-Both claims need the noise to follow these laws *exactly*, and here it does, given uniform random
+All claims need the draws to follow these laws *exactly*, and here they do, given uniform random
 bits: every accept/reject decision is a comparison of integers, and no floating-point number
-decides anything. σ² and b must therefore be exact rationals (``int`` or ``fractions.Fraction``);
-a ``float`` is refused, because it is not the number you chose.
+decides anything. σ², b, ε, Δ, γ and the scores must therefore be exact rationals (``int`` or
+``fractions.Fraction``); a ``float`` is refused, because it is not the number you chose (convert
+a float you do mean with ``Fraction(x)``, which is exact).
 
 Trust assumptions
 -----------------
 * The generator's output is uniform and unpredictable. Use
   :func:`censusdp_spark.privacy.keyed_rng` (ChaCha20); the claims are only as good as its bits.
 * Rejection sampling runs a random number of rounds, so the time a call takes depends on the noise
-  it drew. This module does not hide that: never expose per-call timings to an adversary.
+  it drew (and, for the exponential mechanism, on the scores). This module does not hide that:
+  never expose per-call timings to an adversary.
 * A value that does not fit in int64 raises ``OverflowError`` instead of wrapping. For σ or b
   below 2**40 that has probability below exp(−2**20).
 
@@ -50,6 +57,14 @@ draw decides the outcome unless all six digits are zero. The law depends only on
 of M lead to each outcome, so we relabel M: the values of the odd stops come first, then those
 of the even stops, and the last value (all digits zero, one in 5040) finishes with the ordinary
 loop from K = 8.
+
+*Exponential mechanism.* With s* the largest score and γ_i = ε·(s* − s_i)/(2Δ) ≥ 0, propose i
+uniformly and accept it with probability exp(−γ_i) (Algorithm 1 on γ_i), until one is accepted:
+each round accepts i with probability exp(−γ_i)/n, so the accepted index has law
+∝ exp(−γ_i) ∝ exp(ε·s_i/(2Δ)). The best index is accepted with probability 1, so a round accepts
+with probability at least 1/n; proposals are drawn in batches of 4n + 16 and the first accepted
+one, by position, is kept. The γ_i share one denominator (their lcm), so the draws reuse the
+digit machinery of the Gaussian exponent below.
 
 *Big integers.* With σ² = p/q and t = ⌊σ⌋ + 1 the acceptance exponent of Algorithm 3 is
 γ(y) = (q·t·y − p)² / (2·p·q·t²) for y = |Y|. For the production budgets p and q reach
@@ -115,6 +130,45 @@ def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator)
     )
 
 
+def bernoulli_exp_minus(
+    gammas: Sequence[Fraction | int] | np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """One independent draw of Bernoulli(exp(−γ_i)) per exact rational γ_i ≥ 0 (CKS20
+    Algorithm 1), as a boolean array."""
+    exact = [_exact_non_negative(g, "gamma") for g in gammas]
+    table = _rational_exponent_table(exact)
+    key = np.arange(len(exact))
+    fraction = _Fractions(table.lead, key, table.remainders, table.denom)
+    return _bernoulli_exp_minus(table.whole, fraction, _Words(rng, 8 * len(exact)))
+
+
+def exponential_mechanism(
+    scores: Sequence[Fraction | int],
+    epsilon: Fraction | int,
+    sensitivity: Fraction | int,
+    rng: np.random.Generator,
+) -> int:
+    """Index i drawn with probability exp(ε·s_i/(2Δ)) / Σ_j exp(ε·s_j/(2Δ)), exactly.
+
+    ε-DP and ε²/8-zCDP when every score moves by at most ``sensitivity`` between neighbours (see
+    the module docstring). Every score, ε and Δ must be an exact rational.
+    """
+    eps = _exact_positive(epsilon, "epsilon")
+    delta = _exact_positive(sensitivity, "sensitivity")
+    exact = [_exact_rational(s, "score") for s in scores]
+    if not exact:
+        raise ValueError("the exponential mechanism needs at least one score")
+    best, scale, n = max(exact), eps / (2 * delta), len(exact)
+    table = _rational_exponent_table([scale * (best - s) for s in exact])
+    words = _Words(rng, 4 * (4 * n + 16))
+    while True:
+        proposed = words.below(n, 4 * n + 16)
+        fraction = _Fractions(table.lead[proposed], proposed, table.remainders, table.denom)
+        accepted = _bernoulli_exp_minus(table.whole[proposed], fraction, words).nonzero()[0]
+        if accepted.size:
+            return int(proposed[accepted[0]])
+
+
 def discrete_gaussian_pmf(
     sigma2: Fraction | int, support: Iterable[int] | np.ndarray
 ) -> np.ndarray:
@@ -151,6 +205,27 @@ def _exact_positive(value: object, name: str) -> Fraction:
     exact = Fraction(int(value)) if isinstance(value, np.integer) else Fraction(value)
     if exact <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
+    return exact
+
+
+def _exact_rational(value: object, name: str) -> Fraction:
+    """``value`` as a Fraction of any sign; floats and other inexact types are refused."""
+    if isinstance(value, float | np.floating):
+        raise TypeError(
+            f"{name}={value!r} is a float; pass a fractions.Fraction such as Fraction({value!r}), "
+            "which converts it exactly"
+        )
+    if isinstance(value, bool) or not isinstance(value, int | np.integer | Fraction):
+        raise TypeError(
+            f"{name} must be an int or a fractions.Fraction, got {type(value).__name__} {value!r}"
+        )
+    return Fraction(int(value)) if isinstance(value, np.integer) else Fraction(value)
+
+
+def _exact_non_negative(value: object, name: str) -> Fraction:
+    exact = _exact_rational(value, name)
+    if exact < 0:
+        raise ValueError(f"{name} must be non-negative, got {value!r}")
     return exact
 
 
@@ -481,6 +556,19 @@ def _exponent_table(p: int, q: int, t: int, ys: np.ndarray, digit_bits: int) -> 
     whole = numerator // denom
     remainders = numerator - whole * denom
     lead = (remainders << digit_bits) // denom
+    return _ExponentTable(whole.astype(np.int64), lead.astype(_DIGIT_DTYPE), remainders, denom)
+
+
+def _rational_exponent_table(gammas: Sequence[Fraction]) -> _ExponentTable:
+    """⌊γ_i⌋ and the fractional part of each γ_i ≥ 0, over the lcm of their denominators.
+
+    A γ_i of 2**63 or more raises ``OverflowError`` (exp(−γ_i) is then below exp(−9·10¹⁸)).
+    """
+    denom = math.lcm(*(g.denominator for g in gammas)) if gammas else 1
+    numerator = np.array([g.numerator * (denom // g.denominator) for g in gammas], dtype=object)
+    whole = numerator // denom
+    remainders = numerator - whole * denom
+    lead = (remainders << _DIGIT_BITS) // denom
     return _ExponentTable(whole.astype(np.int64), lead.astype(_DIGIT_DTYPE), remainders, denom)
 
 

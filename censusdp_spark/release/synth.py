@@ -265,8 +265,8 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
                 "rounds": rounds if options.method != "independent" else None,
                 "select_share": str(config.budget.select_share),
                 "rho_spent_exact": str(result.rho_spent()),
-                "noise": "floating-point Gaussian and Gumbel from keyed ChaCha20 streams "
-                "(not exact samplers)",
+                "noise": "exact discrete Gaussian on counts and exact exponential mechanism "
+                "(rational epsilon, rounded down), from keyed ChaCha20 streams",
             },
             "budget": result.budget_rows,
             "public_totals": {

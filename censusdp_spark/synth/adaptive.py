@@ -14,12 +14,17 @@ the noise, was tried and dropped: with whole 3-way workloads of up to a few hund
 fired almost every round, leaving 5–13 rounds and twice the max error of fixed rounds.)
 
 1. **Select** the unmeasured candidate workload whose current model answers are worst, by the
-   exponential mechanism on the score u(w) = max over its cells |q(D) − q(model)| with
-   ε_t = √(8 ρ_select): the winner is argmax_w ε_t·u(w)/(2Δ) + Gumbel(0, 1) (Gumbel-max, exactly
-   the exponential mechanism). ε-DP implies ε²/8-zCDP for this mechanism (Cesar & Rogers 2021,
-   bounded range), so the step is ρ_select-zCDP.
-2. **Measure** every cell of the chosen workload with the Gaussian mechanism,
-   σ = Δ₂/√(2 ρ_measure) (ρ = Δ₂²/(2σ²), Bun & Steinke 2016); answers clipped to [0, 1].
+   exponential mechanism on the score u(w) = max over its cells |q(D) − q(model)|, with ε_t the
+   largest multiple of 2⁻⁶⁴ not above √(8 ρ_select)
+   (:func:`censusdp_spark.privacy.bounded_range_epsilon`; √ is irrational and the exact sampler
+   needs a rational ε, so ε is rounded *down*, by less than 2⁻⁶⁴). ε-DP implies ε²/8-zCDP for
+   this mechanism (Cesar & Rogers 2021, bounded range), and ε_t²/8 ≤ ρ_select, so the step is
+   ρ_select-zCDP.
+2. **Measure** every cell of the chosen workload with the Gaussian mechanism on *counts*: the
+   integer count c of each cell plus discrete Gaussian noise N_Z(0, 1/ρ_measure), divided by the
+   workload's normaliser N and clipped to [0, 1] (post-processing). In count units the L2
+   sensitivity is √2, so ρ = 2/(2σ²) = ρ_measure (CKS20, Theorem 14); the recorded σ is the
+   normalised 1/(N·√ρ_measure) = Δ₂/√(2 ρ_measure).
 3. **Refit** the model to all measurements so far (post-processing), each weighted by
    (σ_ref/σ)², its inverse noise variance relative to a round's group-level measurement: the
    weighted squared error is the Gaussian likelihood of the measurements.
@@ -28,19 +33,24 @@ Neighbouring datasets (Liu & Wu §3): the individual attributes of one person ch
 of households N_G, of individuals N_I, every household's membership and group attributes, and
 M are fixed and public. Then each normalised query moves by at most Δ = 1/N_G (Q_G: one
 household's indicator; size: nothing moves) or 1/N_I ≤ 1/N_G (Q_I: one person's indicator), so
-every score has sensitivity Δ = 1/N_G (the paper's max over the classes). A whole workload moves
-in at most two cells (the person leaves one cell and enters another; for Q_G the household may
-lose one person-value combination and gain one), so its L2 sensitivity is √2/N_G for Q_G and
-size and √2/N_I for Q_I. By composition the run is ρ-zCDP with
+every score has sensitivity Δ = 1/N_G (the paper's max over the classes). Scores are computed in
+float64 from answers c/N rounded to nearest and model answers clipped to [0, 1], so each is within
+2⁻⁵³ of its exact value and a neighbour moves it by at most Δ + 2⁻⁵²; the mechanism is run with
+Δ + 2⁻⁵⁰. A whole workload moves in at most two cells (the person leaves one cell and enters
+another; for Q_G the household may lose one person-value combination and gain one), each by one
+count, so its L2 sensitivity is √2 in counts: √2/N_G for Q_G and size and √2/N_I for Q_I. By composition the run is ρ-zCDP with
 ρ = Σ_initial ρ_i + Σ_t (ρ_select + ρ_measure), which is checked to equal the configured total
 exactly.
 
-Trust assumptions: the Gaussian noise is numpy's floating-point normal (``Generator.normal``) and
-the Gumbel noise numpy's floating-point Gumbel, both drawn from a keyed ChaCha20 stream
-(:func:`censusdp_spark.privacy.keyed_rng`). These are the continuous mechanisms of the paper's
-code, computed in floating point; they are not the exact discrete samplers the TopDown counts use
-(see ``censusdp_spark.privacy.samplers``), and floating-point artefacts (Mironov 2012) are not
-defended against here.
+Trust assumptions: both mechanisms are exact, as for the TopDown counts: the measurement noise is
+the exact discrete Gaussian and the selection the exact exponential mechanism of
+:mod:`censusdp_spark.privacy.samplers` (integer and rational arithmetic only, no floating-point
+number decides a draw; Mironov 2012's attack has nothing to act on), with random bits from a
+keyed ChaCha20 stream (:func:`censusdp_spark.privacy.keyed_rng`). ``truth`` arrives as float64
+fractions c/N; the integer counts are recovered from it exactly, and an answer that is not the
+float64 of an integer count over its normaliser is refused (:func:`exact_counts`). The fitted
+model, the inverse-variance weights and the clipping are post-processing and use floats freely.
+As in the samplers, the running time of a draw depends on the draw and is not hidden.
 """
 
 from __future__ import annotations
@@ -54,7 +64,12 @@ from typing import Protocol
 
 import numpy as np
 
-from censusdp_spark.privacy import keyed_rng
+from censusdp_spark.privacy import (
+    bounded_range_epsilon,
+    discrete_gaussian,
+    exponential_mechanism,
+    keyed_rng,
+)
 from censusdp_spark.synth.product import Target
 from censusdp_spark.synth.workloads import GROUP, INDIVIDUAL, SIZE, Totals, Workload, WorkloadSet
 
@@ -70,9 +85,9 @@ class RoundBudget:
     rho_measure: Fraction
 
     @property
-    def epsilon_select(self) -> float:
-        """The exponential mechanism's ε: ε²/8 = ρ_select."""
-        return math.sqrt(8 * self.rho_select)
+    def epsilon_select(self) -> Fraction:
+        """The exponential mechanism's ε: the largest multiple of 2⁻⁶⁴ with ε²/8 ≤ ρ_select."""
+        return bounded_range_epsilon(self.rho_select)
 
 
 @dataclass(frozen=True)
@@ -113,35 +128,73 @@ def plan_budget(rho: Fraction, rounds: int, select_share: Fraction, initial: int
     return plan
 
 
-def selection_sensitivity(totals: Totals) -> float:
-    """Δ of every workload score: 1/N_G (≥ 1/N_I because every household has a member)."""
-    return 1.0 / totals.households
+SCORE_ROUNDING = Fraction(1, 2**50)
+"""Added to Δ for the float64 scores: each is within 2⁻⁵³ of its exact value (module docstring)."""
 
 
-def l2_sensitivity(workload: Workload, totals: Totals) -> float:
-    """L2 sensitivity of a whole normalised workload under the change-one-person neighbour."""
+def selection_sensitivity(totals: Totals) -> Fraction:
+    """Δ of every float64 workload score: 1/N_G (≥ 1/N_I because every household has a member),
+    plus :data:`SCORE_ROUNDING` for the rounding of the scores."""
+    return Fraction(1, max(totals.households, 1)) + SCORE_ROUNDING
+
+
+def normaliser(workload: Workload, totals: Totals) -> int:
+    """N of a measured workload, whose answers are count/N: N_G for Q_G and size, N_I for Q_I."""
     if workload.kind in (GROUP, SIZE):
-        return math.sqrt(2.0) / totals.households
+        return max(totals.households, 1)
     if workload.kind == INDIVIDUAL:
-        return math.sqrt(2.0) / totals.individuals
+        return max(totals.individuals, 1)
     raise ValueError(f"{workload.kind} workloads are evaluated, not measured")
 
 
+def l2_sensitivity(workload: Workload, totals: Totals) -> float:
+    """L2 sensitivity of a whole normalised workload under the change-one-person neighbour: √2/N
+    (√2 in count units)."""
+    return math.sqrt(2.0) / normaliser(workload, totals)
+
+
 def gaussian_sigma(workload: Workload, totals: Totals, rho: Fraction) -> float:
+    """σ of the normalised noise, 1/(N·√ρ) = Δ₂/√(2ρ): for the weights and the report."""
     return l2_sensitivity(workload, totals) / math.sqrt(2 * rho)
 
 
-def exponential_mechanism(
-    scores: np.ndarray, epsilon: float, sensitivity: float, rng: np.random.Generator
+def exact_counts(answers: np.ndarray, normaliser: int) -> np.ndarray:
+    """The integer counts 0 ≤ c ≤ N with answers = float64(c/N), recovered exactly, as int64.
+
+    For 0 ≤ c ≤ N < 2⁵⁰, float64(float64(c/N)·N) is within c·2⁻⁵² < 1/2 of c, so rounding
+    returns c. Distinct c ≤ N have distinct float64(c/N) (the exact values are 1/N apart, far
+    more than an ulp), so the check that the recovered counts give back ``answers`` exactly
+    proves they are the counts.
+    """
+    if not 1 <= normaliser < 2**50:
+        raise ValueError(f"normaliser {normaliser} is outside [1, 2**50)")
+    counts = np.rint(np.asarray(answers, dtype=np.float64) * normaliser)
+    in_range = np.all((counts >= 0) & (counts <= normaliser))
+    if not (in_range and np.array_equal(counts / normaliser, answers)):
+        raise ValueError(f"answers are not integer counts over their normaliser {normaliser}")
+    return counts.astype(np.int64)
+
+
+def select_workload(
+    scores: np.ndarray, epsilon: Fraction, sensitivity: Fraction, rng: np.random.Generator
 ) -> int:
-    """Index drawn with probability ∝ exp(ε·score/(2Δ)) (Gumbel-max); −inf scores never win."""
-    noisy = epsilon * scores / (2 * sensitivity) + rng.gumbel(size=scores.shape)
-    return int(np.argmax(noisy))
+    """Index drawn with probability ∝ exp(ε·score/(2Δ)) by the exact exponential mechanism;
+    −inf scores (measured workloads) never win. Each float score is converted exactly."""
+    finite = np.isfinite(scores).nonzero()[0]
+    if np.isnan(scores).any() or np.isposinf(scores).any() or not finite.size:
+        raise ValueError("scores must be finite or -inf, with at least one finite")
+    exact = [Fraction(float(x)) for x in scores[finite]]
+    return int(finite[exponential_mechanism(exact, epsilon, sensitivity, rng)])
 
 
-def gaussian_measure(answers: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:
-    """Answers plus N(0, σ²) per cell, clipped to [0, 1] (clipping is post-processing)."""
-    return np.clip(answers + rng.normal(0.0, sigma, size=answers.shape), 0.0, 1.0)
+def gaussian_measure(
+    answers: np.ndarray, normaliser: int, rho: Fraction, rng: np.random.Generator
+) -> np.ndarray:
+    """(count + N_Z(0, 1/ρ)) / N per cell, clipped to [0, 1]: ρ-zCDP for a workload whose counts
+    have L2 sensitivity √2 (clipping is post-processing). ``answers`` are the counts over N."""
+    counts = exact_counts(answers, normaliser)
+    noise = discrete_gaussian(1 / rho, counts.size, rng).reshape(counts.shape)
+    return np.clip((counts + noise) / normaliser, 0.0, 1.0)
 
 
 def workload_max_errors(truth: np.ndarray, model: np.ndarray, workloads: WorkloadSet) -> np.ndarray:
@@ -169,7 +222,7 @@ class Measurement:
     sigma: float
     rho_select: Fraction
     rho_measure: Fraction
-    epsilon_select: float  # 0 for the initial measurements (nothing selected)
+    epsilon_select: float  # the exact ε as a float, for the report; 0 for the initial measurements
     weight: float  # (σ_ref/σ)² in the fitting loss
 
 
@@ -195,14 +248,17 @@ def adaptive_measurements(
     stream: str,
 ) -> AdaptiveResult:
     """Measure the first ``len(plan.initial)`` workloads of ``candidates``, then run rounds over
-    the others until ρ is spent; ``truth`` (normalised answers of ``candidates``) is touched only
-    by the two mechanisms. Each measurement's randomness is its own keyed stream, so a rerun with
-    the same secret redraws exactly the same selections and noise."""
+    the others until ρ is spent; ``truth`` (normalised answers of ``candidates``, each an integer
+    count over its normaliser, checked) is touched only by the two mechanisms. Each
+    measurement's randomness is its own keyed stream, so a rerun with the same secret redraws
+    exactly the same selections and noise."""
     n_initial = len(plan.initial)
     if len(plan.rounds) > len(candidates) - n_initial:
         raise ValueError(
             f"{len(plan.rounds)} rounds but only {len(candidates) - n_initial} candidate workloads"
         )
+    for i, workload in enumerate(candidates.workloads):
+        exact_counts(truth[candidates.cells(i)], normaliser(workload, totals))
     result = AdaptiveResult()
     measured = np.zeros(len(candidates), dtype=bool)
     delta = selection_sensitivity(totals)
@@ -212,7 +268,10 @@ def adaptive_measurements(
         workload = candidates.workloads[i]
         sigma = gaussian_sigma(workload, totals, rho_i)
         noisy = gaussian_measure(
-            truth[candidates.cells(i)], sigma, keyed_rng(secret, stream, "initial", i)
+            truth[candidates.cells(i)],
+            normaliser(workload, totals),
+            rho_i,
+            keyed_rng(secret, stream, "initial", i),
         )
         weight = measurement_weight(sigma, reference)
         result.measurements.append(
@@ -224,17 +283,20 @@ def adaptive_measurements(
         result.seconds.extend([(time.perf_counter() - started) / n_initial] * n_initial)
     for budget in plan.rounds:
         started = time.perf_counter()
-        scores = workload_max_errors(truth, synth.answers(candidates), candidates)
+        model = np.clip(synth.answers(candidates), 0.0, 1.0)  # keeps the score rounding bound
+        scores = workload_max_errors(truth, model, candidates)
         scores[measured] = -np.inf
-        chosen = exponential_mechanism(
-            scores, budget.epsilon_select, delta, keyed_rng(secret, stream, "select", budget.round)
+        epsilon = budget.epsilon_select
+        chosen = select_workload(
+            scores, epsilon, delta, keyed_rng(secret, stream, "select", budget.round)
         )
         measured[chosen] = True
         workload = candidates.workloads[chosen]
         sigma = gaussian_sigma(workload, totals, budget.rho_measure)
         noisy = gaussian_measure(
             truth[candidates.cells(chosen)],
-            sigma,
+            normaliser(workload, totals),
+            budget.rho_measure,
             keyed_rng(secret, stream, "measure", budget.round),
         )
         result.measurements.append(
@@ -245,7 +307,7 @@ def adaptive_measurements(
                 sigma,
                 budget.rho_select,
                 budget.rho_measure,
-                budget.epsilon_select,
+                float(epsilon),
                 measurement_weight(sigma, reference),
             )
         )

@@ -7,7 +7,7 @@ every group attribute, the size and every member's attributes independently from
 clipped and renormalised noisy marginals: a product mixture with one component. With
 relationship roles declared, slot 0 is the head and the other slots draw the relationship from the
 non-head levels of its marginal. Sensitivities and trust assumptions are those of
-:mod:`censusdp_spark.synth.adaptive` (the same Gaussian mechanism).
+:mod:`censusdp_spark.synth.adaptive` (the same exact discrete Gaussian mechanism, on counts).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from censusdp_spark.privacy import keyed_rng
-from censusdp_spark.synth.adaptive import gaussian_measure, gaussian_sigma
+from censusdp_spark.synth.adaptive import gaussian_measure, gaussian_sigma, normaliser
 from censusdp_spark.synth.domain import HouseholdDomain
 from censusdp_spark.synth.product import ProductMixture
 from censusdp_spark.synth.workloads import (
@@ -67,7 +67,10 @@ def independent_marginals(
     for i, w in enumerate(workloads.workloads):
         sigma = gaussian_sigma(w, totals, share)
         noisy = gaussian_measure(
-            truth[workloads.cells(i)], sigma, keyed_rng(secret, stream, "measure", w.label)
+            truth[workloads.cells(i)],
+            normaliser(w, totals),
+            share,
+            keyed_rng(secret, stream, "measure", w.label),
         )
         measurements.append(IndependentMeasurement(w.label, share, sigma, noisy))
     if sum((m.rho for m in measurements), Fraction(0)) != rho:
