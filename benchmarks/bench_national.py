@@ -1,6 +1,10 @@
 """TopDown on the SYNTHETIC national input at several fractions: the scaling curve of issue 7.
 
     .venv/bin/python benchmarks/bench_national.py [--fractions 0.01,0.1,0.3,1] [--work DIR]
+        [--previous ROWS.jsonl]
+
+(``--previous`` takes the JSON rows an earlier invocation printed, so a long curve can be
+finished in several invocations; every row records its own command's run.)
 
 For every fraction it generates the input if ``DIR/national_<F>`` does not hold it yet
 (``censusdp generate national --seed 2020 --fraction F``), then runs
@@ -88,8 +92,10 @@ def run_topdown(blocks: Path, output: Path) -> dict:
     sampler.start()
     stages: dict[str, float] = {}
     nodes: dict[str, int] = {}
+    tail: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:
+        tail = [*tail[-40:], line]
         match = STAGE.match(line)
         if match:
             stages[match[1]] = float(match[2])
@@ -99,7 +105,9 @@ def run_topdown(blocks: Path, output: Path) -> dict:
     done.set()
     sampler.join()
     if code != 0:
-        raise RuntimeError(f"TopDown failed with exit code {code}: {' '.join(command)}")
+        raise RuntimeError(
+            f"TopDown failed with exit code {code}: {' '.join(command)}\n" + "".join(tail)
+        )
     return {
         "wall_s": time.perf_counter() - started,
         "stages": stages,
@@ -158,8 +166,13 @@ def main() -> None:
     parser.add_argument("--fractions", default="0.01,0.1,0.3,1")
     parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national"))
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks/results/national.md")
+    parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
     args = parser.parse_args()
     rows = []
+    if args.previous is not None:
+        rows = [
+            json.loads(ln) for ln in args.previous.read_text().splitlines() if ln.startswith("{")
+        ]
     for fraction in (float(f) for f in args.fractions.split(",")):
         folder = _input(fraction, args.work)
         meta = json.loads((folder / "metadata.json").read_text())

@@ -35,8 +35,12 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers use this interpreter
         master = master or os.environ.get("CENSUSDP_MASTER", "local[*]")
         if master.startswith("local"):
-            builder = builder.config("spark.driver.host", "127.0.0.1").config(
-                "spark.driver.bindAddress", "127.0.0.1"
+            # In local mode the driver JVM is the executor too: Spark's 1 GiB default heap cannot
+            # cache a national input (8.1 M blocks), so default to a heap that can.
+            builder = (
+                builder.config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.driver.memory", os.environ.get("CENSUSDP_DRIVER_MEMORY", "6g"))
             )
         builder = builder.master(master).config(
             "spark.jars", ",".join(str(j) for j in delta_jars())
