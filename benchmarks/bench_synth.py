@@ -3,7 +3,7 @@ Q_G ∪ Q_I and over Q_R for each method at ε ∈ {0.125, 0.25, 0.5, 1} with δ
 repeated with several benchmark secrets (mean ± sd over repetitions), and the wall time of the
 HPD-Fixed ε sweep on the full data. Writes benchmarks/results/synth.md.
 
-    nice -n 10 .venv/bin/python benchmarks/bench_synth.py [--epsilons 0.125 0.25 0.5 1] \
+    nice -n 19 .venv/bin/python benchmarks/bench_synth.py [--epsilons 0.125 0.25 0.5 1] \
         [--datasets reduced full] [--repetitions 5]
 
 The datasets can run as separate processes and be merged:
@@ -228,7 +228,7 @@ def write_report(parts: list[dict[str, Any]], output: Path) -> None:
     lines = [
         "# Hierarchical synthetic data: accuracy and runtime",
         "",
-        "Command: `nice -n 10 .venv/bin/python benchmarks/bench_synth.py` (each dataset as its own "
+        "Command: `nice -n 19 .venv/bin/python benchmarks/bench_synth.py` (each dataset as its own "
         f"process, merged with `--merge`). {machine}. Real ACS 2006–2010 PUMS, Oregon PUMA 600 "
         "(`data/pums/README.md`). Errors are absolute errors of normalised answers (fractions), "
         f"mean ± sd over {reps} repetitions (benchmark secrets sha256('bench-synth-r')).",
