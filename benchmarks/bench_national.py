@@ -184,7 +184,7 @@ def main() -> None:
             "cells": noised_cells(result["nodes"]),
             **result,
         }
-        rows.append(row)
+        rows = sorted([*rows, row], key=lambda r: r["fraction"])
         print(json.dumps(row), flush=True)
         args.results.write_text(
             markdown(rows, " ".join(["benchmarks/bench_national.py", *sys.argv[1:]]))
