@@ -51,7 +51,7 @@ import numpy as np
 import scipy.sparse as sparse
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
-from censusdp_spark.solvers.subproblem import ChildrenProblem
+from censusdp_spark.solvers.subproblem import ChildrenProblem, free_block
 
 RELATIVE_GAP = 1e-7
 """Stop when the certified suboptimality is at most this fraction of the objective."""
@@ -151,24 +151,16 @@ def solve_children_first_order(problem: ChildrenProblem) -> np.ndarray:
     Same contract as ``least_squares.solve_children`` except that optimality holds to the
     tolerance described in the module docstring rather than to round-off.
     """
-    k, n = problem.n_children, problem.n_cells
-    parent = None if problem.parent is None else problem.parent.astype(float)
-    totals = None if problem.child_totals is None else problem.child_totals.astype(float)
-    x = np.zeros((k, n))
-    if parent is not None and k == 1:
-        x[0] = parent
+    x, block = free_block(problem)
+    if block is None:
         return x
-    rows = np.ones(k, dtype=bool) if totals is None else totals > 0
-    cols = np.ones(n, dtype=bool) if parent is None else parent > 0
-    if not rows.any() or not cols.any():
-        return x
-    model = _build_model(problem, rows, cols)
+    model = _build_model(problem, block.rows, block.cols)
     feasible = _FeasibleSet(
-        cell_sums=None if parent is None else parent[cols],
-        child_sums=None if totals is None else totals[rows],
+        cell_sums=None if block.parent is None else block.parent[block.cols],
+        child_sums=None if block.totals is None else block.totals[block.rows],
     )
     z = _fista(model, feasible)
-    x[np.ix_(rows, cols)] = z.T
+    x[np.ix_(block.rows, block.cols)] = z.T
     return x
 
 

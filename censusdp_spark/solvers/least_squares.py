@@ -49,7 +49,7 @@ from typing import Literal
 import numpy as np
 
 from censusdp_spark.solvers.first_order import solve_children_first_order
-from censusdp_spark.solvers.subproblem import ChildrenProblem
+from censusdp_spark.solvers.subproblem import ChildrenProblem, free_block
 
 EXACT_SIZE_LIMIT = 2_000_000
 """``solve_children`` uses the exact method while ``k * n**2`` (after dropping zero cells and
@@ -103,24 +103,16 @@ def solve_children(
     """
     if method not in ("auto", "exact", "first_order"):
         raise ValueError(f"method: unknown {method!r}")
-    k, n = problem.n_children, problem.n_cells
-    parent = None if problem.parent is None else problem.parent.astype(float)
-    totals = None if problem.child_totals is None else problem.child_totals.astype(float)
-    x = np.zeros((k, n))
-    if parent is not None and k == 1:
-        x[0] = parent
+    x, block = free_block(problem)
+    if block is None:
         return x
-    rows = np.ones(k, dtype=bool) if totals is None else totals > 0
-    cols = np.ones(n, dtype=bool) if parent is None else parent > 0
-    if not rows.any() or not cols.any():
-        return x
-    size = int(rows.sum()) * int(cols.sum()) ** 2
-    if method == "first_order" or (method == "auto" and size > EXACT_SIZE_LIMIT):
+    if method == "first_order" or (method == "auto" and block.size > EXACT_SIZE_LIMIT):
         return solve_children_first_order(problem)
+    rows, cols = block.rows, block.cols
     hessian, linear = _quadratic_model(problem)
     reduced = _Constraints(
-        column_sums=None if parent is None else parent[cols],
-        row_sums=None if totals is None else totals[rows],
+        column_sums=None if block.parent is None else block.parent[cols],
+        row_sums=None if block.totals is None else block.totals[rows],
     )
     x[np.ix_(rows, cols)] = _solve_reduced(
         hessian[np.ix_(cols, cols)], linear[np.ix_(rows, cols)], reduced

@@ -129,3 +129,38 @@ def _check_counts(name: str, counts: np.ndarray, length: int) -> None:
         raise ValueError(f"{name}: dtype {counts.dtype} is not integer")
     if np.any(counts < 0):
         raise ValueError(f"{name}: counts must be non-negative")
+
+
+@dataclass(frozen=True)
+class FreeBlock:
+    """The entries a least-squares solver must actually solve for.
+
+    Rows of children whose total is 0 and cells where the parent is 0 are 0 in every solution;
+    ``rows`` and ``cols`` mark the rest, with the parent and totals as floats (None if absent).
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    parent: np.ndarray | None
+    totals: np.ndarray | None
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.sum()) * int(self.cols.sum()) ** 2
+
+
+def free_block(problem: ChildrenProblem) -> tuple[np.ndarray, FreeBlock | None]:
+    """The all-zero ``(k, n)`` start and the block left to solve, or None when the start is
+    already the solution (filled in for a lone child, which must equal its parent)."""
+    k, n = problem.n_children, problem.n_cells
+    parent = None if problem.parent is None else problem.parent.astype(float)
+    totals = None if problem.child_totals is None else problem.child_totals.astype(float)
+    x = np.zeros((k, n))
+    if parent is not None and k == 1:
+        x[0] = parent
+        return x, None
+    rows = np.ones(k, dtype=bool) if totals is None else totals > 0
+    cols = np.ones(n, dtype=bool) if parent is None else parent > 0
+    if not rows.any() or not cols.any():
+        return x, None
+    return x, FreeBlock(rows, cols, parent, totals)
