@@ -17,12 +17,11 @@ from pyspark.sql import functions as F
 from censusdp_spark.io.readers import (
     INTEGER,
     RowRule,
-    check_columns,
     check_unique_geocodes,
     enforce_rules,
     geocode_of,
     geocode_rule,
-    read_table,
+    read_checked,
     row_number_of,
 )
 from censusdp_spark.model.errors import InputError
@@ -153,11 +152,7 @@ def read_leaf_histograms(
     spark: SparkSession, spec: GroupInputSpec, groups: GroupSizes, digits: int
 ) -> DataFrame:
     """Per-leaf size histograms ``geocode, cells, counts``; every input rule is checked first."""
-    source = str(spec.path)
-    raw = read_table(spark, spec.path, spec.format)
-    check_columns(raw, spec)
-    if not raw.limit(1).collect():
-        raise InputError(source, "rows", "the input is empty")
+    raw = read_checked(spark, spec)
     df = raw.withColumn("geocode", geocode_of(spec))
     if spec.layout == "size_counts":
         return _size_counts(df, spec, digits)

@@ -31,6 +31,9 @@ class ColumnSpec(Protocol):
     def path(self) -> Path: ...
 
     @property
+    def format(self) -> str: ...
+
+    @property
     def geocode_columns(self) -> tuple[str, ...]: ...
 
     @property
@@ -135,17 +138,23 @@ def check_unique_geocodes(df: DataFrame, spec: ColumnSpec) -> None:
         raise InputError(source, f"row {row}, column {name}", f"duplicate geocode {code}")
 
 
+def read_checked(spark: SparkSession, spec: ColumnSpec) -> DataFrame:
+    """The input table of ``spec``, refused if a column is missing or unlisted, or if it is empty."""
+    raw = read_table(spark, spec.path, spec.format)
+    check_columns(raw, spec)
+    if not raw.limit(1).collect():
+        raise InputError(str(spec.path), "rows", "the input is empty")
+    return raw
+
+
 def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) -> DataFrame:
     """Block count tables: each configured cell is an expression over integer count columns."""
     source = str(spec.path)
-    raw = read_table(spark, spec.path, spec.format)
-    check_columns(raw, spec)
+    raw = read_checked(spark, spec)
     count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)})
     df = raw.select(
         geocode_of(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
     )
-    if not df.limit(1).collect():
-        raise InputError(source, "rows", "the input is empty")
     rules = [geocode_rule(spec, leaf_digits)] + [
         RowRule(
             F.col(c).isNull() | ~F.col(c).rlike(INTEGER), c, "count must be a non-negative integer"
@@ -175,14 +184,11 @@ def read_microdata(
 ) -> DataFrame:
     """One row per person: attribute columns are mapped to levels and aggregated per block."""
     source = str(spec.path)
-    raw = read_table(spark, spec.path, spec.format)
-    check_columns(raw, spec)
+    raw = read_checked(spark, spec)
     df = raw.select(
         geocode_of(spec).alias("geocode"),
         *[F.trim(F.col(a.column).cast("string")).alias(a.column) for a in spec.attributes],
     )
-    if not df.limit(1).collect():
-        raise InputError(source, "rows", "the input is empty")
     strides = schema.strides()
     cell = F.lit(0).cast("long")
     rules = [geocode_rule(spec, leaf_digits)]
