@@ -11,7 +11,9 @@ nothing is written before the input has passed.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io.readers import (
@@ -109,42 +111,34 @@ def _households(df: DataFrame, spec: GroupInputSpec, groups: GroupSizes, digits:
         F.sum(_as_long(quantity)).alias("size"),
     )
     if spec.size_column is not None:
-        twice = per_household.filter("rows > 1").limit(1).collect()
-        if twice:
-            row = row_number_of(df, F.col("household") == twice[0]["household"])
-            in_two = "in two leaves" if twice[0]["leaves"] > 1 else "listed twice"
-            raise InputError(
-                source,
-                f"row {row}, column {household}",
-                f"household {twice[0]['household']} {in_two} (one row per household)",
-            )
-    split = per_household.filter("leaves > 1").limit(1).collect()
-    if split:
-        row = row_number_of(df, F.col("household") == split[0]["household"])
-        raise InputError(
+        _refuse_first(
+            per_household.filter("rows > 1"),
+            df,
             source,
-            f"row {row}, column {household}",
-            f"household {split[0]['household']}'s members lie in different leaves",
+            household,
+            lambda h: (
+                f"household {h['household']} "
+                f"{'in two leaves' if h['leaves'] > 1 else 'listed twice'} (one row per household)"
+            ),
         )
+    _refuse_first(
+        per_household.filter("leaves > 1"),
+        df,
+        source,
+        household,
+        lambda h: f"household {h['household']}'s members lie in different leaves",
+    )
     per_household = per_household.select("geocode", "household", "size")
     if spec.member_column is not None:
-        empty = per_household.filter(F.col("size") < 1).limit(1).collect()
-        if empty:
-            row = row_number_of(df, F.col("household") == empty[0]["household"])
-            raise InputError(
-                source,
-                f"row {row}, column {quantity}",
-                f"household {empty[0]['household']}'s {quantity} sum to 0 (sizes start at 1)",
-            )
-    over = _size_rules(groups, quantity)
-    flagged = per_household.select(
-        "household", *[r.broken.alias(f"r{i}") for i, r in enumerate(over)]
-    )
-    for i, rule in enumerate(over):
-        bad = flagged.filter(F.col(f"r{i}")).limit(1).collect()
-        if bad:
-            row = row_number_of(df, F.col("household") == bad[0]["household"])
-            raise InputError(source, f"row {row}, column {rule.column}", rule.rule)
+        _refuse_first(
+            per_household.filter(F.col("size") < 1),
+            df,
+            source,
+            quantity,
+            lambda h: f"household {h['household']}'s {quantity} sum to 0 (sizes start at 1)",
+        )
+    for rule in _size_rules(groups, quantity):
+        _refuse_first(per_household.filter(rule.broken), df, source, rule.column, rule.rule)
     return per_household
 
 
@@ -161,3 +155,18 @@ def read_leaf_histograms(
     return _sparse(
         households.groupBy("geocode", cell.alias("cell")).agg(F.count("*").alias("count"))
     )
+
+
+def _refuse_first(
+    offending: DataFrame,
+    rows: DataFrame,
+    source: str,
+    column: str,
+    message: str | Callable[[Row], str],
+) -> None:
+    """Raise ``InputError`` at the first input row of the first household in ``offending``."""
+    hit = offending.limit(1).collect()
+    if hit:
+        row = row_number_of(rows, F.col("household") == hit[0]["household"])
+        rule = message if isinstance(message, str) else message(hit[0])
+        raise InputError(source, f"row {row}, column {column}", rule)
