@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from censusdp_spark.engine.group_sizes import NoisePlan, noise_plan, noisy_node
+from censusdp_spark.engine.group_sizes import NoisePlan, noise_plan, noisy_group
 from censusdp_spark.model.pgsr_config import load_pgsr_config
 from censusdp_spark.solvers.group_sizes import (
     CostTable,
@@ -486,12 +486,12 @@ def test_scales_are_2l_over_epsilon_for_histograms_and_l_over_epsilon_for_cumula
 
 
 @pytest.mark.parametrize("measurement", ["histogram", "cumulative"])
-def test_node_noise_has_the_planned_geometric_scale_and_not_30_percent_more(measurement):
+def test_group_noise_has_the_planned_geometric_scale_and_not_30_percent_more(measurement):
     scale = Fraction(10)
     plan = NoisePlan(measurement, 2001, {"taz": scale})
-    zeros = np.zeros(2001, dtype=np.int64)
+    zeros = np.zeros((5, 2001), dtype=np.int64)
     draws = np.concatenate(
-        [noisy_node(b"\x07" * 32, plan, "taz", f"{i:04d}", zeros) for i in range(10)]
+        [noisy_group(b"\x07" * 32, plan, "taz", f"{i:02d}", zeros).ravel() for i in range(2)]
     )
     alpha = np.exp(-1 / float(scale))
     variance = 2 * alpha / (1 - alpha) ** 2
@@ -501,9 +501,23 @@ def test_node_noise_has_the_planned_geometric_scale_and_not_30_percent_more(meas
     assert abs(observed / wrong - 1) > 0.2
 
 
-def test_node_noise_is_keyed_and_reproducible():
+def test_group_noise_is_keyed_by_group_reproducible_and_added_to_the_exact_values():
     plan = NoisePlan("histogram", 4, {"taz": Fraction(10)})
-    hist = np.array([5, 3, 0, 1])
-    a = noisy_node(b"\x01" * 32, plan, "taz", "0001", hist)
-    assert (a == noisy_node(b"\x01" * 32, plan, "taz", "0001", hist)).all()
-    assert (a != noisy_node(b"\x01" * 32, plan, "taz", "0002", hist)).any()
+    hist = np.array([[5, 3, 0, 1], [0, 0, 2, 7]])
+    a = noisy_group(b"\x01" * 32, plan, "taz", "01", hist)
+    assert a.shape == hist.shape
+    assert (a == noisy_group(b"\x01" * 32, plan, "taz", "01", hist)).all()
+    assert (a != noisy_group(b"\x01" * 32, plan, "taz", "02", hist)).any()
+    noise = noisy_group(b"\x01" * 32, plan, "taz", "01", np.zeros_like(hist))
+    assert (a - hist == noise).all()
+
+
+@pytest.mark.parametrize(("faithfulness", "measured"), [("level", 4), ("node", 3)])
+def test_cumulative_measurement_leaves_out_the_last_count_only_under_node_faithfulness(
+    faithfulness, measured
+):
+    plan = NoisePlan("cumulative", 4, {"taz": Fraction(10)}, faithfulness)
+    hist = np.array([[5, 3, 0, 1], [0, 0, 2, 7]])
+    noise = noisy_group(b"\x01" * 32, plan, "taz", "01", np.zeros_like(hist))
+    noisy = noisy_group(b"\x01" * 32, plan, "taz", "01", hist)
+    assert (noisy - noise == np.cumsum(hist, axis=1)[:, :measured]).all()

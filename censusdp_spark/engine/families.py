@@ -12,6 +12,9 @@ The number of partitions is not fixed here: the shuffle uses ``spark.sql.shuffle
 and adaptive execution coalesces them by size. What a family's rows are, and their order,
 depend only on the data, never on the partitioning, so a retried or speculative task redoes
 exactly the same work.
+
+``noise_group`` is the family key of the noise passes (TopDown's and PGSR's): a node's ancestor
+``NOISE_GROUP_DEPTH`` levels up, so that one keyed stream serves thousands of nodes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from censusdp_spark.model.geography import Hierarchy
+
+NOISE_GROUP_DEPTH = 3
+"""Nodes sharing their ancestor this many levels up share one keyed noise stream."""
 
 FamilySolver = Callable[[pd.DataFrame], pd.DataFrame]
 
@@ -44,6 +53,17 @@ def map_families(
         .sortWithinPartitions(*keys, *order)
         .mapInPandas(_streamed(keys, solve, on_task_start), schema)
     )
+
+
+def noise_group(hierarchy: Hierarchy) -> Column:
+    """The noise group of a ``level, geocode`` row: its ancestor ``NOISE_GROUP_DEPTH`` levels up
+    (the root's empty geocode when there is none)."""
+    group = F.lit("")
+    for i, level in enumerate(hierarchy.levels):
+        ancestor = hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)]
+        prefix = F.substring("geocode", 1, ancestor.digits) if ancestor.digits else F.lit("")
+        group = F.when(F.col("level") == level.name, prefix).otherwise(group)
+    return group
 
 
 def _streamed(

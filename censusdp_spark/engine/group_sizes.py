@@ -14,11 +14,17 @@ two-sided geometric noise of scale ``Delta / epsilon_l`` to every cell of every 
 size, zeros included), so each level is ``epsilon_l``-DP; nodes of a level are disjoint
 (parallel composition) and levels compose to ``sum_l epsilon_l = epsilon`` (checked exactly by
 ``split_epsilon``). With the paper's even split: scale ``2L/epsilon`` (histograms) and
-``L/epsilon`` (cumulative). The noise comes from ``keyed_rng(secret, "pgsr", measurement, level,
-geocode)``: a retried task redraws identical noise. ``dp`` and ``relaxed`` share the histogram
-measurement, so with one secret they post-process the *same* noisy table. Everything after
-``measure`` reads only the ``noisy_measurements`` table (noisy values and the public ``G^r``),
-so it is post-processing.
+``L/epsilon`` (cumulative). The noise is drawn by *noise group*, as TopDown's
+(``engine.measure``): the nodes of level ``l`` sharing their ancestor ``a``
+``NOISE_GROUP_DEPTH`` levels up (``engine.families.noise_group``), sorted by geocode, take their
+cells node after node from one keyed stream ``keyed_rng(secret, "pgsr", measurement, l, a)``, in
+one ``discrete_laplace`` call per group. A group's members and their order depend only on the
+public geography, so a retried or speculative task redraws identical noise; distinct keys get
+independent streams and every draw is a fresh exact discrete Laplace, so the noise of every
+(node, cell) is independent of every other and of the data. ``dp`` and ``relaxed`` share the
+histogram measurement, so with one secret they post-process the *same* noisy table. Everything
+after ``measure`` reads only the ``noisy_measurements`` table (noisy values and the public
+``G^r``), so it is post-processing.
 
 Data shapes
 -----------
@@ -30,21 +36,24 @@ per mechanism, level by level: cost tables ``level, geocode, size, lo, base, len
 of internal nodes (dp, bottom-up; the leaves' tables are rebuilt from their noisy rows inside
 the parent's task), real-valued solutions ``level, geocode, solution`` (relaxed) ->
 released rows ``geocode, level, size, count`` (size 1..N, every size of every node).
-Families are grouped by parent (``groupBy(parent).cogroup(...).applyInPandas``); nothing per
-node is collected to the driver except the root's own row.
+Every family's children rows meet their parent's row by a join on the parent geocode and are
+handed to the solvers many families per Python call (``engine.families.map_families``), as in
+TopDown's estimation; nothing per node is collected to the driver except the root's own row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.families import FamilySolver, map_families, noise_group
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.model.pgsr_config import PgsrConfig
 from censusdp_spark.privacy import discrete_laplace, keyed_rng
@@ -66,6 +75,7 @@ from censusdp_spark.solvers.group_sizes_cumulative import (
     to_cumulative,
 )
 
+MECHANISM = "pgsr"
 NOISY_SCHEMA = (
     "level string, geocode string, measurement string, groups bigint, noisy array<bigint>"
 )
@@ -101,48 +111,70 @@ def noise_plan(config: PgsrConfig, mechanism: str) -> NoisePlan:
     )
 
 
-def noisy_node(
-    secret: bytes, plan: NoisePlan, level: str, geocode: str, histogram: np.ndarray
-) -> np.ndarray:
-    """One node's noisy histogram (N cells) or noisy cumulative counts: ``H_1..H_N`` under
-    level faithfulness (``H_N = G^r`` is not public), ``H_1..H_{N-1}`` under node."""
+def exact_measurements(plan: NoisePlan, histograms: np.ndarray) -> np.ndarray:
+    """What is measured of ``(k, N)`` dense histograms (confidential): the histograms, or the
+    cumulative counts ``H_1..H_N`` under level faithfulness (``H_N = G^r`` is not public),
+    ``H_1..H_{N-1}`` under node."""
     if plan.measurement == "histogram":
-        exact = histogram
-    elif plan.faithfulness == "level":
-        exact = np.cumsum(histogram)
-    else:
-        exact = to_cumulative(histogram)
+        return histograms
+    if plan.faithfulness == "level":
+        return np.cumsum(histograms, axis=-1)
+    return to_cumulative(histograms)
+
+
+def noisy_group(
+    secret: bytes, plan: NoisePlan, level: str, group: str, histograms: np.ndarray
+) -> np.ndarray:
+    """Noisy measurements of one noise group's nodes (``(k, N)`` histograms sorted by geocode):
+    every cell of every node from the group's keyed stream, node after node, one sampler call."""
+    exact = exact_measurements(plan, histograms)
     if exact.size == 0:
         return exact
-    rng = keyed_rng(secret, "pgsr", plan.measurement, level, geocode)
-    return exact + discrete_laplace(plan.scales[level], exact.size, rng)
+    rng = keyed_rng(secret, MECHANISM, plan.measurement, level, group)
+    return exact + discrete_laplace(plan.scales[level], exact.size, rng).reshape(exact.shape)
 
 
-def _dense(cells: object, counts: object, n: int) -> np.ndarray:
-    out = np.zeros(n, dtype=np.int64)
-    out[np.asarray(cells, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
+def _dense(cells: Sequence[Any], counts: Sequence[Any], n: int) -> np.ndarray:
+    """``(k, n)`` dense histograms of ``k`` sparse ones (cells and counts per node)."""
+    lengths = np.fromiter((len(c) for c in cells), dtype=np.int64, count=len(cells))
+    out = np.zeros((len(cells), n), dtype=np.int64)
+    if lengths.sum():
+        rows = np.repeat(np.arange(len(cells)), lengths)
+        out[rows, np.concatenate(cells).astype(np.int64)] = np.concatenate(counts)
     return out
 
 
-def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes) -> DataFrame:
-    """Noisy measurements of every node (lazy; the caller writes them once). ``groups`` holds
-    the public number of groups: every node's under node faithfulness, only the root's (G)
-    under level faithfulness (null elsewhere), so no later stage can read a ``G^r``."""
+def _noise_groups(secret: bytes, plan: NoisePlan) -> FamilySolver:
+    def noise(nodes: pd.DataFrame) -> pd.DataFrame:
+        level, group = nodes["level"].iat[0], nodes["group"].iat[0]
+        histograms = _dense(list(nodes["cells"]), list(nodes["counts"]), plan.sizes)
+        public = plan.faithfulness == "node" or level == plan.root
+        groups = histograms.sum(axis=1) if public else [None] * len(nodes)
+        return pd.DataFrame(
+            {
+                "level": level,
+                "geocode": nodes["geocode"].to_numpy(),
+                "measurement": plan.measurement,
+                "groups": pd.array(groups, dtype="Int64"),
+                "noisy": list(noisy_group(secret, plan, level, group, histograms)),
+            }
+        )
 
-    def noise(batches: Iterable[pd.DataFrame]) -> Iterable[pd.DataFrame]:
-        for batch in batches:
-            rows = []
-            for level, geocode, cells, counts in batch[
-                ["level", "geocode", "cells", "counts"]
-            ].itertuples(index=False):
-                hist = _dense(cells, counts, plan.sizes)
-                noisy = noisy_node(secret, plan, level, geocode, hist)
-                public = plan.faithfulness == "node" or level == plan.root
-                groups = int(hist.sum()) if public else None
-                rows.append((level, geocode, plan.measurement, groups, noisy))
-            yield pd.DataFrame(rows, columns=["level", "geocode", "measurement", "groups", "noisy"])
+    return noise
 
-    return nodes.mapInPandas(noise, NOISY_SCHEMA)
+
+def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes, hierarchy: Hierarchy) -> DataFrame:
+    """Noisy measurements of every node (lazy; the caller writes them once), one noise group at a
+    time. ``groups`` holds the public number of groups: every node's under node faithfulness,
+    only the root's (G) under level faithfulness (null elsewhere), so no later stage can read a
+    ``G^r``."""
+    return map_families(
+        nodes.withColumn("group", noise_group(hierarchy)),
+        family=["level", "group"],
+        order=["geocode"],
+        solve=_noise_groups(secret, plan),
+        schema=NOISY_SCHEMA,
+    )
 
 
 # --- post-processing: shared plumbing ----------------------------------------------------------
@@ -176,16 +208,34 @@ def released_histograms(released: DataFrame) -> DataFrame:
     return nested.select("geocode", F.col("h.count").alias("counts"))
 
 
-def _family(
+def _families(
     children: DataFrame,
     parents: DataFrame,
     parent_digits: int,
-    task: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame],
+    order: Sequence[str],
+    solve: FamilySolver,
     schema: str,
 ) -> DataFrame:
-    """Apply ``task(children of one parent, that parent's row)`` to every family of a level."""
+    """``solve`` applied to every family of a level (lazily): one parent's children rows sorted
+    by ``order``, each carrying its parent's columns as ``parent_<name>`` (a join on the
+    parent's geocode, in ``parent``), many families per Python call (``map_families``)."""
     keyed = children.select(_parent_key(parent_digits), *children.columns)
-    return keyed.groupBy("parent").cogroup(parents.groupBy("geocode")).applyInPandas(task, schema)
+    parent_columns = parents.select(
+        F.col("geocode").alias("parent"),
+        *[F.col(c).alias(f"parent_{c}") for c in parents.columns if c != "geocode"],
+    )
+    return map_families(
+        keyed.join(parent_columns, "parent", "left"), ["parent"], order, solve, schema
+    )
+
+
+def _parent_value(family: pd.DataFrame, column: str) -> Any:
+    """The parent's ``column`` (the same on every row of the family); a family whose parent has
+    no row is an error, not a silent zero."""
+    value = family[f"parent_{column}"].iat[0]
+    if value is None:
+        raise RuntimeError(f"no parent row for the family of {family['geocode'].iat[0]}")
+    return value
 
 
 def root_row(noisy: DataFrame, hierarchy: Hierarchy) -> tuple[str, int, np.ndarray]:
@@ -257,9 +307,8 @@ def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
 
 
 def _leaves_of(pdf: pd.DataFrame, plan: DpPlan) -> tuple[list[str], Family]:
-    """A family of leaves from their noisy rows: implicit l2 leaves under level faithfulness,
-    else each leaf's deviation tables on its bounds."""
-    pdf = pdf.sort_values("geocode", kind="stable")
+    """A family of leaves from their noisy rows (sorted by geocode): implicit l2 leaves under
+    level faithfulness, else each leaf's deviation tables on its bounds."""
     noisy = np.vstack([_ints(v) for v in pdf["noisy"]])
     if plan.faithfulness == "level" and plan.norm == "l2":
         return list(pdf["geocode"]), SquareLeafFamily(noisy, plan.total)
@@ -292,24 +341,35 @@ def _children_columns(children: DataFrame, leaves: bool) -> DataFrame:
     return children.drop("level")
 
 
+def _children_order(leaves: bool) -> list[str]:
+    """Leaves have one noisy row each; internal children one cost-table row per size."""
+    return ["geocode"] if leaves else ["geocode", "size"]
+
+
 def dp_tables(
     noisy_level: DataFrame, children: DataFrame, digits: int, plan: DpPlan, leaves: bool
 ) -> DataFrame:
     """Cost tables of one internal level's nodes, from their noisy rows and their children's
     tables (or, for the level above the leaves, the leaves' noisy rows)."""
 
-    def parent(kids: pd.DataFrame, node: pd.DataFrame) -> pd.DataFrame:
-        if node.empty:
-            return _table_frame([])
-        level, geocode, groups, noisy = node[["level", "geocode", "groups", "noisy"]].iloc[0]
+    def parent(kids: pd.DataFrame) -> pd.DataFrame:
+        noisy = _ints(_parent_value(kids, "noisy"))
+        level, geocode, groups = (
+            kids[c].iat[0] for c in ("parent_level", "parent", "parent_groups")
+        )
         _, family = _family_of(kids, plan, leaves)
-        noisy = _ints(noisy)
         lo, hi = plan.bounds(level, groups, noisy)
         tables = node_tables(noisy, lo, hi, merge_family(family), plan.norm)
         return _table_frame(_table_rows(level, geocode, tables))
 
-    columns = _children_columns(children, leaves)
-    return _family(columns, noisy_level, digits, parent, TABLE_SCHEMA)
+    return _families(
+        _children_columns(children, leaves),
+        noisy_level.select("geocode", "level", "groups", "noisy"),
+        digits,
+        _children_order(leaves),
+        parent,
+        TABLE_SCHEMA,
+    )
 
 
 def dp_root(root_tables: DataFrame, groups: int) -> tuple[np.ndarray, int]:
@@ -331,11 +391,9 @@ def dp_families(
     parents' released rows: the per-size greedy split (level), or the exact transportation
     split for the children's totals (node)."""
 
-    def family(kids: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
-        if kids.empty:
-            return pd.DataFrame(columns=["geocode", "level", "size", "count"])
+    def family(kids: pd.DataFrame) -> pd.DataFrame:
         geocodes, members = _family_of(kids, plan, leaves)
-        counts = _ints(parent["counts"].iloc[0])
+        counts = _ints(_parent_value(kids, "counts"))
         if plan.faithfulness == "level":
             out = split_family(members, counts)
         else:
@@ -344,8 +402,14 @@ def dp_families(
             out = solve_family(members, counts, groups)
         return _release_rows(level, geocodes, out)
 
-    columns = _children_columns(children, leaves)
-    return _family(columns, parent_release, parent_digits, family, RELEASE_SCHEMA)
+    return _families(
+        _children_columns(children, leaves),
+        parent_release,
+        parent_digits,
+        _children_order(leaves),
+        family,
+        RELEASE_SCHEMA,
+    )
 
 
 def window_hits(released: DataFrame, noisy: DataFrame, plan: DpPlan) -> int:
@@ -375,11 +439,8 @@ def relaxed_families(
 ) -> DataFrame:
     """One level's relaxed (real-valued) solution, family by family below the fixed parents."""
 
-    def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
-        if children.empty:
-            return pd.DataFrame(columns=["level", "geocode", "solution"])
-        children = children.sort_values("geocode", kind="stable")
-        fixed = np.asarray(parent["solution"].iloc[0], dtype=np.float64)
+    def family(children: pd.DataFrame) -> pd.DataFrame:
+        fixed = np.asarray(_parent_value(children, "solution"), dtype=np.float64)
         k = len(children)
         noisy = np.vstack([np.zeros(fixed.size, dtype=np.int64), *map(_ints, children["noisy"])])
         groups = (
@@ -397,11 +458,11 @@ def relaxed_families(
             }
         )
 
-    columns = noisy_level.select("level", "geocode", "groups", "noisy")
-    return _family(
-        columns,
+    return _families(
+        noisy_level.select("level", "geocode", "groups", "noisy"),
         parent_solution.select("geocode", "solution"),
         parent_digits,
+        ["geocode"],
         family,
         SOLUTION_SCHEMA,
     )
@@ -437,21 +498,25 @@ def cumulative_families(
 ) -> DataFrame:
     """One level's released histograms: monotone, consistent, valid cumulative counts."""
 
-    def family(children: pd.DataFrame, parent: pd.DataFrame) -> pd.DataFrame:
-        if children.empty:
-            return pd.DataFrame(columns=["geocode", "level", "size", "count"])
-        children = children.sort_values("geocode", kind="stable")
+    def family(children: pd.DataFrame) -> pd.DataFrame:
         noisy = np.vstack([_ints(v) for v in children["noisy"]])
         caps = (
             children["groups"].to_numpy(dtype=np.int64)
             if faithfulness == "node"
             else np.full(len(children), total, dtype=np.int64)
         )
-        counts = cumulative_family(noisy, _ints(parent["counts"].iloc[0]), faithfulness, caps)
+        parent = _ints(_parent_value(children, "counts"))
+        counts = cumulative_family(noisy, parent, faithfulness, caps)
         return _release_rows(level, list(children["geocode"]), counts)
 
-    columns = noisy_level.select("geocode", "groups", "noisy")
-    return _family(columns, parent_release, parent_digits, family, RELEASE_SCHEMA)
+    return _families(
+        noisy_level.select("geocode", "groups", "noisy"),
+        parent_release,
+        parent_digits,
+        ["geocode"],
+        family,
+        RELEASE_SCHEMA,
+    )
 
 
 # --- guarantees, objective, evaluation --------------------------------------------------------

@@ -2,10 +2,11 @@
 
 For node ``g`` at level ``l`` and query ``q`` the released value is ``Q_q h_g + Z`` with
 ``Z ~ N_Z(0, sigma2(l, q))``, every coordinate independent. The noise is drawn by *noise group*:
-the nodes of level ``l`` that share their ancestor ``a`` ``NOISE_GROUP_DEPTH`` levels up (the
-root when there is none; with the Census hierarchy, the county for blocks and the state for
-block groups), sorted by geocode, take their noise query after query (in the config's query
-order) from the keyed stream ``keyed_rng(secret, "topdown", l, a)``, node after node: one
+the nodes of level ``l`` that share their ancestor ``a`` ``NOISE_GROUP_DEPTH`` levels up
+(``engine.families.noise_group``; the root when there is none; with the Census hierarchy, the
+county for blocks and the state for block groups), sorted by geocode, take their noise query
+after query (in the config's query order) from the keyed stream
+``keyed_rng(secret, "topdown", l, a)``, node after node: one
 ``discrete_gaussian`` call per (group, query). A group's members and their order depend only on
 the geography, so a retried or speculative task redraws exactly the same noise, and distinct
 (level, ancestor) keys get independent streams; every draw is a fresh exact discrete Gaussian,
@@ -25,17 +26,13 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 
-from censusdp_spark.engine.families import map_families
+from censusdp_spark.engine.families import map_families, noise_group
 from censusdp_spark.model.config import RunConfig
-from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
 
 MECHANISM = "topdown"
-NOISE_GROUP_DEPTH = 3
-"""Nodes sharing their ancestor this many levels up share one keyed noise stream."""
 NOISY_SCHEMA = "level string, geocode string, query string, noisy array<bigint>"
 
 
@@ -88,16 +85,6 @@ def noisy_group(
         + discrete_gaussian(q.sigma2, k * q.size, rng).reshape(k, q.size)
         for q in queries
     ]
-
-
-def noise_group(hierarchy: Hierarchy) -> Column:
-    """The noise group of a ``level, geocode`` row: its ancestor ``NOISE_GROUP_DEPTH`` levels up."""
-    group = F.lit("")
-    for i, level in enumerate(hierarchy.levels):
-        ancestor = hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)]
-        prefix = F.substring("geocode", 1, ancestor.digits) if ancestor.digits else F.lit("")
-        group = F.when(F.col("level") == level.name, prefix).otherwise(group)
-    return group
 
 
 def _noise_groups(

@@ -308,7 +308,10 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
     prepare_output(output, options.overwrite)
     plan = gs.noise_plan(config, config.mechanism)
     delta.write_table(
-        gs.measure(nodes, plan, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level"
+        gs.measure(nodes, plan, secret, hierarchy),
+        output,
+        delta.NOISY_MEASUREMENTS,
+        partition_by="level",
     )
     clock.lap("measure")
 
