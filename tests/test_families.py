@@ -43,6 +43,50 @@ def test_every_family_is_solved_once_whole_and_sorted(spark, batch_rows):
     assert list(out["members"]) == [",".join(str(m) for m in range(n)) for n in sizes]
 
 
+def test_families_stay_whole_after_a_join_that_adaptive_execution_turns_into_a_broadcast(spark):
+    """The shape of every engine's family step: children joined to their parents' rows, then
+    ``map_families`` on the join key. With statistics unknown (checkpointed inputs) Spark plans
+    a sort-merge join, whose partitioning by the key would satisfy a plain ``repartition(key)``;
+    adaptive execution then turns the join into a broadcast read locally from the map side,
+    which scatters a key over several tasks. Families must still arrive whole."""
+    rng = np.random.default_rng(11)
+    sizes = rng.integers(1, 12, size=400)
+    rows = [(f"p{f:03d}", f"p{f:03d}-{m:02d}") for f, n in enumerate(sizes) for m in range(n)]
+    shuffled = [rows[i] for i in rng.permutation(len(rows))]  # a family spread over partitions
+    children = (
+        spark.createDataFrame(shuffled, "parent string, member string")
+        .repartition(8)
+        .localCheckpoint()
+    )
+    parents = spark.createDataFrame(
+        [(f"p{f:03d}", int(n)) for f, n in enumerate(sizes)], "parent string, expected long"
+    ).localCheckpoint()
+
+    def summary(family: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "parent": [family["parent"].iat[0]],
+                "rows": [len(family)],
+                "expected": [family["expected"].iat[0]],
+            }
+        )
+
+    families = map_families(
+        children.join(parents, "parent", "left"),
+        ["parent"],
+        ["member"],
+        summary,
+        "parent string, rows long, expected long",
+    )
+    # The family shuffle must be in the plan, not folded into the join's.
+    plan = families._jdf.queryExecution().executedPlan().toString()
+    assert "REPARTITION_BY_COL" in plan
+    out = families.toPandas()
+    assert out["parent"].is_unique
+    assert len(out) == len(sizes)
+    assert (out["rows"] == out["expected"]).all()
+
+
 def test_family_starts_marks_key_changes():
     batch = pd.DataFrame({"a": ["x", "x", "y", "y", "y"], "b": [1, 2, 2, 2, 3]})
     assert list(family_starts(batch, ["a"])) == [0, 2]

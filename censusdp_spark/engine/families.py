@@ -13,6 +13,12 @@ and adaptive execution coalesces them by size. What a family's rows are, and the
 depend only on the data, never on the partitioning, so a retried or speculative task redoes
 exactly the same work.
 
+The shuffle is on a hash *expression* of the family key, not on the key columns: when the rows
+come out of a join on the key (children meeting their parent's row), Spark treats a
+``repartition(key)`` as already satisfied by the join and drops it, and adaptive execution may
+then turn the join into a broadcast whose probe side is read map-side, which scatters a family
+over several tasks. An expression the join does not produce keeps the shuffle.
+
 ``noise_group`` is the family key of the noise passes (TopDown's and PGSR's): a node's ancestor
 ``NOISE_GROUP_DEPTH`` levels up, so that one keyed stream serves thousands of nodes.
 """
@@ -49,7 +55,7 @@ def map_families(
     """
     keys = list(family)
     return (
-        rows.repartition(*keys)
+        rows.repartition(F.xxhash64(*keys))
         .sortWithinPartitions(*keys, *order)
         .mapInPandas(_streamed(keys, solve, on_task_start), schema)
     )
