@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from censusdp_spark.engine.group_sizes import NoisePlan, noisy_node, window_width
+from censusdp_spark.engine.group_sizes import NoisePlan, noisy_group, window_width
 from censusdp_spark.solvers.group_sizes import (
     GroupTree,
     dp_release,
@@ -113,10 +113,8 @@ def noisy(
     sensitivity = 1 if measurement == "cumulative" else 2
     scale = Fraction(sensitivity * data.levels) / epsilon
     plan = NoisePlan(measurement, data.truth.shape[1], {"all": scale}, faithfulness, "root")
-    secret = bytes([trial + 1]) * 32
-    rows = np.stack(
-        [noisy_node(secret, plan, "all", str(i), data.truth[i]) for i in range(data.parent.size)]
-    )
+    secret = bytes([trial + 1]) * 32  # one noise group: every node from one keyed stream
+    rows = noisy_group(secret, plan, "all", "", data.truth)
     return GroupTree(data.parent, rows, data.truth.sum(1))
 
 

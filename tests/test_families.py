@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp_spark.engine.families import family_starts, map_families
+from censusdp_spark.engine.families import family_starts, map_families, map_family_batches
 from censusdp_spark.engine.measure import QueryNoise, exact_marginals, noisy_group
 
 SECRET = bytes(range(32))
@@ -24,16 +24,26 @@ def _summary(family: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _batch_summary(batch: pd.DataFrame) -> pd.DataFrame:
+    bounds = np.append(family_starts(batch, ["family"]), len(batch))
+    return pd.concat(
+        [_summary(batch.iloc[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    )
+
+
 @pytest.mark.parametrize("batch_rows", [1, 3, 10_000])
-def test_every_family_is_solved_once_whole_and_sorted(spark, batch_rows):
+@pytest.mark.parametrize("batched", [False, True])
+def test_every_family_is_solved_once_whole_and_sorted(spark, batch_rows, batched):
     rng = np.random.default_rng(7)
     sizes = rng.integers(1, 9, size=60)
     rows = [(f"f{f:03d}", int(m)) for f, n in enumerate(sizes) for m in rng.permutation(n)]
     df = spark.createDataFrame(rows, "family string, member int")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
     try:
-        out = map_families(
-            df, ["family"], ["member"], _summary, "family string, rows long, members string"
+        apply = map_family_batches if batched else map_families
+        solve = _batch_summary if batched else _summary
+        out = apply(
+            df, ["family"], ["member"], solve, "family string, rows long, members string"
         ).toPandas()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")

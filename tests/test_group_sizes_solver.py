@@ -14,7 +14,6 @@ from censusdp_spark.model.pgsr_config import load_pgsr_config
 from censusdp_spark.solvers.group_sizes import (
     CostTable,
     GroupTree,
-    SquareLeaves,
     add_tables,
     deviation_table,
     dp_release,
@@ -28,6 +27,11 @@ from censusdp_spark.solvers.group_sizes import (
     solve_family,
     split_by_slopes,
     violations,
+)
+from censusdp_spark.solvers.group_sizes_batch import (
+    LeafFamilies,
+    TableFamilies,
+    Tables,
 )
 from censusdp_spark.solvers.group_sizes_cumulative import (
     cumulative_release,
@@ -188,20 +192,71 @@ def test_add_is_the_pointwise_sum():
     assert (values(add_tables(a, b)) == values(a) + values(b)).all()
 
 
-def test_square_leaves_are_the_merge_of_the_listed_l2_tables():
+def test_implicit_l2_leaves_are_the_merge_of_the_listed_tables():
+    """Closed-form ranks, sums and splits of l2 leaf families (several per batch) equal the
+    explicit slope merge of the listed tables, for every rank up to G."""
     rng = np.random.default_rng(13)
     for _ in range(60):
-        k, upper = int(rng.integers(1, 5)), int(rng.integers(0, 7))
-        noisy = rng.integers(-4, 9, size=k)
-        listed = merge_tables([deviation_table(int(c), 0, upper, "l2") for c in noisy])
-        implicit = SquareLeaves(noisy, upper)
-        lo = int(rng.integers(0, k * upper + 1))
-        hi = int(rng.integers(lo, k * upper + 1))
-        assert values(implicit.on(lo, hi)).tolist() == values(listed)[lo : hi + 1].tolist()
-        total = int(rng.integers(0, k * upper + 1))
-        taken = implicit.take(total)
-        tables = [deviation_table(int(c), 0, upper, "l2") for c in noisy]
-        assert taken.tolist() == split_by_slopes(tables, total).tolist()
+        upper = int(rng.integers(1, 30))
+        ks = rng.integers(1, 6, size=int(rng.integers(1, 5)))
+        noisy = rng.integers(-6, 25, size=int(ks.sum()))
+        family = np.repeat(np.arange(ks.size), ks)
+        leaves = LeafFamilies(family, noisy.astype(np.int64), ks.size)
+        for f in range(ks.size):
+            kids = noisy[family == f]
+            tables = [deviation_table(int(c), 0, upper, "l2") for c in kids]
+            merged = merge_tables(tables)
+            dense = np.repeat(merged.slopes, merged.lengths)[:upper]
+            ranks = np.arange(1, upper + 1)
+            slopes, _ = leaves.slope_at(np.full(upper, f), ranks)
+            assert slopes.tolist() == dense.tolist()
+            counts = np.arange(upper + 1)
+            sums = leaves.smallest_sum(np.full(counts.size, f), counts)
+            assert sums.tolist() == np.concatenate(([0], np.cumsum(dense))).tolist()
+        totals = rng.integers(0, upper + 1, size=ks.size)
+        split = leaves.split(totals)
+        for f in range(ks.size):
+            tables = [deviation_table(int(c), 0, upper, "l2") for c in noisy[family == f]]
+            assert split[family == f].tolist() == split_by_slopes(tables, int(totals[f])).tolist()
+
+
+def test_batched_tables_and_splits_equal_the_listed_ones():
+    """Internal families: dense tables merged in one batch equal ``merge_tables`` family by
+    family, and the batch split equals ``split_by_slopes``."""
+    rng = np.random.default_rng(17)
+    for _ in range(40):
+        ks = rng.integers(1, 5, size=int(rng.integers(1, 4)))
+        kids = [  # l2 tables (a slope per unit) and l1 ones (long segments), on any range
+            deviation_table(int(rng.integers(-3, 12)), lo, lo + int(rng.integers(0, 9)), str(norm))
+            for lo, norm in zip(
+                rng.integers(0, 6, size=int(ks.sum())),
+                rng.choice(["l1", "l2"], size=int(ks.sum())),
+                strict=True,
+            )
+        ]
+        family = np.repeat(np.arange(ks.size), ks)
+        tables = Tables.of_segments(
+            np.array([t.lo for t in kids]),
+            np.array([t.base for t in kids]),
+            [t.lengths for t in kids],
+            [t.slopes for t in kids],
+        )
+        batch = TableFamilies(family, tables, ks.size)
+        parent_noisy = rng.integers(-3, 30, size=ks.size)
+        low, high = batch.merged_domain()
+        merged = batch.parent_tables(parent_noisy, low, high)
+        for f in range(ks.size):
+            mine = [kids[i] for i in np.flatnonzero(family == f)]
+            want = add_tables(
+                deviation_table(int(parent_noisy[f]), int(low[f]), int(high[f]), "l2"),
+                merge_tables(mine),
+            )
+            assert values(merged.cost_table(f)).tolist() == values(want).tolist()
+        totals = rng.integers(low, high + 1)
+        split = batch.split(totals)
+        for f in range(ks.size):
+            mine = [kids[i] for i in np.flatnonzero(family == f)]
+            assert split[family == f].tolist() == split_by_slopes(mine, int(totals[f])).tolist()
 
 
 def test_l1_tables_stay_small_whatever_the_counts():

@@ -4,9 +4,10 @@
 which at national scale (240,000 block-group families, 84,000 tract families) costs more than
 the work itself. ``map_families`` instead shuffles the rows once so that every family lies in
 one partition, sorts each partition by (family key, order columns), and hands a task's Arrow
-batches to ``solve``, one family at a time, in order. A family that straddles two Arrow
-batches is carried over whole into the next, so ``solve`` always sees all of a family's rows,
-sorted by the order columns, exactly once per task attempt.
+batches to ``solve``, one family at a time, in order (``map_family_batches``: every whole
+family of a batch at once, for solvers that vectorise across families). A family that
+straddles two Arrow batches is carried over whole into the next, so ``solve`` always sees all
+of a family's rows, sorted by the order columns, exactly once per task attempt.
 
 The number of partitions is not fixed here: the shuffle uses ``spark.sql.shuffle.partitions``
 and adaptive execution coalesces them by size. What a family's rows are, and their order,
@@ -53,6 +54,22 @@ def map_families(
     ``solve`` gets one family's rows sorted by ``order`` (a pandas frame with a fresh index)
     and returns rows of ``schema``; ``on_task_start`` runs once at the start of every task.
     """
+    return map_family_batches(
+        rows, family, order, _one_by_one(list(family), solve), schema, on_task_start
+    )
+
+
+def map_family_batches(
+    rows: DataFrame,
+    family: Sequence[str],
+    order: Sequence[str],
+    solve: FamilySolver,
+    schema: str,
+    on_task_start: Callable[[], None] | None = None,
+) -> DataFrame:
+    """As ``map_families``, but ``solve`` gets several whole families at once (sorted by
+    ``family`` then ``order``; at least one family, never part of one), for solvers that
+    vectorise across families."""
     keys = list(family)
     return (
         rows.repartition(F.xxhash64(*keys))
@@ -82,16 +99,26 @@ def _streamed(
         for batch in batches:
             if carry is not None:
                 batch = pd.concat([carry, batch], ignore_index=True)
-            starts = family_starts(batch, keys)
             # The last family may continue in the next batch: hold it back.
-            done = [solve(_rows(batch, a, b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
-            carry = batch.iloc[starts[-1] :] if len(batch) else None
-            if done:
-                yield pd.concat(done, ignore_index=True)
+            whole = int(family_starts(batch, keys)[-1])
+            if whole:
+                yield solve(_rows(batch, 0, whole))
+            carry = batch.iloc[whole:]
         if carry is not None and len(carry):
             yield solve(carry.reset_index(drop=True))
 
     return task
+
+
+def _one_by_one(keys: list[str], solve: FamilySolver) -> FamilySolver:
+    """A solver of whole-family batches that hands ``solve`` one family at a time."""
+
+    def each(batch: pd.DataFrame) -> pd.DataFrame:
+        bounds = np.append(family_starts(batch, keys), len(batch))
+        done = [solve(_rows(batch, a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return pd.concat(done, ignore_index=True)
+
+    return each
 
 
 def family_starts(batch: pd.DataFrame, keys: list[str]) -> np.ndarray:

@@ -53,15 +53,19 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from censusdp_spark.engine.families import FamilySolver, map_families, noise_group
+from censusdp_spark.engine.families import (
+    FamilySolver,
+    family_starts,
+    map_families,
+    map_family_batches,
+    noise_group,
+)
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.model.pgsr_config import PgsrConfig
 from censusdp_spark.privacy import discrete_laplace, keyed_rng
 from censusdp_spark.solvers.group_sizes import (
     CostTable,
-    Family,
     GroupTree,
-    SquareLeafFamily,
     cell_bounds,
     merge_family,
     node_tables,
@@ -69,6 +73,12 @@ from censusdp_spark.solvers.group_sizes import (
     solve_family,
     solve_root,
     split_family,
+)
+from censusdp_spark.solvers.group_sizes_batch import (
+    LeafFamilies,
+    TableFamilies,
+    Tables,
+    family_order,
 )
 from censusdp_spark.solvers.group_sizes_cumulative import (
     cumulative_family,
@@ -215,18 +225,19 @@ def _families(
     order: Sequence[str],
     solve: FamilySolver,
     schema: str,
+    batched: bool = False,
 ) -> DataFrame:
     """``solve`` applied to every family of a level (lazily): one parent's children rows sorted
     by ``order``, each carrying its parent's columns as ``parent_<name>`` (a join on the
-    parent's geocode, in ``parent``), many families per Python call (``map_families``)."""
+    parent's geocode, in ``parent``), many families per Python call (``map_families``; with
+    ``batched``, all of a batch's whole families in one call, ``map_family_batches``)."""
     keyed = children.select(_parent_key(parent_digits), *children.columns)
     parent_columns = parents.select(
         F.col("geocode").alias("parent"),
         *[F.col(c).alias(f"parent_{c}") for c in parents.columns if c != "geocode"],
     )
-    return map_families(
-        keyed.join(parent_columns, "parent", "left"), ["parent"], order, solve, schema
-    )
+    apply = map_family_batches if batched else map_families
+    return apply(keyed.join(parent_columns, "parent", "left"), ["parent"], order, solve, schema)
 
 
 def _parent_value(family: pd.DataFrame, column: str) -> Any:
@@ -261,6 +272,13 @@ class DpPlan:
     faithfulness: str
     total: int  # G, public
     widths: Mapping[str, int | None]  # l2 window half-width per level (None: no window)
+    sizes: int  # N
+
+    @property
+    def batched(self) -> bool:
+        """l2 under level faithfulness runs vectorised over a batch's families
+        (``solvers.group_sizes_batch``); l1 and node faithfulness family by family."""
+        return self.norm == "l2" and self.faithfulness == "level"
 
     def bounds(
         self, level: str, groups: object, noisy: np.ndarray
@@ -270,7 +288,7 @@ class DpPlan:
 
     def wider(self) -> DpPlan:
         widths = {lv: None if w is None else 2 * w for lv, w in self.widths.items()}
-        return DpPlan(self.norm, self.faithfulness, self.total, widths)
+        return DpPlan(self.norm, self.faithfulness, self.total, widths, self.sizes)
 
 
 def window_width(scale: Fraction) -> int:
@@ -280,14 +298,14 @@ def window_width(scale: Fraction) -> int:
 
 def dp_plan(config: PgsrConfig, total: int) -> DpPlan:
     """Windows only where they are needed: l2 under level faithfulness, internal levels below
-    the root (leaves are ``SquareLeaves``; the root's table spans its children's windows)."""
+    the root (leaves are never listed; the root's table spans its children's windows)."""
     windowed = config.norm == "l2" and config.faithfulness == "level"
     inner = {lv.name for lv in config.hierarchy.levels[1:-1]}
     widths = {
         lv: window_width(config.budget.scale(lv, 2)) if windowed and lv in inner else None
         for lv in config.hierarchy.names
     }
-    return DpPlan(config.norm, config.faithfulness, total, widths)
+    return DpPlan(config.norm, config.faithfulness, total, widths, config.groups.max_size)
 
 
 def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
@@ -306,12 +324,10 @@ def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
     return geocodes, tables
 
 
-def _leaves_of(pdf: pd.DataFrame, plan: DpPlan) -> tuple[list[str], Family]:
-    """A family of leaves from their noisy rows (sorted by geocode): implicit l2 leaves under
-    level faithfulness, else each leaf's deviation tables on its bounds."""
+def _leaves_of(pdf: pd.DataFrame, plan: DpPlan) -> tuple[list[str], list[list[CostTable]]]:
+    """A family of leaves from their noisy rows (sorted by geocode): each leaf's deviation
+    tables on its bounds."""
     noisy = np.vstack([_ints(v) for v in pdf["noisy"]])
-    if plan.faithfulness == "level" and plan.norm == "l2":
-        return list(pdf["geocode"]), SquareLeafFamily(noisy, plan.total)
     tables = []
     for level, groups, row in zip(pdf["level"], pdf["groups"], noisy, strict=True):
         lo, hi = plan.bounds(level, groups, row)
@@ -319,7 +335,9 @@ def _leaves_of(pdf: pd.DataFrame, plan: DpPlan) -> tuple[list[str], Family]:
     return list(pdf["geocode"]), tables
 
 
-def _family_of(children: pd.DataFrame, plan: DpPlan, leaves: bool) -> tuple[list[str], Family]:
+def _family_of(
+    children: pd.DataFrame, plan: DpPlan, leaves: bool
+) -> tuple[list[str], list[list[CostTable]]]:
     return _leaves_of(children, plan) if leaves else _tables_of(children)
 
 
@@ -367,8 +385,9 @@ def dp_tables(
         noisy_level.select("geocode", "level", "groups", "noisy"),
         digits,
         _children_order(leaves),
-        parent,
+        _tables_batch(plan, leaves) if plan.batched else parent,
         TABLE_SCHEMA,
+        plan.batched,
     )
 
 
@@ -397,7 +416,6 @@ def dp_families(
         if plan.faithfulness == "level":
             out = split_family(members, counts)
         else:
-            assert not isinstance(members, SquareLeafFamily)
             groups = np.array([t[0].hi for t in members], dtype=np.int64)
             out = solve_family(members, counts, groups)
         return _release_rows(level, geocodes, out)
@@ -407,9 +425,90 @@ def dp_families(
         parent_release,
         parent_digits,
         _children_order(leaves),
-        family,
+        _split_batch(level, plan, leaves) if plan.batched else family,
         RELEASE_SCHEMA,
+        plan.batched,
     )
+
+
+# --- dp, l2 under level faithfulness: whole batches of families at once -------------------------
+
+
+def _parent_rows(batch: pd.DataFrame, column: str) -> tuple[np.ndarray, pd.Series]:
+    """Each family's first row in a batch and its parent's ``column`` (a family whose parent
+    has no row is an error, not a silent zero)."""
+    starts = family_starts(batch, ["parent"])
+    values = batch[f"parent_{column}"].iloc[starts]
+    if values.isna().any():
+        missing = batch["parent"].iat[int(starts[np.flatnonzero(values.isna().to_numpy())[0]])]
+        raise RuntimeError(f"no parent row for the family of {missing}")
+    return starts, values
+
+
+def _children_batch(
+    batch: pd.DataFrame, starts: np.ndarray, plan: DpPlan, leaves: bool
+) -> tuple[LeafFamilies | TableFamilies, np.ndarray]:
+    """A batch's children cells in family order (family = parent position x size), and the
+    permutation from the batch's cells (rows x sizes for leaves, rows for tables) to it."""
+    position = np.repeat(np.arange(starts.size), np.diff(np.append(starts, len(batch))))
+    families = starts.size * plan.sizes
+    if leaves:
+        order, family = family_order(position, plan.sizes)
+        noisy = np.vstack([_ints(v) for v in batch["noisy"]]).ravel()[order]
+        return LeafFamilies(family, noisy, families), order
+    family = position * plan.sizes + batch["size"].to_numpy(dtype=np.int64) - 1
+    order = np.argsort(family, kind="stable")
+    tables = Tables.of_segments(
+        batch["lo"].to_numpy(dtype=np.int64),
+        batch["base"].to_numpy(dtype=np.int64),
+        [_ints(x) for x in batch["lengths"]],
+        [_ints(x) for x in batch["slopes"]],
+    )
+    return TableFamilies(family[order], tables.take(order), families), order
+
+
+def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
+    def solve(batch: pd.DataFrame) -> pd.DataFrame:
+        starts, noisy = _parent_rows(batch, "noisy")
+        children, _ = _children_batch(batch, starts, plan, leaves)
+        level = str(batch["parent_level"].iat[0])
+        here = np.vstack([_ints(v) for v in noisy]).ravel()
+        lo, hi = cell_bounds(here, plan.total, plan.widths.get(level))
+        tables = children.parent_tables(here, lo, hi)
+        lengths, slopes = tables.segments()
+        return pd.DataFrame(
+            {
+                "level": level,
+                "geocode": np.repeat(batch["parent"].to_numpy()[starts], plan.sizes),
+                "size": np.tile(np.arange(1, plan.sizes + 1, dtype=np.int32), starts.size),
+                "lo": tables.lo,
+                "base": tables.base,
+                "lengths": lengths,
+                "slopes": slopes,
+            }
+        )
+
+    return solve
+
+
+def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
+    def solve(batch: pd.DataFrame) -> pd.DataFrame:
+        starts, counts = _parent_rows(batch, "counts")
+        children, order = _children_batch(batch, starts, plan, leaves)
+        cells = np.empty(order.size, dtype=np.int64)
+        cells[order] = children.split(np.vstack([_ints(v) for v in counts]).ravel())
+        if leaves:
+            return _release_rows(level, list(batch["geocode"]), cells.reshape(-1, plan.sizes))
+        return pd.DataFrame(
+            {
+                "geocode": batch["geocode"].to_numpy(),
+                "level": level,
+                "size": batch["size"].to_numpy(dtype=np.int32),
+                "count": cells,
+            }
+        )
+
+    return solve
 
 
 def window_hits(released: DataFrame, noisy: DataFrame, plan: DpPlan) -> int:

@@ -38,21 +38,28 @@ trees. ``dp_release`` solves it **exactly**:
   slope order), and sums of convex functions are convex. An l1 table has at most
   ``2 * height + 3`` slopes whatever the counts. An l2 table changes slope at every integer, so
   it is held explicitly only on a window (below); an l2 *leaf* is never listed: its slopes are
-  the odd numbers ``2(v - c~) + 1``, and a family of leaves is merged by counting
-  (``SquareLeaves``), so a leaf costs O(log G) whatever its domain ``0..G``.
+  the odd numbers ``2(v - c~) + 1``, and a family of leaves is merged in closed form, so a leaf
+  costs the same whatever its domain ``0..G``. The l2 case runs vectorised over many families
+  at once in ``solvers.group_sizes_batch`` (same tables, same ties); the functions here list
+  every table and serve l1 and node faithfulness, family by family.
 * Root: ``x^root = argmin sum_j phi^root_j(v_j) s.t. sum_j v_j = G``, the greedy merge of the N
   root tables (T^dp's dummy root). Its value is the optimum of P_level.
 * Top-down: every family is split size by size by the same greedy (``split_family``), which
   replays the merge: each child gets the units it won. This is the paper's retrieval, and it
   attains the root's value, so the release is an exact integer optimum of P_level.
-* l2 windows of internal nodes (below the root): ``x^r_j`` is kept in
-  ``[c~^r_j - w, c~^r_j + w]`` clipped to ``0..G``. The windowed problem is solved exactly as
+* l2 windows of internal nodes (below the root): ``x^r_j`` is kept in a window
+  ``[centre - w, centre + w]`` clipped to ``0..G``. The windowed problem is solved exactly as
   above; if no cell of its optimum sits on a window bound other than 0 or G, it is also the
-  optimum without windows: P_level is a separable convex-cost flow (one arc per cell), a flow
-  is optimal iff its residual graph has no negative cycle under unit marginal costs, and with
-  no window bound active both problems have the same residual arcs with the same costs.
-  Otherwise ``dp_release`` doubles ``w`` and solves again (the engine does the same), so the
-  returned release is always the exact optimum; ``DpRelease.width`` says which window did it.
+  optimum without windows, whatever the windows were: P_level is a separable convex-cost flow
+  (one arc per cell), a flow is optimal iff its residual graph has no negative cycle under unit
+  marginal costs, and with no window bound active both problems have the same residual arcs
+  with the same costs. Otherwise the bound cells get wider windows and the solve runs again, so
+  the returned release is always the exact optimum. ``dp_release`` centres the windows at the
+  consistent least-squares estimate and widens only the cells that were on a bound (four
+  times); the Spark engine centres them at ``c~`` and doubles a whole level's width.
+  If a window misses its children's merged domain, the node's domain is the nearest point of
+  that domain; a child's window bound then binds and the certificate sends the solve round
+  again.
 
 P_node couples the N per-size trees at every node: the graph has cycles and no tree dynamic
 program solves it exactly. Under ``"node"``, tables live on ``0..G^r``, the root is solved as
@@ -76,7 +83,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
 
 import numpy as np
 from scipy import sparse
@@ -187,159 +193,35 @@ def merge_tables(tables: Sequence[CostTable]) -> CostTable:
     return _table(sum(t.lo for t in tables), sum(t.base for t in tables), merged, distinct)
 
 
-@dataclass(frozen=True)
-class SquareLeaves:
-    """The merged l2 tables ``(v_c - noisy_c)^2`` on ``0..upper`` of sibling leaves, one size.
-
-    Child c's unit slopes are the odd numbers ``first_c, first_c + 2, ...`` (``upper`` of them,
-    ``first_c = 1 - 2 noisy_c``), so how many of the family's slopes lie below a value is a sum
-    of k clipped quotients: ranks are found by bisection and no slope is ever listed.
-    """
-
-    noisy: np.ndarray  # (k,)
-    upper: int
-
-    @property
-    def lo(self) -> int:
-        return 0
-
-    @cached_property
-    def hi(self) -> int:
-        return self.noisy.size * self.upper
-
-    @cached_property
-    def _first(self) -> np.ndarray:
-        return 1 - 2 * self.noisy.astype(np.int64)
-
-    def _below(self, s: np.ndarray | int) -> np.ndarray:
-        """Per child (last axis), how many of its slopes are < s."""
-        s = np.asarray(s, dtype=np.int64)[..., None]
-        return np.clip((s - self._first + 1) // 2, 0, self.upper)
-
-    def _rank_value(self, t: int) -> int:
-        """The t-th smallest slope of the family (1-based).
-
-        Closed form first: if the m smallest ``first_c`` are the children with a slope <= s and
-        no child reaches its last slope, ``#slopes <= s = (m s - sum_m first + m) / 2``. The
-        candidate is checked by counting; bisection when the caps bind (small ``upper``).
-        """
-        first = np.sort(self._first)
-        m = np.arange(1, first.size + 1)
-        need = -(-(2 * t + np.cumsum(first) - m) // m)  # ceil: (m s - S_m + m) / 2 >= t
-        need = np.maximum(need + (need % 2 == 0), first)  # slopes are odd
-        valid = np.append(need[:-1] < first[1:], True)
-        s = int(need[valid].min())
-        if int(self._below(s + 1).sum()) >= t > int(self._below(s).sum()):
-            return s
-        low, high = int(first[0]), int(first[-1]) + 2 * (self.upper - 1)
-        while low < high:
-            mid = (low + high) // 2
-            if int(self._below(mid + 1).sum()) >= t:
-                high = mid
-            else:
-                low = mid + 1
-        return low
-
-    def take(self, total: int) -> np.ndarray:
-        """The family's ``total`` smallest slopes, ties to the lower index: each child's value."""
-        if not 0 <= total <= self.hi:
-            raise ValueError(f"total {total} outside the merged domain 0..{self.hi}")
-        if total == 0:
-            return np.zeros(self.noisy.size, dtype=np.int64)
-        s = self._rank_value(total)
-        out = self._below(s)
-        holders = np.flatnonzero((self._first <= s) & (s <= self._first + 2 * (self.upper - 1)))
-        out[holders[: total - int(out.sum())]] += 1
-        return out
-
-    def cost(self, values: np.ndarray) -> int:
-        """``sum_c (values_c - noisy_c)^2``."""
-        return int(np.square(values.astype(np.int64) - self.noisy).sum())
-
-    def on(self, lo: int, hi: int) -> CostTable:
-        """The merged table on ``lo..hi``: one segment per distinct slope in that rank range."""
-        if not 0 <= lo <= hi <= self.hi:
-            raise ValueError(f"{lo}..{hi} not inside the domain 0..{self.hi}")
-        base = self.cost(self.take(lo))
-        if hi == lo:
-            return _table(lo, base, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        values = np.arange(self._rank_value(lo + 1), self._rank_value(hi) + 1, 2)
-        before = self._below(values).sum(axis=-1)
-        upto = self._below(values + 1).sum(axis=-1)
-        lengths = np.minimum(upto, hi) - np.maximum(before, lo)
-        return _table(lo, base, np.maximum(lengths, 0), values)
-
-
-class Mergeable(Protocol):
-    """A family's merged table for one size, available on any range inside ``lo..hi``."""
-
-    @property
-    def lo(self) -> int: ...
-
-    @property
-    def hi(self) -> int: ...
-
-    def on(self, lo: int, hi: int) -> CostTable: ...
-
-
-@dataclass(frozen=True)
-class SquareLeafFamily:
-    """Sibling leaves under level faithfulness and l2, kept implicit (``SquareLeaves``)."""
-
-    noisy: np.ndarray  # (k, N)
-    upper: int  # G: every leaf cell lies in 0..G
-
-    def sizes(self) -> list[SquareLeaves]:
-        return [SquareLeaves(self.noisy[:, j], self.upper) for j in range(self.noisy.shape[1])]
-
-
-Family = Sequence[Sequence[CostTable]] | SquareLeafFamily  # per child, its N tables
-
-
-def merge_family(children: Family) -> list[Mergeable]:
-    """Per size, the infimal convolution of the children's tables."""
-    if isinstance(children, SquareLeafFamily):
-        return list(children.sizes())
+def merge_family(children: Sequence[Sequence[CostTable]]) -> list[CostTable]:
+    """Per size, the infimal convolution of the children's tables (children x sizes)."""
     return [merge_tables([child[j] for child in children]) for j in range(len(children[0]))]
 
 
-def split_family(children: Family, parent: np.ndarray) -> np.ndarray:
+def split_family(children: Sequence[Sequence[CostTable]], parent: np.ndarray) -> np.ndarray:
     """Children's histograms (k x N): per size, the parent's count split by the greedy merge."""
-    if isinstance(children, SquareLeafFamily):
-        columns = [leaves.take(int(v)) for leaves, v in zip(children.sizes(), parent, strict=True)]
-    else:
-        columns = [
-            _Pooled.of([child[j] for child in children]).split(int(v)) for j, v in enumerate(parent)
-        ]
+    columns = [
+        _Pooled.of([child[j] for child in children]).split(int(v)) for j, v in enumerate(parent)
+    ]
     return np.stack(columns, axis=1)
-
-
-def _meet(lo: int, hi: int, merged_lo: int, merged_hi: int) -> tuple[int, int]:
-    """A node's domain: its bounds met with its children's merged domain; if they miss each
-    other, the nearest point of the merged domain (the children's window bounds then bind and
-    the certificate sends the solve round again)."""
-    a, b = max(lo, merged_lo), min(hi, merged_hi)
-    if a <= b:
-        return a, b
-    edge = merged_hi if merged_hi < lo else merged_lo
-    return edge, edge
 
 
 def node_tables(
     noisy: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
-    merged: Sequence[Mergeable] | None,
+    merged: Sequence[CostTable] | None,
     norm: str,
 ) -> list[CostTable]:
-    """The N cost tables ``phi^r_j`` of one node on its bounds ``lo..hi`` (per size), from its
-    noisy histogram and, for an internal node, its children's merged tables."""
+    """The N cost tables ``phi^r_j`` of one node on its bounds ``lo..hi`` (per size) met with
+    its children's merged domain, from its noisy histogram and, for an internal node, its
+    children's merged tables."""
     out = []
     for j, c in enumerate(noisy):
         if merged is None:
             out.append(deviation_table(int(c), int(lo[j]), int(hi[j]), norm))
             continue
-        a, b = _meet(int(lo[j]), int(hi[j]), merged[j].lo, merged[j].hi)
+        a, b = max(int(lo[j]), merged[j].lo), min(int(hi[j]), merged[j].hi)
         out.append(add_tables(deviation_table(int(c), a, b, norm), merged[j].on(a, b)))
     return out
 
@@ -353,10 +235,10 @@ def cell_bounds(noisy: np.ndarray, upper: int, width: int | None) -> tuple[np.nd
     return np.clip(noisy - width, 0, upper), np.clip(noisy + width, 0, upper)
 
 
-def window_hits(counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, upper: int) -> int:
-    """Cells on a window bound that is not a bound of the problem (0 or G): if none, the
-    windowed optimum is the optimum (module docstring)."""
-    return int((((counts <= lo) & (lo > 0)) | ((counts >= hi) & (hi < upper))).sum())
+def window_bound(counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, upper: int) -> np.ndarray:
+    """Cells on a window bound that is not a bound of the problem (0 or G): if there are none,
+    the windowed optimum is the optimum (module docstring)."""
+    return ((counts <= lo) & (lo > 0)) | ((counts >= hi) & (hi < upper))
 
 
 @dataclass(frozen=True)
@@ -590,71 +472,64 @@ def check_faithfulness(faithfulness: str) -> None:
 
 
 def dp_release(
-    tree: GroupTree, norm: str, faithfulness: str = "level", width: int = 16
+    tree: GroupTree, norm: str, faithfulness: str = "level", width: int = 8
 ) -> DpRelease:
     """M_H^dp post-processing of a whole tree in one process (the Spark engine splits it).
 
-    Under level faithfulness with l2, internal nodes below the root use windows of half-width
-    ``width``, doubled until the certificate holds (module docstring).
+    Under level faithfulness with l2, the cells of internal nodes below the root get windows of
+    half-width ``width`` around the consistent least-squares estimate (rounded); every cell whose
+    optimum sits on its window bound gets a window four times wider, until the certificate
+    holds (module docstring; it holds for any windows). The returned ``width`` is the widest.
     """
     check_faithfulness(faithfulness)
-    windowed = faithfulness == "level" and norm == "l2"
+    if not (faithfulness == "level" and norm == "l2"):
+        return _dp_listed(tree, norm, faithfulness)
+    from censusdp_spark.solvers import group_sizes_batch as batch  # it builds on this module
+
+    total = int(tree.groups[0])
+    problem = batch.TreeProblem.of(tree.noisy, tree.parent, total)
+    levels = problem.levels
+    centre = np.rint(batch.consistent_estimate(tree.noisy, levels, total)).astype(np.int64)
+    widths = np.full(tree.noisy.shape, width, dtype=np.int64)
     while True:
+        lo, hi = np.clip(centre - widths, 0, total), np.clip(centre + widths, 0, total)
+        lo[levels.nodes[0]], hi[levels.nodes[0]] = 0, total
+        lo[levels.nodes[-1]], hi[levels.nodes[-1]] = 0, total
         try:
-            release, hits = _dp_once(tree, norm, faithfulness, width if windowed else None)
+            counts, lower = problem.solve(lo, hi)
         except WindowTooNarrow:
-            if not windowed:
-                raise
-            width *= 2
+            widths *= 4
             continue
-        if hits == 0:
-            return release
-        width *= 2
+        bound = window_bound(counts, lo, hi, total)
+        if not bound.any():
+            return DpRelease(counts, objective(tree, counts, norm), lower, int(widths.max()))
+        widths[bound] *= 4
 
 
-def _dp_once(
-    tree: GroupTree, norm: str, faithfulness: str, width: int | None
-) -> tuple[DpRelease, int]:
-    """One bottom-up and top-down pass, and how many cells sit on a window bound."""
+def _dp_listed(tree: GroupTree, norm: str, faithfulness: str) -> DpRelease:
+    """l1, or node faithfulness: every table listed on ``0..upper``, no windows."""
     kids = tree.children()
     n, m = tree.noisy.shape
     total = int(tree.groups[0])
     level = faithfulness == "level"
-    implicit = level and norm == "l2"  # l2 leaves stay SquareLeaves
-    lo = np.zeros((n, m), dtype=np.int64)
-    hi = np.zeros((n, m), dtype=np.int64)
     tables: list[list[CostTable]] = [[] for _ in kids]
-    families: list[Family] = [[] for _ in kids]
     for r in reversed(range(n)):
         upper = total if level else int(tree.groups[r])
-        leaf = kids[r].size == 0
-        lo[r], hi[r] = cell_bounds(tree.noisy[r], upper, None if leaf or r == 0 else width)
-        if leaf:
-            if not implicit:
-                tables[r] = node_tables(tree.noisy[r], lo[r], hi[r], None, norm)
-            continue
-        leaf_kids = [kids[c].size == 0 for c in kids[r]]
-        if implicit and any(leaf_kids):
-            if not all(leaf_kids):
-                raise ValueError(f"node {r} has leaf and internal children (levels must be even)")
-            families[r] = SquareLeafFamily(tree.noisy[kids[r]], total)
-        else:
-            families[r] = [tables[c] for c in kids[r]]
-        tables[r] = node_tables(tree.noisy[r], lo[r], hi[r], merge_family(families[r]), norm)
+        lo, hi = cell_bounds(tree.noisy[r], upper, None)
+        merged = merge_family([tables[c] for c in kids[r]]) if kids[r].size else None
+        tables[r] = node_tables(tree.noisy[r], lo, hi, merged, norm)
     counts = np.zeros_like(tree.noisy)
     counts[0] = solve_root(tables[0], total)
     lower = sum(t.value(int(v)) for t, v in zip(tables[0], counts[0], strict=True))
     for r in range(n):
-        if kids[r].size == 0:
+        family = [tables[c] for c in kids[r]]
+        if not family:
             continue
         if level:
-            counts[kids[r]] = split_family(families[r], counts[r])
+            counts[kids[r]] = split_family(family, counts[r])
         else:
-            counts[kids[r]] = solve_family(
-                [tables[c] for c in kids[r]], counts[r], tree.groups[kids[r]]
-            )
-    hits = window_hits(counts, lo, hi, total) if width is not None else 0
-    return DpRelease(counts, objective(tree, counts, norm), int(lower), width), hits
+            counts[kids[r]] = solve_family(family, counts[r], tree.groups[kids[r]])
+    return DpRelease(counts, objective(tree, counts, norm), int(lower), None)
 
 
 def violations(tree: GroupTree, counts: np.ndarray, faithfulness: str = "level") -> dict[str, int]:
