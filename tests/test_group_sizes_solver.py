@@ -28,6 +28,7 @@ from censusdp_spark.solvers.group_sizes import (
     split_by_slopes,
     violations,
 )
+from censusdp_spark.solvers import group_sizes_batch as batch
 from censusdp_spark.solvers.group_sizes_batch import (
     LeafFamilies,
     TableFamilies,
@@ -329,11 +330,22 @@ def test_dp_equals_milp_on_larger_trees_with_larger_counts(norm):
         assert violations(tree, release.counts, "level") == HOLDS
 
 
-def test_narrow_windows_widen_until_none_binds():
-    tree = random_tree(np.random.default_rng(14), [4, 4], 3, 30, 12)
-    narrow, wide = dp_release(tree, "l2", "level", width=1), dp_release(tree, "l2", "level", 10**6)
-    assert narrow.width is not None and narrow.width > 1
-    assert narrow.objective == wide.objective
+@pytest.mark.parametrize("shift", [0, 25, -25])
+def test_narrow_or_misplaced_windows_widen_until_none_binds(monkeypatch, shift):
+    """Windows are a speed device only: centred anywhere, the certificate widens the cells that
+    bind until the release is the exact optimum (the one of windows wider than any count)."""
+    rng = np.random.default_rng(14)
+    for _ in range(20):
+        tree = random_tree(rng, [4, 4, 3], 3, 60, 12)
+        wide = dp_release(tree, "l2", "level", 10**6)
+        centres = batch.window_centres
+        monkeypatch.setattr(batch, "window_centres", lambda *a: centres(*a) + shift)
+        narrow = dp_release(tree, "l2", "level", width=1)
+        monkeypatch.undo()
+        assert narrow.objective == wide.objective == wide.lower_bound
+        assert (narrow.counts == wide.counts).all()
+        if shift:
+            assert narrow.width > 1
 
 
 def other_group_counts(tree: GroupTree, rng: np.random.Generator) -> GroupTree:

@@ -472,12 +472,12 @@ def check_faithfulness(faithfulness: str) -> None:
 
 
 def dp_release(
-    tree: GroupTree, norm: str, faithfulness: str = "level", width: int = 8
+    tree: GroupTree, norm: str, faithfulness: str = "level", width: int = 4
 ) -> DpRelease:
     """M_H^dp post-processing of a whole tree in one process (the Spark engine splits it).
 
     Under level faithfulness with l2, the cells of internal nodes below the root get windows of
-    half-width ``width`` around the consistent least-squares estimate (rounded); every cell whose
+    half-width ``width`` around ``window_centres`` (a non-negative least-squares estimate); every cell whose
     optimum sits on its window bound gets a window four times wider, until the certificate
     holds (module docstring; it holds for any windows). The returned ``width`` is the widest.
     """
@@ -489,7 +489,7 @@ def dp_release(
     total = int(tree.groups[0])
     problem = batch.TreeProblem.of(tree.noisy, tree.parent, total)
     levels = problem.levels
-    centre = np.rint(batch.consistent_estimate(tree.noisy, levels, total)).astype(np.int64)
+    centre = batch.window_centres(tree.noisy, levels, total)
     widths = np.full(tree.noisy.shape, width, dtype=np.int64)
     while True:
         lo, hi = np.clip(centre - widths, 0, total), np.clip(centre + widths, 0, total)

@@ -123,12 +123,16 @@ def compress(lo: int, base: int, slopes: np.ndarray) -> CostTable:
 
 def _meet(lo: np.ndarray, hi: np.ndarray, low: np.ndarray, high: np.ndarray):
     """Each parent's domain: its bounds met with its children's merged domain ``low..high``;
-    if they miss, the nearest point of the merged domain (a child's window bound then binds,
-    and the certificate of ``solvers.group_sizes`` sends the solve round again)."""
+    if they miss, a window as wide as the bounds slid to the near end of the merged domain
+    (any windows keep the solve exact: only the certificate of ``solvers.group_sizes`` reads
+    them)."""
     a, b = np.maximum(lo, low), np.minimum(hi, high)
-    edge = np.where(high < lo, high, low)
     apart = a > b
-    return np.where(apart, edge, a), np.where(apart, edge, b)
+    span = hi - lo
+    below = high < lo  # the children cannot reach the window: take the top of their domain
+    a = np.where(apart & below, np.maximum(high - span, low), np.where(apart, low, a))
+    b = np.where(apart & below, high, np.where(apart, np.minimum(low + span, high), b))
+    return a, b
 
 
 def _parent_tables(
@@ -314,6 +318,10 @@ class TreeLevels:
     nodes: list[np.ndarray]
     parent_position: list[np.ndarray]
 
+    def first_child(self, d: int) -> np.ndarray:
+        """Where each node of level ``d - 1`` has its first child in level ``d``."""
+        return np.searchsorted(self.parent_position[d], np.arange(self.nodes[d - 1].size))
+
     @classmethod
     def of(cls, parent: np.ndarray) -> TreeLevels:
         nodes, positions = [np.array([0])], [np.array([-1])]
@@ -343,32 +351,59 @@ def family_order(parent_position: np.ndarray, sizes: int) -> tuple[np.ndarray, n
     return order, family[order]
 
 
-def consistent_estimate(noisy: np.ndarray, levels: TreeLevels, groups: int) -> np.ndarray:
+def consistent_estimate(
+    noisy: np.ndarray, levels: TreeLevels, groups: int, zero: np.ndarray | None = None
+) -> np.ndarray:
     """The least-squares estimate (reals, n x N) that is consistent and sums to ``groups`` at
-    the root, ignoring non-negativity and integrality: the usual two passes for equal-variance
-    tree measurements (children sums combined with a node's own measurement by inverse
-    variance bottom-up, differences handed down in proportion to variance). ``dp_release``
-    centres its l2 windows here, where the integer optimum nearly always lies."""
+    the root, ignoring integrality and non-negativity except that leaf cells marked in
+    ``zero`` (n x N) are held at 0: the usual two passes for equal-variance tree measurements
+    (children sums combined with a node's own measurement by inverse variance bottom-up,
+    differences handed down in proportion to variance; a cell held at 0 has variance 0)."""
+    sizes = noisy.shape[1]
     estimate = noisy.astype(np.float64)
-    variance = np.ones(noisy.shape[0])
+    variance = np.ones(noisy.shape)
+    if zero is not None:
+        estimate[zero], variance[zero] = 0.0, 0.0
     for d in reversed(range(1, len(levels.nodes))):
-        kids, up = levels.nodes[d], levels.nodes[d - 1]
-        sums = np.zeros((up.size, noisy.shape[1]))
-        np.add.at(sums, levels.parent_position[d], estimate[kids])
-        spread = np.bincount(levels.parent_position[d], weights=variance[kids], minlength=up.size)
-        weight = (1 / spread) / (1 + 1 / spread)
-        estimate[up] = (1 - weight[:, None]) * estimate[up] + weight[:, None] * sums
-        variance[up] = 1 / (1 + 1 / spread)
-    estimate[0] += (groups - estimate[0].sum()) / noisy.shape[1]
+        kids, up, first = levels.nodes[d], levels.nodes[d - 1], levels.first_child(d)
+        sums = np.add.reduceat(estimate[kids], first, axis=0)
+        spread = np.add.reduceat(variance[kids], first, axis=0)
+        # own measurement (variance 1) against the children's sum (variance ``spread``)
+        estimate[up] = (spread * estimate[up] + sums) / (1 + spread)
+        variance[up] = spread / (1 + spread)
+    root = variance[0]
+    if root.sum() > 0:
+        estimate[0] += root / root.sum() * (groups - estimate[0].sum())
     for d in range(1, len(levels.nodes)):
-        kids, up = levels.nodes[d], levels.nodes[d - 1]
+        kids, up, first = levels.nodes[d], levels.nodes[d - 1], levels.first_child(d)
         position = levels.parent_position[d]
-        sums = np.zeros((up.size, noisy.shape[1]))
-        np.add.at(sums, position, estimate[kids])
-        spread = np.bincount(position, weights=variance[kids], minlength=up.size)
-        share = (variance[kids] / spread[position])[:, None]
-        estimate[kids] += share * (estimate[up] - sums)[position]
+        gap = estimate[up] - np.add.reduceat(estimate[kids], first, axis=0)
+        spread = np.add.reduceat(variance[kids], first, axis=0)
+        share = np.zeros((kids.size, sizes))
+        np.divide(variance[kids], spread[position], out=share, where=spread[position] > 0)
+        estimate[kids] += share * gap[position]
     return estimate
+
+
+def window_centres(noisy: np.ndarray, levels: TreeLevels, groups: int) -> np.ndarray:
+    """Where ``dp_release`` centres its l2 windows: the consistent least-squares estimate, with
+    leaf cells that come out negative held at 0 and the estimate redone (active-set rounds,
+    until fewer than one leaf cell in a thousand turns negative), rounded. Leaves pinned at 0
+    lift their ancestors as non-negativity lifts the exact optimum, so the windows of the whole
+    tree sit near it; the certificate fixes what this approximation misses."""
+    zero = np.zeros(noisy.shape, dtype=bool)
+    leaves = levels.nodes[-1]
+    for _ in range(ACTIVE_SET_ROUNDS):
+        estimate = consistent_estimate(noisy, levels, groups, zero)
+        negative = np.zeros(noisy.shape, dtype=bool)
+        negative[leaves] = estimate[leaves] < -0.5
+        zero |= negative
+        if negative.sum() * 1000 < leaves.size * noisy.shape[1]:
+            break
+    return np.rint(estimate).astype(np.int64)
+
+
+ACTIVE_SET_ROUNDS = 16
 
 
 @dataclass(frozen=True)
