@@ -151,7 +151,7 @@ def accuracy_trial(data: Dataset, eps: Fraction, trial: int, faithfulness: str) 
     cum = noisy(data, "cumulative", eps, trial, faithfulness)
     runs = {
         "relaxed": lambda: round_naive(relaxed_qp(hist, faithfulness)),
-        "dp": lambda: dp_release(hist, "l2", faithfulness, first_width(data, eps)).counts,
+        "dp": lambda: dp_release(hist, "l2", faithfulness).counts,
         "cumulative": lambda: cumulative_release(cum, faithfulness),
     }
     out = []
@@ -205,7 +205,7 @@ def summary_table(trials: list[Trial]) -> list[str]:
 def speed_rows(data: Dataset, eps: Fraction, faithfulness: str) -> dict:
     hist = noisy(data, "histogram", eps, 0, faithfulness)
     started = time.perf_counter()
-    release = dp_release(hist, "l2", faithfulness, first_width(data, eps))
+    release = dp_release(hist, "l2", faithfulness)
     dp_s = time.perf_counter() - started
     started = time.perf_counter()
     relaxed = relaxed_qp(hist, faithfulness)
@@ -229,7 +229,9 @@ def main() -> int:
     parser.add_argument("--epsilons", nargs="+", default=["1/10", "1/2", "1", "2"])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--faithfulness", default="level", choices=["level", "node"])
-    parser.add_argument("--speed-trees", nargs="*", default=["10x10x10x10", "10x10x10x10x10"])
+    parser.add_argument(
+        "--speed-trees", nargs="*", default=["10x10x10x10", "10x10x10x10x10", "10x10x10x10x10x5"]
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pgsr.md")
     args = parser.parse_args()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())

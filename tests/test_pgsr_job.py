@@ -88,6 +88,22 @@ def test_dp_release_holds_every_guarantee_and_its_manifest_no_secret(spark, dp, 
     assert secret.read_text().strip() not in (dp / "manifest.json").read_text()
 
 
+def test_narrow_windows_are_widened_cell_by_cell_to_the_same_exact_optimum(
+    spark, tmp_path_factory, secret, dp, monkeypatch
+):
+    """With one-unit first windows (doubled per level while G is out of the root's reach) the
+    certificate finds cells on their bounds, widens only those, and the engine still ends at the
+    exact optimum of the default run (same noise)."""
+    from censusdp_spark.engine import group_sizes as gs
+
+    monkeypatch.setattr(gs, "window_width", lambda scale: 1)
+    narrow = manifest(release(spark, tmp_path_factory, secret, "dp"))["optimality"]
+    default = manifest(dp)["optimality"]
+    assert narrow["window_tract"] < default["window_tract"] and narrow["rounds"] >= 2
+    assert 0 < narrow["widened_cells"]
+    assert narrow["objective"] == narrow["lower_bound"] == default["objective"]
+
+
 def test_group_sizes_give_every_size_of_every_node_summing_to_the_households(spark, dp):
     sizes = table(spark, dp, "group_sizes")
     assert sizes.columns == ["geocode", "level", "size", "count"]

@@ -364,11 +364,32 @@ def _children_order(leaves: bool) -> list[str]:
     return ["geocode"] if leaves else ["geocode", "size"]
 
 
+WIDENED_SCHEMA = "level string, geocode string, size int, width bigint"
+
+
+def _with_widened(noisy_level: DataFrame, widened: DataFrame | None) -> DataFrame:
+    """A level's noisy rows with ``widen``: the node's cells whose window is wider than its
+    level's (``size, width`` pairs), or null."""
+    rows = noisy_level.select("geocode", "level", "groups", "noisy")
+    if widened is None:
+        return rows.withColumn("widen", F.lit(None).cast("array<struct<size:int,width:bigint>>"))
+    per_node = widened.groupBy("level", "geocode").agg(
+        F.collect_list(F.struct("size", "width")).alias("widen")
+    )
+    return rows.join(per_node, ["level", "geocode"], "left")
+
+
 def dp_tables(
-    noisy_level: DataFrame, children: DataFrame, digits: int, plan: DpPlan, leaves: bool
+    noisy_level: DataFrame,
+    children: DataFrame,
+    digits: int,
+    plan: DpPlan,
+    leaves: bool,
+    widened: DataFrame | None = None,
 ) -> DataFrame:
     """Cost tables of one internal level's nodes, from their noisy rows and their children's
-    tables (or, for the level above the leaves, the leaves' noisy rows)."""
+    tables (or, for the level above the leaves, the leaves' noisy rows). ``widened``
+    (``WIDENED_SCHEMA``) lists cells whose l2 window is wider than their level's."""
 
     def parent(kids: pd.DataFrame) -> pd.DataFrame:
         noisy = _ints(_parent_value(kids, "noisy"))
@@ -382,7 +403,7 @@ def dp_tables(
 
     return _families(
         _children_columns(children, leaves),
-        noisy_level.select("geocode", "level", "groups", "noisy"),
+        _with_widened(noisy_level, widened if plan.batched else None),
         digits,
         _children_order(leaves),
         _tables_batch(plan, leaves) if plan.batched else parent,
@@ -473,7 +494,15 @@ def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
         children, _ = _children_batch(batch, starts, plan, leaves)
         level = str(batch["parent_level"].iat[0])
         here = np.vstack([_ints(v) for v in noisy]).ravel()
-        lo, hi = cell_bounds(here, plan.total, plan.widths.get(level))
+        width = plan.widths.get(level)
+        if width is None:
+            lo, hi = cell_bounds(here, plan.total, None)
+        else:
+            widths = np.full(here.size, width, dtype=np.int64)
+            for f, widen in enumerate(batch["parent_widen"].iloc[starts]):
+                for cell in widen if widen is not None else ():
+                    widths[f * plan.sizes + int(cell["size"]) - 1] = int(cell["width"])
+            lo, hi = cell_bounds(here, plan.total, widths)
         tables = children.parent_tables(here, lo, hi)
         lengths, slopes = tables.segments()
         return pd.DataFrame(
@@ -511,23 +540,31 @@ def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
     return solve
 
 
-def window_hits(released: DataFrame, noisy: DataFrame, plan: DpPlan) -> int:
+def bound_cells(
+    released: DataFrame, noisy: DataFrame, plan: DpPlan, widened: DataFrame | None
+) -> DataFrame:
     """Released cells on an l2 window bound other than 0 and G (module docstring of
-    ``solvers.group_sizes``): 0 certifies that the windowed optimum is the exact one."""
+    ``solvers.group_sizes``), each with a window four times wider for the next round
+    (``WIDENED_SCHEMA``): none certifies that the windowed optimum is the exact one."""
     widths = {lv: w for lv, w in plan.widths.items() if w is not None}
     if not widths:
-        return 0
-    width = F.create_map(*[F.lit(x) for lv, w in widths.items() for x in (lv, w)])
+        return released.sparkSession.createDataFrame([], WIDENED_SCHEMA)
+    default = F.create_map(*[F.lit(x) for lv, w in widths.items() for x in (lv, w)])
     cells = noisy.filter(F.col("level").isin(list(widths))).select(
         "level", "geocode", F.posexplode("noisy").alias("pos", "noisy")
     )
-    joined = cells.join(
-        released.withColumn("pos", F.col("size") - 1), ["level", "geocode", "pos"]
-    ).withColumn("w", width[F.col("level")])
-    lo = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") - F.col("w")))
-    hi = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") + F.col("w")))
+    joined = cells.withColumn("size", (F.col("pos") + 1).cast("int")).join(
+        released, ["level", "geocode", "size"]
+    )
+    if widened is not None:
+        joined = joined.join(widened, ["level", "geocode", "size"], "left")
+    else:
+        joined = joined.withColumn("width", F.lit(None).cast("bigint"))
+    w = F.coalesce(F.col("width"), default[F.col("level")])
+    lo = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") - w))
+    hi = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") + w))
     hit = ((F.col("count") <= lo) & (lo > 0)) | ((F.col("count") >= hi) & (hi < plan.total))
-    return int(joined.filter(hit).count())
+    return joined.filter(hit).select("level", "geocode", "size", (4 * w).alias("width"))
 
 
 # --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------

@@ -169,19 +169,26 @@ def _post_process_dp(
     doubled windows until no window binds (then the release is the exact optimum)."""
     geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
     plan = gs.dp_plan(config, groups)
+    widened: DataFrame | None = None  # cells whose window is wider than their level's
     rounds = 0
     while True:
         rounds += 1
         try:
-            released, lower_bound = _dp_pass(spark, config, noisy, plan, geocode, groups, clock)
+            released, lower_bound = _dp_pass(
+                spark, config, noisy, plan, widened, geocode, groups, clock
+            )
         except WindowTooNarrow:
             plan = plan.wider()
             continue
-        hits = gs.window_hits(_union(released), noisy, plan)
+        bound = _settle(gs.bound_cells(_union(released), noisy, plan, widened))
+        hits = bound.count()
         clock.lap(f"certificate_round_{rounds}")
         if hits == 0:
             break
-        plan = plan.wider()
+        if widened is not None:
+            bound = bound.unionByName(widened).groupBy("level", "geocode", "size").max("width")
+            bound = bound.withColumnRenamed("max(width)", "width")
+        widened = _settle(bound)
     objective = gs.release_objective(_union(released), noisy, config.norm)
     if config.faithfulness == "level" and objective != lower_bound:
         raise GuaranteeViolation(
@@ -194,6 +201,7 @@ def _post_process_dp(
         "gap": objective - int(lower_bound),
         "rounds": rounds,
         **widths,
+        "widened_cells": 0 if widened is None else widened.count(),
     }
 
 
@@ -202,6 +210,7 @@ def _dp_pass(
     config: PgsrConfig,
     noisy: DataFrame,
     plan: gs.DpPlan,
+    widened: DataFrame | None,
     geocode: str,
     groups: int,
     clock: _Clock,
@@ -213,7 +222,12 @@ def _dp_pass(
         leaves = child is levels[-1]
         tables[level.name] = below = _settle(
             gs.dp_tables(
-                noisy.filter(F.col("level") == level.name), below, level.digits, plan, leaves
+                noisy.filter(F.col("level") == level.name),
+                below,
+                level.digits,
+                plan,
+                leaves,
+                widened,
             )
         )
         clock.lap(f"cost_tables_{level.name}")

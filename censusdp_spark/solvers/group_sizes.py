@@ -226,9 +226,12 @@ def node_tables(
     return out
 
 
-def cell_bounds(noisy: np.ndarray, upper: int, width: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds of a node's cells: ``0..upper`` (G^r under node faithfulness, G under level), or
-    with a ``width`` the window ``noisy +/- width`` clipped to it (l2 internal nodes, level)."""
+def cell_bounds(
+    noisy: np.ndarray, upper: int, width: int | np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of cells: ``0..upper`` (G^r under node faithfulness, G under level), or with a
+    ``width`` (one, or one per cell) the window ``noisy +/- width`` clipped to it (l2 internal
+    nodes, level)."""
     zeros = np.zeros(noisy.size, dtype=np.int64)
     if width is None:
         return zeros, np.full(noisy.size, upper, dtype=np.int64)
