@@ -1,23 +1,27 @@
-"""TopDown on the SYNTHETIC national input at several fractions: the scaling curve of issue 7.
+"""TopDown or the group-size release on the SYNTHETIC national input at several fractions: the
+scaling curves of issues 7 and 4.
 
-    .venv/bin/python benchmarks/bench_national.py [--fractions 0.01,0.1,0.3,1] [--work DIR]
-        [--previous ROWS.jsonl]
+    .venv/bin/python benchmarks/bench_national.py [--job topdown|pgsr] [--fractions 0.01,0.1,0.3,1]
+        [--work DIR] [--previous ROWS.jsonl]
 
 (``--previous`` takes the JSON rows an earlier invocation printed, so a long curve can be
 finished in several invocations; every row records its own command's run.)
 
 For every fraction it generates the input if ``DIR/national_<F>`` does not hold it yet
 (``censusdp generate national --seed 2020 --fraction F``), then runs
-``censusdp topdown --config conf/national_demo.toml --master local[2]`` as a child process and
-records:
+``censusdp topdown --config conf/national_demo.toml --master local[2]`` (or ``censusdp pgsr
+--config conf/pgsr_national.toml --mechanism dp``) as a child process and records:
 
-* wall time per stage, from the job's ``[censusdp] <stage>: <s> s`` progress lines;
+* wall time per stage, from the job's ``[censusdp] <stage>: <s> s`` progress lines (TopDown) or
+  its manifest's ``timings_s`` (PGSR);
 * peak memory: the largest sum of resident set sizes over the whole process tree (driver JVM,
   Python workers), sampled every 0.5 s from /proc;
-* noised cells per second of the measurement stage (every node's every marginal cell);
+* noised cells per second of the measurement stage (every node's every marginal cell; for
+  PGSR every node's N sizes);
 * cost per block relative to the smallest fraction of the same run (1.0 = linear scaling).
 
-Writes benchmarks/results/national.md. Never a unit test: these are figures, not assertions.
+Writes benchmarks/results/national.md (pgsr_national.md). Never a unit test: these are
+figures, not assertions.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ import time
 from pathlib import Path
 
 from censusdp_spark.model.config import load_config
+from censusdp_spark.model.pgsr_config import load_pgsr_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "national_demo.toml"
+PGSR_CONFIG = ROOT / "conf" / "pgsr_national.toml"
 STAGE = re.compile(r"^\[censusdp\] (\w+): ([0-9.]+) s(?: \((\d+) nodes\))?")
 
 
@@ -72,9 +78,14 @@ def _input(fraction: float, work: Path) -> Path:
     return folder
 
 
-def run_topdown(blocks: Path, output: Path) -> dict:
+def run_job(job: str, blocks: Path, output: Path) -> dict:
+    job_args = (
+        ["topdown", "--config", str(CONFIG)]
+        if job == "topdown"
+        else ["pgsr", "--config", str(PGSR_CONFIG), "--mechanism", "dp"]
+    )
     command = [
-        sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config", str(CONFIG),
+        sys.executable, "-m", "censusdp_spark.cli", *job_args,
         "--input", str(blocks), "--output", str(output), "--overwrite", "--master", "local[2]",
     ]  # fmt: skip
     started = time.perf_counter()
@@ -106,8 +117,11 @@ def run_topdown(blocks: Path, output: Path) -> dict:
     sampler.join()
     if code != 0:
         raise RuntimeError(
-            f"TopDown failed with exit code {code}: {' '.join(command)}\n" + "".join(tail)
+            f"{job} failed with exit code {code}: {' '.join(command)}\n" + "".join(tail)
         )
+    if job == "pgsr":
+        manifest = json.loads((output / "manifest.json").read_text())
+        stages, nodes = manifest["timings_s"], manifest["nodes"]
     return {
         "wall_s": time.perf_counter() - started,
         "stages": stages,
@@ -116,23 +130,31 @@ def run_topdown(blocks: Path, output: Path) -> dict:
     }
 
 
-def noised_cells(nodes: dict[str, int]) -> int:
+def noised_cells(job: str, nodes: dict[str, int]) -> int:
+    if job == "pgsr":
+        return sum(nodes.values()) * load_pgsr_config(PGSR_CONFIG).groups.max_size
     config = load_config(CONFIG)
     return sum(count * sum(q.size for q in config.queries[level]) for level, count in nodes.items())
 
 
-def markdown(rows: list[dict], command: str) -> str:
+def markdown(job: str, rows: list[dict], command: str) -> str:
     base = rows[0]
     base_per_block = base["wall_s"] / base["blocks"]
     stage_names = list(rows[-1]["stages"])
+    title, config = (
+        ("National scale (issue 7): TopDown", "`conf/national_demo.toml` (16 cells, production "
+         "person rho, state populations invariant)")
+        if job == "topdown"
+        else ("National scale (issue 4): the group-size release, M_H^dp", "`conf/pgsr_national.toml` "
+              "(households by size 1..7+, eps = 1, l2, level faithfulness)")
+    )  # fmt: skip
     lines = [
-        "## National scale (issue 7): TopDown on the SYNTHETIC national input",
+        f"## {title} on the SYNTHETIC national input",
         "",
         f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end). Inputs: "
         "`censusdp generate national --seed 2020 --fraction F` (SYNTHETIC blocks under the real "
-        "2020 tracts; fractions pick whole states). Config: `conf/national_demo.toml` (16 cells, "
-        "production person rho, state populations invariant).",
+        f"2020 tracts; fractions pick whole states). Config: {config}.",
         "",
         "| fraction | states | blocks | wall (s) | s per 1k blocks | vs linear from the first row "
         "| peak RSS, whole tree (GiB) | noised cells/s in measure |",
@@ -165,9 +187,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fractions", default="0.01,0.1,0.3,1")
     parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national"))
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks/results/national.md")
+    parser.add_argument("--job", choices=["topdown", "pgsr"], default="topdown")
+    parser.add_argument("--results", type=Path, help="default benchmarks/results/<job>.md")
     parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
     args = parser.parse_args()
+    name = "national.md" if args.job == "topdown" else "pgsr_national.md"
+    results = args.results or ROOT / "benchmarks" / "results" / name
     rows = []
     if args.previous is not None:
         rows = [
@@ -176,18 +201,19 @@ def main() -> None:
     for fraction in (float(f) for f in args.fractions.split(",")):
         folder = _input(fraction, args.work)
         meta = json.loads((folder / "metadata.json").read_text())
-        result = run_topdown(folder / "blocks", args.work / f"release_{fraction:g}")
+        release = args.work / f"{args.job}_release_{fraction:g}"
+        result = run_job(args.job, folder / "blocks", release)
         row = {
             "fraction": fraction,
             "states": len(meta["states"]),
             "blocks": result["nodes"]["block"],
-            "cells": noised_cells(result["nodes"]),
+            "cells": noised_cells(args.job, result["nodes"]),
             **result,
         }
         rows = sorted([*rows, row], key=lambda r: r["fraction"])
         print(json.dumps(row), flush=True)
-        args.results.write_text(
-            markdown(rows, " ".join(["benchmarks/bench_national.py", *sys.argv[1:]]))
+        results.write_text(
+            markdown(args.job, rows, " ".join(["benchmarks/bench_national.py", *sys.argv[1:]]))
         )
 
 

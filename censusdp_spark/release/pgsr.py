@@ -144,7 +144,7 @@ class _Clock:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.timings[name] = now - self.last
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.last  # summed over rounds
         self.last = now
 
     def elapsed(self) -> float:
