@@ -15,7 +15,6 @@ level's nodes of the L1 distance between cumulative histograms.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import sys
@@ -25,6 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from censusdp_spark.engine.group_sizes import NoisePlan, noisy_group, window_width
 from censusdp_spark.solvers.group_sizes import (
@@ -42,6 +42,7 @@ CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
 # Household sizes of the unique ACS 2006-2010 PUMS households of PUMA 600 (Oregon), sizes 1..8+
 # (data README §6): the size law of the synthetic trees.
 PUMS_SIZES = np.array([1103, 1687, 624, 489, 188, 80, 25, 17], dtype=np.float64)
+NATIONAL_SIZES = [f"hh_size_{j}" for j in range(1, 7)] + ["hh_size_7plus"]
 
 
 @dataclass(frozen=True)
@@ -56,30 +57,41 @@ class Dataset:
         return int(self.depth.max()) + 1
 
 
+def from_leaves(name: str, geocodes: pd.Series, counts: np.ndarray, digits: list[int]) -> Dataset:
+    """A hierarchy from leaf geocodes (levels = geocode prefixes of ``digits`` characters) and
+    the leaves' size histograms; nodes ordered by depth, then geocode."""
+    codes, truths, parents, depths = [], [], [], []
+    previous: pd.Index | None = None
+    offset = 0
+    for depth, d in enumerate(digits):
+        sums = pd.DataFrame(counts).groupby(geocodes.str[:d].to_numpy()).sum().sort_index()
+        codes.append(sums.index)
+        truths.append(sums.to_numpy(dtype=np.int64))
+        if previous is None:
+            parents.append(np.full(len(sums), -1))
+        else:
+            up = digits[depth - 1]
+            parents.append(offset - len(previous) + previous.get_indexer(sums.index.str[:up]))
+        depths.append(np.full(len(sums), depth))
+        offset += len(sums)
+        previous = sums.index
+    return Dataset(name, np.concatenate(parents), np.concatenate(depths), np.vstack(truths))
+
+
 def calm() -> Dataset:
-    with CALM.open() as f:
-        rows = list(csv.DictReader(f))
-    digits = [0, 3, 9, 12, 16]
-    leaves = {
-        r["county"] + r["tract"] + r["block_group"] + r["taz"]: [
-            int(r[f"HHSIZE{j}"]) for j in range(1, 5)
-        ]
-        for r in rows
-    }
-    nodes = [(d, code) for d in digits for code in sorted({g[:d] for g in leaves})]
-    index = {node: i for i, node in enumerate(nodes)}
-    parent = np.array(
-        [-1]
-        + [
-            index[(digits[digits.index(d) - 1], c[: digits[digits.index(d) - 1]])]
-            for d, c in nodes[1:]
-        ]
+    frame = pd.read_csv(CALM, dtype=str)
+    geocodes = frame["county"] + frame["tract"] + frame["block_group"] + frame["taz"]
+    counts = frame[[f"HHSIZE{j}" for j in range(1, 5)]].to_numpy(dtype=np.int64)
+    return from_leaves("CALM (real)", geocodes, counts, [0, 3, 9, 12, 16])
+
+
+def national(blocks: Path) -> Dataset:
+    """The SYNTHETIC national blocks (``censusdp generate national``), sizes 1..7+."""
+    frame = pd.concat(pd.read_parquet(f) for f in sorted(blocks.glob("*.parquet")))
+    counts = frame[NATIONAL_SIZES].to_numpy(dtype=np.int64)
+    return from_leaves(
+        f"SYNTHETIC national ({len(frame):,} blocks)", frame["GEOID"], counts, [0, 2, 5, 11, 12, 15]
     )
-    truth = np.zeros((len(nodes), 4), dtype=np.int64)
-    for geocode, sizes in leaves.items():
-        for d in digits:
-            truth[index[(d, geocode[:d])]] += sizes
-    return Dataset("CALM (real)", parent, np.array([digits.index(d) for d, _ in nodes]), truth)
 
 
 def synthetic(fanouts: list[int], households: int, seed: int) -> Dataset:
@@ -224,44 +236,9 @@ def speed_rows(data: Dataset, eps: Fraction, faithfulness: str) -> dict:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--epsilons", nargs="+", default=["1/10", "1/2", "1", "2"])
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--faithfulness", default="level", choices=["level", "node"])
-    parser.add_argument(
-        "--speed-trees", nargs="*", default=["10x10x10x10", "10x10x10x10x10", "10x10x10x10x10x5"]
-    )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pgsr.md")
-    args = parser.parse_args()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    started = time.perf_counter()
-    data = calm()
-    trials: list[Trial] = []
-    for eps in map(Fraction, args.epsilons):
-        for trial in range(args.trials):
-            trials += accuracy_trial(data, eps, trial, args.faithfulness)
-        print(f"CALM eps={eps}: done ({time.perf_counter() - started:.0f} s)", flush=True)
-    speed = []
-    for shape in args.speed_trees:
-        tree = synthetic([int(x) for x in shape.split("x")], 10, 2)
-        speed.append(speed_rows(tree, Fraction(1), args.faithfulness))
-        print(f"{tree.name}: {speed[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
-    command = "python benchmarks/bench_pgsr.py " + " ".join(sys.argv[1:])
-    names = ["region", "county", "tract", "block_group", "taz"]
-    lines = [
-        "# Group-size release (PGSR): accuracy and post-processing time",
-        "",
-        f"Command: `{command.strip()}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"load average at start {load} (shared machine; every ratio compares methods run in the "
-        "same process on the same noisy measurements).  ",
-        f"Faithfulness: `{args.faithfulness}`. Total wall time {time.perf_counter() - started:.0f} s.",
-        "",
-        "Methods (same histogram noise for M_H and M_H^dp; M_c has its own cumulative noise):",
-        *[f"- `{m}`: {LABELS[m]}" for m in METHODS],
-        "",
-        f"## CALM (real): error per level, {args.trials} repetitions, mean ± sd",
+def accuracy_section(data: Dataset, trials: list[Trial], names: list[str], reps: int) -> list[str]:
+    return [
+        f"## {data.name}: error per level, {reps} repetitions, mean ± sd",
         "",
         "L1 = mean over the level's nodes of sum_j |released - true|; EMD = mean over the level's",
         "nodes of the L1 distance between cumulative histograms; the last two columns divide by",
@@ -274,6 +251,57 @@ def main() -> int:
         "",
         *summary_table(trials),
         "",
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--epsilons", nargs="+", default=["1/10", "1/2", "1", "2"])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--faithfulness", default="level", choices=["level", "node"])
+    parser.add_argument(
+        "--speed-trees", nargs="*", default=["10x10x10x10", "10x10x10x10x10", "10x10x10x10x10x5"]
+    )
+    parser.add_argument(
+        "--national", type=Path, help="also the SYNTHETIC national blocks of this folder"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pgsr.md")
+    args = parser.parse_args()
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    started = time.perf_counter()
+    datasets = [(calm(), ["region", "county", "tract", "block_group", "taz"])]
+    if args.national is not None:
+        names = ["nation", "state", "county", "tract", "block_group", "block"]
+        datasets.append((national(args.national), names))
+    sections = []
+    for data, names in datasets:
+        trials: list[Trial] = []
+        for eps in map(Fraction, args.epsilons):
+            for trial in range(args.trials):
+                trials += accuracy_trial(data, eps, trial, args.faithfulness)
+            print(
+                f"{data.name} eps={eps}: done ({time.perf_counter() - started:.0f} s)", flush=True
+            )
+        sections += accuracy_section(data, trials, names, args.trials)
+    speed = []
+    for shape in args.speed_trees:
+        tree = synthetic([int(x) for x in shape.split("x")], 10, 2)
+        speed.append(speed_rows(tree, Fraction(1), args.faithfulness))
+        print(f"{tree.name}: {speed[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
+    command = "python benchmarks/bench_pgsr.py " + " ".join(sys.argv[1:])
+    lines = [
+        "# Group-size release (PGSR): accuracy and post-processing time",
+        "",
+        f"Command: `{command.strip()}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"load average at start {load} (shared machine; every ratio compares methods run in the "
+        "same process on the same noisy measurements).  ",
+        f"Faithfulness: `{args.faithfulness}`. Total wall time {time.perf_counter() - started:.0f} s.",
+        "",
+        "Methods (same histogram noise for M_H and M_H^dp; M_c has its own cumulative noise):",
+        *[f"- `{m}`: {LABELS[m]}" for m in METHODS],
+        "",
+        *sections,
         "## Post-processing time: M_H^dp against the relaxed QP (Clarabel), same instance",
         "",
         "Synthetic full trees (leaves hold Poisson(10) households, PUMS size law, N = 8), eps = 1.",
@@ -282,7 +310,7 @@ def main() -> int:
         "| tree | cells | DP s | QP s | QP s / DP s | DP objective (integer, exact) | QP objective (real) | rounded QP objective | rounded QP broken |",
         "|---|---|---|---|---|---|---|---|---|",
         *[
-            f"| {r['tree']} | {r['cells']:,} | {r['dp_s']:.1f} | {r['qp_s']:.1f} | {r['qp_s'] / r['dp_s']:.2f} | "
+            f"| {r['tree']} | {r['cells']:,} | {r['dp_s']:.3f} | {r['qp_s']:.2f} | {r['qp_s'] / r['dp_s']:.1f} | "
             f"{r['dp_objective']:,} | {r['qp_objective']:,.0f} | {r['rounded_objective']:,} | {r['broken']} |"
             for r in speed
         ],

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp_spark.engine.families import family_starts, map_families, map_family_batches
+from censusdp_spark.engine.families import family_starts, map_families
 from censusdp_spark.engine.measure import QueryNoise, exact_marginals, noisy_group
 
 SECRET = bytes(range(32))
@@ -40,11 +40,9 @@ def test_every_family_is_solved_once_whole_and_sorted(spark, batch_rows, batched
     df = spark.createDataFrame(rows, "family string, member int")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
     try:
-        apply = map_family_batches if batched else map_families
         solve = _batch_summary if batched else _summary
-        out = apply(
-            df, ["family"], ["member"], solve, "family string, rows long, members string"
-        ).toPandas()
+        schema = "family string, rows long, members string"
+        out = map_families(df, ["family"], ["member"], solve, schema, batched=batched).toPandas()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     out = out.sort_values("family").reset_index(drop=True)

@@ -11,6 +11,7 @@ import pytest
 
 from censusdp_spark.engine.group_sizes import NoisePlan, noise_plan, noisy_group
 from censusdp_spark.model.pgsr_config import load_pgsr_config
+from censusdp_spark.solvers import group_sizes_batch as batch
 from censusdp_spark.solvers.group_sizes import (
     CostTable,
     GroupTree,
@@ -28,7 +29,6 @@ from censusdp_spark.solvers.group_sizes import (
     split_by_slopes,
     violations,
 )
-from censusdp_spark.solvers import group_sizes_batch as batch
 from censusdp_spark.solvers.group_sizes_batch import (
     LeafFamilies,
     TableFamilies,
@@ -335,10 +335,10 @@ def test_narrow_or_misplaced_windows_widen_until_none_binds(monkeypatch, shift):
     """Windows are a speed device only: centred anywhere, the certificate widens the cells that
     bind until the release is the exact optimum (the one of windows wider than any count)."""
     rng = np.random.default_rng(14)
+    centres = batch.window_centres
     for _ in range(20):
         tree = random_tree(rng, [4, 4, 3], 3, 60, 12)
         wide = dp_release(tree, "l2", "level", 10**6)
-        centres = batch.window_centres
         monkeypatch.setattr(batch, "window_centres", lambda *a: centres(*a) + shift)
         narrow = dp_release(tree, "l2", "level", width=1)
         monkeypatch.undo()

@@ -4,8 +4,8 @@
 which at national scale (240,000 block-group families, 84,000 tract families) costs more than
 the work itself. ``map_families`` instead shuffles the rows once so that every family lies in
 one partition, sorts each partition by (family key, order columns), and hands a task's Arrow
-batches to ``solve``, one family at a time, in order (``map_family_batches``: every whole
-family of a batch at once, for solvers that vectorise across families). A family that
+batches to ``solve``, one family at a time, in order (or, ``batched``, every whole family of
+a batch at once, for solvers that vectorise across families). A family that
 straddles two Arrow batches is carried over whole into the next, so ``solve`` always sees all
 of a family's rows, sorted by the order columns, exactly once per task attempt.
 
@@ -48,33 +48,21 @@ def map_families(
     solve: FamilySolver,
     schema: str,
     on_task_start: Callable[[], None] | None = None,
+    batched: bool = False,
 ) -> DataFrame:
     """``solve`` applied to the rows of every family (rows equal on ``family``), lazily.
 
-    ``solve`` gets one family's rows sorted by ``order`` (a pandas frame with a fresh index)
-    and returns rows of ``schema``; ``on_task_start`` runs once at the start of every task.
+    ``solve`` gets one family's rows sorted by ``order`` (a pandas frame with a fresh index),
+    or with ``batched`` several whole families at once (sorted by ``family`` then ``order``;
+    never part of one), for solvers that vectorise across families; it returns rows of
+    ``schema``. ``on_task_start`` runs once at the start of every task.
     """
-    return map_family_batches(
-        rows, family, order, _one_by_one(list(family), solve), schema, on_task_start
-    )
-
-
-def map_family_batches(
-    rows: DataFrame,
-    family: Sequence[str],
-    order: Sequence[str],
-    solve: FamilySolver,
-    schema: str,
-    on_task_start: Callable[[], None] | None = None,
-) -> DataFrame:
-    """As ``map_families``, but ``solve`` gets several whole families at once (sorted by
-    ``family`` then ``order``; at least one family, never part of one), for solvers that
-    vectorise across families."""
     keys = list(family)
+    each = solve if batched else _one_by_one(keys, solve)
     return (
         rows.repartition(F.xxhash64(*keys))
         .sortWithinPartitions(*keys, *order)
-        .mapInPandas(_streamed(keys, solve, on_task_start), schema)
+        .mapInPandas(_streamed(keys, each, on_task_start), schema)
     )
 
 

@@ -38,7 +38,15 @@ the parent's task), real-valued solutions ``level, geocode, solution`` (relaxed)
 released rows ``geocode, level, size, count`` (size 1..N, every size of every node).
 Every family's children rows meet their parent's row by a join on the parent geocode and are
 handed to the solvers many families per Python call (``engine.families.map_families``), as in
-TopDown's estimation; nothing per node is collected to the driver except the root's own row.
+TopDown's estimation; under l2 and level faithfulness (the default) a task's whole families go
+to the vectorised solvers of ``solvers.group_sizes_batch`` in one call. Nothing per node is collected to the driver except the root's own
+row.
+
+The dp release under l2 and level faithfulness is certified exact in rounds: windows of
+half-width ``window_width`` (about 4 noise scales) around each internal cell's noisy value;
+after a pass, ``bound_cells`` lists the released cells on a window bound other than 0 and G,
+those cells (only) get windows eight times wider (``level, geocode, size, width``, joined to
+the parents of the next pass) and the pass is redone, until no cell is on a bound.
 """
 
 from __future__ import annotations
@@ -57,7 +65,6 @@ from censusdp_spark.engine.families import (
     FamilySolver,
     family_starts,
     map_families,
-    map_family_batches,
     noise_group,
 )
 from censusdp_spark.model.geography import Hierarchy
@@ -230,14 +237,14 @@ def _families(
     """``solve`` applied to every family of a level (lazily): one parent's children rows sorted
     by ``order``, each carrying its parent's columns as ``parent_<name>`` (a join on the
     parent's geocode, in ``parent``), many families per Python call (``map_families``; with
-    ``batched``, all of a batch's whole families in one call, ``map_family_batches``)."""
+    ``batched``, all of a batch's whole families in one call)."""
     keyed = children.select(_parent_key(parent_digits), *children.columns)
     parent_columns = parents.select(
         F.col("geocode").alias("parent"),
         *[F.col(c).alias(f"parent_{c}") for c in parents.columns if c != "geocode"],
     )
-    apply = map_family_batches if batched else map_families
-    return apply(keyed.join(parent_columns, "parent", "left"), ["parent"], order, solve, schema)
+    joined = keyed.join(parent_columns, "parent", "left")
+    return map_families(joined, ["parent"], order, solve, schema, batched=batched)
 
 
 def _parent_value(family: pd.DataFrame, column: str) -> Any:
@@ -544,7 +551,7 @@ def bound_cells(
     released: DataFrame, noisy: DataFrame, plan: DpPlan, widened: DataFrame | None
 ) -> DataFrame:
     """Released cells on an l2 window bound other than 0 and G (module docstring of
-    ``solvers.group_sizes``), each with a window four times wider for the next round
+    ``solvers.group_sizes``), each with a window eight times wider for the next round
     (``WIDENED_SCHEMA``): none certifies that the windowed optimum is the exact one."""
     widths = {lv: w for lv, w in plan.widths.items() if w is not None}
     if not widths:
@@ -564,7 +571,7 @@ def bound_cells(
     lo = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") - w))
     hi = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") + w))
     hit = ((F.col("count") <= lo) & (lo > 0)) | ((F.col("count") >= hi) & (hi < plan.total))
-    return joined.filter(hit).select("level", "geocode", "size", (4 * w).alias("width"))
+    return joined.filter(hit).select("level", "geocode", "size", (8 * w).alias("width"))
 
 
 # --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------

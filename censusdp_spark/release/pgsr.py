@@ -45,6 +45,7 @@ from censusdp_spark.engine.checks import GuaranteeViolation
 from censusdp_spark.engine.hierarchy import node_histograms
 from censusdp_spark.io import delta
 from censusdp_spark.io.group_readers import read_leaf_histograms
+from censusdp_spark.model.geography import Level
 from censusdp_spark.model.pgsr_config import MECHANISMS, PgsrConfig, load_pgsr_config
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
 from censusdp_spark.release.manifest import versions, write_manifest
@@ -165,30 +166,39 @@ def _settle(df: DataFrame) -> DataFrame:
 def _post_process_dp(
     spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
 ) -> tuple[list[DataFrame], dict[str, int]]:
-    """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with
-    doubled windows until no window binds (then the release is the exact optimum)."""
+    """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with the
+    cells on a window bound widened until none is (then the release is the exact optimum);
+    a rerun rebuilds only the tables of those cells' ancestors, and the leaves (no windows)
+    are split once, at the end."""
     geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
     plan = gs.dp_plan(config, groups)
     widened: DataFrame | None = None  # cells whose window is wider than their level's
+    reuse: _Reuse | None = None
     rounds = 0
     while True:
         rounds += 1
         try:
-            released, lower_bound = _dp_pass(
-                spark, config, noisy, plan, widened, geocode, groups, clock
+            released, tables, lower_bound = _dp_pass(
+                spark, config, noisy, plan, widened, reuse, geocode, groups, clock
             )
         except WindowTooNarrow:
-            plan = plan.wider()
+            plan, reuse = plan.wider(), None
             continue
         bound = _settle(gs.bound_cells(_union(released), noisy, plan, widened))
         hits = bound.count()
         clock.lap(f"certificate_round_{rounds}")
         if hits == 0:
             break
+        reuse = _Reuse(tables, bound)
         if widened is not None:
-            bound = bound.unionByName(widened).groupBy("level", "geocode", "size").max("width")
-            bound = bound.withColumnRenamed("max(width)", "width")
+            merged = bound.unionByName(widened).groupBy("level", "geocode", "size").max("width")
+            bound = merged.withColumnRenamed("max(width)", "width")
         widened = _settle(bound)
+    # The leaves have no windows: they are split once, after the certificate holds.
+    levels = config.hierarchy.levels
+    released.append(
+        _release_level(noisy, tables, plan, released[-1], levels[-2], levels[-1], clock)
+    )
     objective = gs.release_objective(_union(released), noisy, config.norm)
     if config.faithfulness == "level" and objective != lower_bound:
         raise GuaranteeViolation(
@@ -205,43 +215,84 @@ def _post_process_dp(
     }
 
 
+@dataclass(frozen=True)
+class _Reuse:
+    """The previous pass's cost tables and the cells widened since: a node's table depends only
+    on the windows in its subtree, so only the ancestors of those cells need new tables."""
+
+    tables: dict[str, DataFrame]
+    changed: DataFrame  # level, geocode, size, width
+
+
+def _affected(reuse: _Reuse, config: PgsrConfig, depth: int) -> DataFrame:
+    """Geocodes of level ``depth``'s nodes whose subtree holds a newly widened cell."""
+    levels = config.hierarchy.levels
+    digits = levels[depth].digits
+    prefix = F.substring("geocode", 1, digits) if digits else F.lit("")
+    below = [lv.name for lv in levels[depth:]]
+    cells = reuse.changed.filter(F.col("level").isin(below))
+    return cells.select(prefix.alias("geocode")).distinct()
+
+
 def _dp_pass(
     spark: SparkSession,
     config: PgsrConfig,
     noisy: DataFrame,
     plan: gs.DpPlan,
     widened: DataFrame | None,
+    reuse: _Reuse | None,
     geocode: str,
     groups: int,
     clock: _Clock,
-) -> tuple[list[DataFrame], int]:
+) -> tuple[list[DataFrame], dict[str, DataFrame], int]:
     levels = config.hierarchy.levels
     tables: dict[str, DataFrame] = {}
     below = noisy.filter(F.col("level") == levels[-1].name)
-    for child, level in zip(reversed(levels), reversed(levels[:-1]), strict=False):
-        leaves = child is levels[-1]
-        tables[level.name] = below = _settle(
-            gs.dp_tables(
-                noisy.filter(F.col("level") == level.name),
-                below,
+    for depth in reversed(range(len(levels) - 1)):
+        level, leaves = levels[depth], depth == len(levels) - 2
+        parents = noisy.filter(F.col("level") == level.name)
+        if reuse is None:
+            fresh = gs.dp_tables(parents, below, level.digits, plan, leaves, widened)
+            tables[level.name] = below = _settle(fresh)
+        else:
+            affected = _settle(_affected(reuse, config, depth))
+            key = F.substring("geocode", 1, level.digits) if level.digits else F.lit("")
+            kids = below.join(affected.withColumnRenamed("geocode", "key"), key == F.col("key"))
+            fresh = gs.dp_tables(
+                parents.join(affected, "geocode", "left_semi"),
+                kids.drop("key"),
                 level.digits,
                 plan,
                 leaves,
                 widened,
             )
-        )
+            kept = reuse.tables[level.name].join(affected, "geocode", "left_anti")
+            tables[level.name] = below = _settle(kept.unionByName(fresh))
         clock.lap(f"cost_tables_{level.name}")
     counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
     released = [_root_release(spark, config, geocode, counts)]
-    for parent, level in zip(levels, levels[1:], strict=False):
-        leaves = level is levels[-1]
-        children = noisy.filter(F.col("level") == level.name) if leaves else tables[level.name]
-        parents = gs.released_histograms(released[-1])
-        released.append(
-            _settle(gs.dp_families(level.name, children, parents, parent.digits, plan, leaves))
-        )
-        clock.lap(f"release_{level.name}")
-    return released, lower_bound
+    for parent, level in zip(levels[:-2], levels[1:-1], strict=True):
+        released.append(_release_level(noisy, tables, plan, released[-1], parent, level, clock))
+    return released, tables, lower_bound
+
+
+def _release_level(
+    noisy: DataFrame,
+    tables: dict[str, DataFrame],
+    plan: gs.DpPlan,
+    above: DataFrame,
+    parent: Level,
+    level: Level,
+    clock: _Clock,
+) -> DataFrame:
+    """One level's release, split from the level above's (its cost tables, or for the leaves
+    their noisy rows)."""
+    leaves = level.name not in tables
+    children = noisy.filter(F.col("level") == level.name) if leaves else tables[level.name]
+    parents = gs.released_histograms(above)
+    out = _settle(gs.dp_families(level.name, children, parents, parent.digits, plan, leaves))
+    clock.lap(f"release_{level.name}")
+    return out
 
 
 def _post_process_relaxed(
