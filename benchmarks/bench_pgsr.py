@@ -1,9 +1,11 @@
 """Group-size release (PGSR): accuracy of M_H (relaxed QP, rounded), M_H^dp (cost-table DP) and
-M_c (cumulative) per level on the real CALM tree, and post-processing time of M_H^dp against
-the relaxed QP (Clarabel) on the same instances. Writes benchmarks/results/pgsr.md.
+M_c (cumulative) per level on the real CALM tree (and the SYNTHETIC national blocks), and
+post-processing time of M_H^dp against the relaxed QP (Clarabel) on the same instances. Writes
+benchmarks/results/pgsr.md.
 
     .venv/bin/python benchmarks/bench_pgsr.py [--epsilons 1/10 1/2 1 2] [--trials 20]
-        [--speed-trees 10x10x10x10 10x10x10x10x10] [--faithfulness level]
+        [--speed-trees 10x10x10x10 10x10x10x10x10 10x10x10x10x10x5] [--faithfulness level]
+        [--national DIR/blocks [--national-trials 5]]
 
 Every method post-processes the noisy measurements of the same trial in the same process (no
 Spark: this times the solvers the Spark tasks call). Noise is the project's own (keyed
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from censusdp_spark.engine.group_sizes import NoisePlan, noisy_group, window_width
+from censusdp_spark.engine.group_sizes import NoisePlan, noisy_group
 from censusdp_spark.solvers.group_sizes import (
     GroupTree,
     dp_release,
@@ -128,11 +130,6 @@ def noisy(
     secret = bytes([trial + 1]) * 32  # one noise group: every node from one keyed stream
     rows = noisy_group(secret, plan, "all", "", data.truth)
     return GroupTree(data.parent, rows, data.truth.sum(1))
-
-
-def first_width(data: Dataset, epsilon: Fraction) -> int:
-    """The engine's first l2 window half-width for this noise scale (2L/eps)."""
-    return window_width(Fraction(2 * data.levels) / epsilon)
 
 
 def per_level(data: Dataset, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -265,24 +262,25 @@ def main() -> int:
     parser.add_argument(
         "--national", type=Path, help="also the SYNTHETIC national blocks of this folder"
     )
+    parser.add_argument("--national-trials", type=int, default=5)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pgsr.md")
     args = parser.parse_args()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     started = time.perf_counter()
-    datasets = [(calm(), ["region", "county", "tract", "block_group", "taz"])]
+    datasets = [(calm(), ["region", "county", "tract", "block_group", "taz"], args.trials)]
     if args.national is not None:
         names = ["nation", "state", "county", "tract", "block_group", "block"]
-        datasets.append((national(args.national), names))
+        datasets.append((national(args.national), names, args.national_trials))
     sections = []
-    for data, names in datasets:
+    for data, names, reps in datasets:
         trials: list[Trial] = []
         for eps in map(Fraction, args.epsilons):
-            for trial in range(args.trials):
+            for trial in range(reps):
                 trials += accuracy_trial(data, eps, trial, args.faithfulness)
             print(
                 f"{data.name} eps={eps}: done ({time.perf_counter() - started:.0f} s)", flush=True
             )
-        sections += accuracy_section(data, trials, names, args.trials)
+        sections += accuracy_section(data, trials, names, reps)
     speed = []
     for shape in args.speed_trees:
         tree = synthetic([int(x) for x in shape.split("x")], 10, 2)
