@@ -9,7 +9,17 @@ against a baseline measured in the same run, because this machine's load varies.
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["samplers", "solvers", "topdown", "topdown_pl94", "generate", "national", "pgsr", "synth"]
+ORDER = [
+    "samplers",
+    "solvers",
+    "topdown",
+    "topdown_pl94",
+    "generate",
+    "national",
+    "pgsr",
+    "pgsr_national",
+    "synth",
+]
 
 HEADER = """# Benchmarks
 
