@@ -41,7 +41,9 @@ import numpy as np
 from censusdp_spark.solvers.group_sizes import CostTable, cell_bounds, solve_root
 
 _RANK_SPAN = np.int64(1) << np.int64(40)
-"""Ranks are looked up as ``family * _RANK_SPAN + rank``: ranks stay below G < 2^40."""
+_MAX_FAMILIES = 1 << 22
+"""Ranks are looked up as ``family * _RANK_SPAN + rank`` in int64: ranks stay below G < 2^40
+and a batch holds fewer than 2^22 families (checked)."""
 
 
 def _starts(family: np.ndarray, families: int) -> np.ndarray:
@@ -197,6 +199,8 @@ class LeafFamilies:
         """The ``rank``-th smallest slope (rank >= 1) of each asked family, and the index of the
         family's last active leaf in sorted order (for the sums below it)."""
         keys, s, _, m = self._by_first
+        if self.families >= _MAX_FAMILIES or (rank.size and int(rank.max()) >= _RANK_SPAN):
+            raise ValueError("too many families or too large a rank for the packed lookup keys")
         g = np.searchsorted(keys, family * _RANK_SPAN + rank, side="left")
         active = m[g]
         x = -((-(2 * rank + s[g] - 2 * active)) // active)  # ceil
