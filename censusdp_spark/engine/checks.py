@@ -12,6 +12,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 
 
@@ -30,7 +31,7 @@ def check_estimates(
     negatives = estimates.filter(F.col("count") < 0).count()
     child_sums = None
     for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
-        prefix = F.substring("geocode", 1, parent.digits) if parent.digits else F.lit("")
+        prefix = geocode_prefix(parent.digits)
         part = estimates.filter(F.col("level") == child.name).select(
             F.lit(parent.name).alias("level"), prefix.alias("geocode"), "cell", "count"
         )

@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import map_families
+from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.config import RunConfig
 from censusdp_spark.solvers.least_squares import solve_children
 from censusdp_spark.solvers.rounding import round_children
@@ -175,7 +176,7 @@ def estimate_level(
     ``map_families`` (many families per Python call). ``fault`` is a test hook (see
     ``_worker_fault``), empty in normal runs.
     """
-    parent_key = F.substring("geocode", 1, parent_digits) if parent_digits > 0 else F.lit("")
+    parent_key = geocode_prefix(parent_digits)
     children = (
         noisy.select("geocode", "query", "noisy")
         .join(invariant_totals, "geocode", "left")

@@ -17,6 +17,7 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.config import RunConfig
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
 
@@ -115,7 +116,7 @@ def baseline_errors(blocks: DataFrame, config: RunConfig, secret: bytes) -> Data
     )
     rows = []
     for level in config.hierarchy.levels:
-        key = F.substring("geocode", 1, level.digits) if level.digits else F.lit("")
+        key = geocode_prefix(level.digits)
         agg = (
             noise.groupBy(key.alias("node"))
             .agg(F.abs(F.sum("noise_total")).alias("e"))

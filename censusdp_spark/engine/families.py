@@ -33,6 +33,7 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 
 NOISE_GROUP_DEPTH = 3
@@ -72,7 +73,7 @@ def noise_group(hierarchy: Hierarchy) -> Column:
     group = F.lit("")
     for i, level in enumerate(hierarchy.levels):
         ancestor = hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)]
-        prefix = F.substring("geocode", 1, ancestor.digits) if ancestor.digits else F.lit("")
+        prefix = geocode_prefix(ancestor.digits)
         group = F.when(F.col("level") == level.name, prefix).otherwise(group)
     return group
 

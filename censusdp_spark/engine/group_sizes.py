@@ -67,6 +67,7 @@ from censusdp_spark.engine.families import (
     map_families,
     noise_group,
 )
+from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.model.pgsr_config import PgsrConfig
 from censusdp_spark.privacy import discrete_laplace, keyed_rng
@@ -198,7 +199,7 @@ def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes, hierarchy: Hierarc
 
 
 def _parent_key(digits: int) -> Column:
-    return (F.substring("geocode", 1, digits) if digits > 0 else F.lit("")).alias("parent")
+    return geocode_prefix(digits).alias("parent")
 
 
 def _ints(values: object) -> np.ndarray:
@@ -674,7 +675,7 @@ def release_violations(
     or that are missing (node). Only the three counts reach the driver."""
     sums = None
     for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
-        prefix = F.substring("geocode", 1, parent.digits) if parent.digits else F.lit("")
+        prefix = geocode_prefix(parent.digits)
         part = released.filter(F.col("level") == child.name).select(
             F.lit(parent.name).alias("level"), prefix.alias("geocode"), "size", "count"
         )

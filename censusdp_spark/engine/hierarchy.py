@@ -10,10 +10,16 @@ from __future__ import annotations
 from functools import reduce
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from censusdp_spark.model.geography import Hierarchy
+
+
+def geocode_prefix(digits: int) -> Column:
+    """The ``geocode`` column's first ``digits`` characters: a row's ancestor at the level with
+    that many digits (the root's empty geocode for 0)."""
+    return F.substring("geocode", 1, digits) if digits > 0 else F.lit("")
 
 
 def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
@@ -28,7 +34,7 @@ def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
         "geocode", F.explode_outer(F.arrays_zip("cells", "counts")).alias("e")
     ).select("geocode", F.col("e.cells").alias("cell"), F.col("e.counts").alias("count"))
     for i, level in enumerate(reversed(hierarchy.levels[:-1])):
-        node = F.substring("geocode", 1, level.digits) if level.digits else F.lit("")
+        node = geocode_prefix(level.digits)
         below = below.groupBy(node.alias("geocode"), "cell").agg(F.sum("count").alias("count"))
         if i == 0:
             # Every level above reads this one; Spark does not reuse its shuffle across the

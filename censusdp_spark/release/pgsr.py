@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine import group_sizes as gs
 from censusdp_spark.engine.checks import GuaranteeViolation
-from censusdp_spark.engine.hierarchy import node_histograms
+from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
 from censusdp_spark.io import delta
 from censusdp_spark.io.group_readers import read_leaf_histograms
 from censusdp_spark.model.geography import Level
@@ -228,7 +228,7 @@ def _affected(reuse: _Reuse, config: PgsrConfig, depth: int) -> DataFrame:
     """Geocodes of level ``depth``'s nodes whose subtree holds a newly widened cell."""
     levels = config.hierarchy.levels
     digits = levels[depth].digits
-    prefix = F.substring("geocode", 1, digits) if digits else F.lit("")
+    prefix = geocode_prefix(digits)
     below = [lv.name for lv in levels[depth:]]
     cells = reuse.changed.filter(F.col("level").isin(below))
     return cells.select(prefix.alias("geocode")).distinct()
@@ -256,7 +256,7 @@ def _dp_pass(
             tables[level.name] = below = _settle(fresh)
         else:
             affected = _settle(_affected(reuse, config, depth))
-            key = F.substring("geocode", 1, level.digits) if level.digits else F.lit("")
+            key = geocode_prefix(level.digits)
             kids = below.join(affected.withColumnRenamed("geocode", "key"), key == F.col("key"))
             fresh = gs.dp_tables(
                 parents.join(affected, "geocode", "left_semi"),
