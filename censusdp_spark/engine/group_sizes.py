@@ -39,8 +39,8 @@ released rows ``geocode, level, size, count`` (size 1..N, every size of every no
 Every family's children rows meet their parent's row by a join on the parent geocode and are
 handed to the solvers many families per Python call (``engine.families.map_families``), as in
 TopDown's estimation; under l2 and level faithfulness (the default) a task's whole families go
-to the vectorised solvers of ``solvers.group_sizes_batch`` in one call. Nothing per node is collected to the driver except the root's own
-row.
+to the vectorised solvers of ``solvers.group_sizes_batch`` in one call. Nothing per node is
+collected to the driver except the root's own row.
 
 The dp release under l2 and level faithfulness is certified exact in rounds: windows of
 half-width ``window_width`` (about 4 noise scales) around each internal cell's noisy value;
@@ -249,12 +249,8 @@ def _families(
 
 
 def _parent_value(family: pd.DataFrame, column: str) -> Any:
-    """The parent's ``column`` (the same on every row of the family); a family whose parent has
-    no row is an error, not a silent zero."""
-    value = family[f"parent_{column}"].iat[0]
-    if value is None:
-        raise RuntimeError(f"no parent row for the family of {family['geocode'].iat[0]}")
-    return value
+    """The parent's ``column`` of a single family (the same on every row)."""
+    return _parent_rows(family, column)[1].iat[0]
 
 
 def root_row(noisy: DataFrame, hierarchy: Hierarchy) -> tuple[str, int, np.ndarray]:
@@ -335,7 +331,7 @@ def _tables_of(pdf: pd.DataFrame) -> tuple[list[str], list[list[CostTable]]]:
 def _leaves_of(pdf: pd.DataFrame, plan: DpPlan) -> tuple[list[str], list[list[CostTable]]]:
     """A family of leaves from their noisy rows (sorted by geocode): each leaf's deviation
     tables on its bounds."""
-    noisy = np.vstack([_ints(v) for v in pdf["noisy"]])
+    noisy = _stacked(pdf["noisy"])
     tables = []
     for level, groups, row in zip(pdf["level"], pdf["groups"], noisy, strict=True):
         lo, hi = plan.bounds(level, groups, row)
@@ -474,6 +470,11 @@ def _parent_rows(batch: pd.DataFrame, column: str) -> tuple[np.ndarray, pd.Serie
     return starts, values
 
 
+def _stacked(arrays: pd.Series) -> np.ndarray:
+    """An array column of equal-length arrays as one (rows x length) int64 matrix."""
+    return np.stack(arrays.to_numpy()).astype(np.int64, copy=False)
+
+
 def _children_batch(
     batch: pd.DataFrame, starts: np.ndarray, plan: DpPlan, leaves: bool
 ) -> tuple[LeafFamilies | TableFamilies, np.ndarray]:
@@ -483,7 +484,7 @@ def _children_batch(
     families = starts.size * plan.sizes
     if leaves:
         order, family = family_order(position, plan.sizes)
-        noisy = np.vstack([_ints(v) for v in batch["noisy"]]).ravel()[order]
+        noisy = _stacked(batch["noisy"]).ravel()[order]
         return LeafFamilies(family, noisy, families), order
     family = position * plan.sizes + batch["size"].to_numpy(dtype=np.int64) - 1
     order = np.argsort(family, kind="stable")
@@ -501,7 +502,7 @@ def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
         starts, noisy = _parent_rows(batch, "noisy")
         children, _ = _children_batch(batch, starts, plan, leaves)
         level = str(batch["parent_level"].iat[0])
-        here = np.vstack([_ints(v) for v in noisy]).ravel()
+        here = _stacked(noisy).ravel()
         width = plan.widths.get(level)
         if width is None:
             lo, hi = cell_bounds(here, plan.total, None)
@@ -533,7 +534,7 @@ def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
         starts, counts = _parent_rows(batch, "counts")
         children, order = _children_batch(batch, starts, plan, leaves)
         cells = np.empty(order.size, dtype=np.int64)
-        cells[order] = children.split(np.vstack([_ints(v) for v in counts]).ravel())
+        cells[order] = children.split(_stacked(counts).ravel())
         if leaves:
             return _release_rows(level, list(batch["geocode"]), cells.reshape(-1, plan.sizes))
         return pd.DataFrame(
@@ -643,7 +644,7 @@ def cumulative_families(
     """One level's released histograms: monotone, consistent, valid cumulative counts."""
 
     def family(children: pd.DataFrame) -> pd.DataFrame:
-        noisy = np.vstack([_ints(v) for v in children["noisy"]])
+        noisy = _stacked(children["noisy"])
         caps = (
             children["groups"].to_numpy(dtype=np.int64)
             if faithfulness == "node"

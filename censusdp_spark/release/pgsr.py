@@ -191,8 +191,8 @@ def _post_process_dp(
             break
         reuse = _Reuse(tables, bound)
         if widened is not None:
-            merged = bound.unionByName(widened).groupBy("level", "geocode", "size").max("width")
-            bound = merged.withColumnRenamed("max(width)", "width")
+            cells = bound.unionByName(widened).groupBy("level", "geocode", "size")
+            bound = cells.agg(F.max("width").alias("width"))
         widened = _settle(bound)
     # The leaves have no windows: they are split once, after the certificate holds.
     levels = config.hierarchy.levels

@@ -41,6 +41,8 @@ import numpy as np
 from censusdp_spark.solvers.group_sizes import CostTable, cell_bounds, solve_root
 
 _RANK_SPAN = np.int64(1) << np.int64(40)
+ACTIVE_SET_ROUNDS = 16
+"""At most this many active-set rounds when centring ``dp_release``'s windows."""
 _MAX_FAMILIES = 1 << 22
 """Ranks are looked up as ``family * _RANK_SPAN + rank`` in int64: ranks stay below G < 2^40
 and a batch holds fewer than 2^22 families (checked)."""
@@ -405,9 +407,6 @@ def window_centres(noisy: np.ndarray, levels: TreeLevels, groups: int) -> np.nda
         if negative.sum() * 1000 < leaves.size * noisy.shape[1]:
             break
     return np.rint(estimate).astype(np.int64)
-
-
-ACTIVE_SET_ROUNDS = 16
 
 
 @dataclass(frozen=True)
