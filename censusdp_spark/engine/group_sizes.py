@@ -97,9 +97,12 @@ MECHANISM = "pgsr"
 NOISY_SCHEMA = (
     "level string, geocode string, measurement string, groups bigint, noisy array<bigint>"
 )
-TABLE_SCHEMA = "level string, geocode string, size int, lo bigint, base bigint, lengths array<bigint>, slopes array<bigint>"
+TABLE_SCHEMA = "level string, geocode string, size int, noisy bigint, lo bigint, base bigint, lengths array<bigint>, slopes array<bigint>"
 SOLUTION_SCHEMA = "level string, geocode string, solution array<double>"
 RELEASE_SCHEMA = "geocode string, level string, size int, count bigint"
+DP_RELEASE_SCHEMA = RELEASE_SCHEMA + ", noisy bigint"
+"""The dp release's rows carry each cell's noisy value, so that the objective and the window
+certificate are sums and filters over the released rows, not joins with the measurements."""
 
 
 # --- measurement -----------------------------------------------------------------------------
@@ -206,9 +209,13 @@ def _ints(values: object) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-def _release_rows(level: str, geocodes: list[str], counts: np.ndarray) -> pd.DataFrame:
+def _release_rows(
+    level: str, geocodes: list[str], counts: np.ndarray, noisy: np.ndarray | None = None
+) -> pd.DataFrame:
+    """Long rows (``RELEASE_SCHEMA``, or ``DP_RELEASE_SCHEMA`` with the nodes' ``noisy``) of
+    ``(k, N)`` released histograms."""
     k, n = counts.shape
-    return pd.DataFrame(
+    rows = pd.DataFrame(
         {
             "geocode": np.repeat(np.asarray(geocodes, dtype=object), n),
             "level": level,
@@ -216,6 +223,9 @@ def _release_rows(level: str, geocodes: list[str], counts: np.ndarray) -> pd.Dat
             "count": counts.ravel().astype(np.int64),
         }
     )
+    if noisy is not None:
+        rows["noisy"] = noisy.ravel().astype(np.int64)
+    return rows
 
 
 def released_histograms(released: DataFrame) -> DataFrame:
@@ -345,15 +355,18 @@ def _family_of(
     return _leaves_of(children, plan) if leaves else _tables_of(children)
 
 
-def _table_rows(level: str, geocode: str, tables: list[CostTable]) -> list[tuple]:
+def _table_rows(
+    level: str, geocode: str, noisy: np.ndarray, tables: list[CostTable]
+) -> list[tuple]:
     return [
-        (level, geocode, j + 1, t.lo, t.base, t.lengths, t.slopes) for j, t in enumerate(tables)
+        (level, geocode, j + 1, int(noisy[j]), t.lo, t.base, t.lengths, t.slopes)
+        for j, t in enumerate(tables)
     ]
 
 
 def _table_frame(rows: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(
-        rows, columns=["level", "geocode", "size", "lo", "base", "lengths", "slopes"]
+        rows, columns=["level", "geocode", "size", "noisy", "lo", "base", "lengths", "slopes"]
     )
 
 
@@ -403,7 +416,7 @@ def dp_tables(
         _, family = _family_of(kids, plan, leaves)
         lo, hi = plan.bounds(level, groups, noisy)
         tables = node_tables(noisy, lo, hi, merge_family(family), plan.norm)
-        return _table_frame(_table_rows(level, geocode, tables))
+        return _table_frame(_table_rows(level, geocode, noisy, tables))
 
     return _families(
         _children_columns(children, leaves),
@@ -443,7 +456,7 @@ def dp_families(
         else:
             groups = np.array([t[0].hi for t in members], dtype=np.int64)
             out = solve_family(members, counts, groups)
-        return _release_rows(level, geocodes, out)
+        return _release_rows(level, geocodes, out, _children_noisy(kids, plan, leaves))
 
     return _families(
         _children_columns(children, leaves),
@@ -451,9 +464,17 @@ def dp_families(
         parent_digits,
         _children_order(leaves),
         _split_batch(level, plan, leaves) if plan.batched else family,
-        RELEASE_SCHEMA,
+        DP_RELEASE_SCHEMA,
         plan.batched,
     )
+
+
+def _children_noisy(kids: pd.DataFrame, plan: DpPlan, leaves: bool) -> np.ndarray:
+    """The children's noisy values, ``(children, N)``, in their rows' order: a leaf's row holds
+    its histogram, an internal child's table rows (one per size) one value each."""
+    if leaves:
+        return _stacked(kids["noisy"])
+    return kids["noisy"].to_numpy(dtype=np.int64).reshape(-1, plan.sizes)
 
 
 # --- dp, l2 under level faithfulness: whole batches of families at once -------------------------
@@ -519,6 +540,7 @@ def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
                 "level": level,
                 "geocode": np.repeat(batch["parent"].to_numpy()[starts], plan.sizes),
                 "size": np.tile(np.arange(1, plan.sizes + 1, dtype=np.int32), starts.size),
+                "noisy": here,
                 "lo": tables.lo,
                 "base": tables.base,
                 "lengths": lengths,
@@ -536,44 +558,41 @@ def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
         cells = np.empty(order.size, dtype=np.int64)
         cells[order] = children.split(_stacked(counts).ravel())
         if leaves:
-            return _release_rows(level, list(batch["geocode"]), cells.reshape(-1, plan.sizes))
+            noisy = _children_noisy(batch, plan, leaves)
+            return _release_rows(
+                level, list(batch["geocode"]), cells.reshape(-1, plan.sizes), noisy
+            )
         return pd.DataFrame(
             {
                 "geocode": batch["geocode"].to_numpy(),
                 "level": level,
                 "size": batch["size"].to_numpy(dtype=np.int32),
                 "count": cells,
+                "noisy": batch["noisy"].to_numpy(dtype=np.int64),
             }
         )
 
     return solve
 
 
-def bound_cells(
-    released: DataFrame, noisy: DataFrame, plan: DpPlan, widened: DataFrame | None
-) -> DataFrame:
-    """Released cells on an l2 window bound other than 0 and G (module docstring of
-    ``solvers.group_sizes``), each with a window eight times wider for the next round
-    (``WIDENED_SCHEMA``): none certifies that the windowed optimum is the exact one."""
+def bound_cells(released: DataFrame, plan: DpPlan, widened: DataFrame | None) -> DataFrame:
+    """Released cells (``DP_RELEASE_SCHEMA``) on an l2 window bound other than 0 and G (module
+    docstring of ``solvers.group_sizes``), each with a window eight times wider for the next
+    round (``WIDENED_SCHEMA``): none certifies that the windowed optimum is the exact one."""
     widths = {lv: w for lv, w in plan.widths.items() if w is not None}
     if not widths:
         return released.sparkSession.createDataFrame([], WIDENED_SCHEMA)
     default = F.create_map(*[F.lit(x) for lv, w in widths.items() for x in (lv, w)])
-    cells = noisy.filter(F.col("level").isin(list(widths))).select(
-        "level", "geocode", F.posexplode("noisy").alias("pos", "noisy")
-    )
-    joined = cells.withColumn("size", (F.col("pos") + 1).cast("int")).join(
-        released, ["level", "geocode", "size"]
-    )
+    cells = released.filter(F.col("level").isin(list(widths)))
     if widened is not None:
-        joined = joined.join(widened, ["level", "geocode", "size"], "left")
+        cells = cells.join(widened, ["level", "geocode", "size"], "left")
     else:
-        joined = joined.withColumn("width", F.lit(None).cast("bigint"))
+        cells = cells.withColumn("width", F.lit(None).cast("bigint"))
     w = F.coalesce(F.col("width"), default[F.col("level")])
     lo = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") - w))
     hi = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") + w))
     hit = ((F.col("count") <= lo) & (lo > 0)) | ((F.col("count") >= hi) & (hi < plan.total))
-    return joined.filter(hit).select("level", "geocode", "size", (8 * w).alias("width"))
+    return cells.filter(hit).select("level", "geocode", "size", (8 * w).alias("width"))
 
 
 # --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------
@@ -716,16 +735,11 @@ def release_violations(
     return {kind: found.get(kind, 0) for kind in kinds}
 
 
-def release_objective(released: DataFrame, noisy: DataFrame, norm: str) -> int:
-    """``sum f(count - noisy)`` over every cell (histogram measurement; noisy values only)."""
-    cells = noisy.select("level", "geocode", F.posexplode("noisy").alias("pos", "noisy")).select(
-        "level", "geocode", (F.col("pos") + 1).alias("size"), "noisy"
-    )
-    diff = released.join(cells, ["level", "geocode", "size"]).select(
-        (F.col("count") - F.col("noisy")).alias("d")
-    )
-    term = F.col("d") * F.col("d") if norm == "l2" else F.abs("d")
-    return int(diff.agg(F.sum(term).alias("s")).collect()[0]["s"] or 0)
+def release_objective(released: DataFrame, norm: str) -> int:
+    """``sum f(count - noisy)`` over every released cell (``DP_RELEASE_SCHEMA``)."""
+    d = F.col("count") - F.col("noisy")
+    term = d * d if norm == "l2" else F.abs(d)
+    return int(released.agg(F.sum(term).alias("s")).collect()[0]["s"] or 0)
 
 
 def evaluation(nodes: DataFrame, released: DataFrame) -> DataFrame:

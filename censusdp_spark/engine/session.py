@@ -55,6 +55,9 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         # Let adaptive execution size shuffles by the data, also under persisted DataFrames.
         .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
         .config("spark.ui.showConsoleProgress", "false")
+        # Tables are partitioned by level and a task holds few levels: write each level's file
+        # as its rows come instead of sorting the task's rows by level first.
+        .config("spark.sql.maxConcurrentOutputFileWriters", "16")
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .getOrCreate()
     )

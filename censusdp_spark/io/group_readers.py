@@ -23,6 +23,7 @@ from censusdp_spark.io.readers import (
     enforce_rules,
     geocode_of,
     geocode_rule,
+    nonzero_cells,
     read_checked,
     row_number_of,
 )
@@ -75,15 +76,8 @@ def _size_counts(df: DataFrame, spec: GroupInputSpec, digits: int) -> DataFrame:
     enforce_rules(df, source, rules)
     check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[_as_long(c).alias(c) for c in spec.size_columns])
-    cells = F.array(
-        *[
-            F.struct(F.lit(i).alias("cell"), F.col(c).alias("count"))
-            for i, c in enumerate(spec.size_columns)
-        ]
-    )
-    return _sparse(
-        typed.select("geocode", F.explode(cells).alias("e")).select("geocode", "e.cell", "e.count")
-    )
+    columns = [(i, F.col(c)) for i, c in enumerate(spec.size_columns)]
+    return typed.select("geocode", *nonzero_cells(columns))
 
 
 def _households(df: DataFrame, spec: GroupInputSpec, groups: GroupSizes, digits: int) -> DataFrame:

@@ -8,6 +8,7 @@ order) or column, and the rule; nothing is written before the input has passed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -164,19 +165,26 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     enforce_rules(df, source, rules)
     check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
-    values, cell_rules = [], []
+    values: list[tuple[int, Column]] = []
+    cell_rules = []
     for cell in spec.cells:
         terms = [F.col(c) for c in cell.plus] + [-F.col(c) for c in cell.minus]
         value = reduce(lambda a, b: a + b, terms)
         cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
-        values.append(F.struct(F.lit(cell.cell).alias("cell"), value.alias("count")))
+        values.append((cell.cell, value))
     enforce_rules(typed, source, cell_rules)
-    nonzero = F.filter(F.array(*values), lambda s: s["count"] > 0)
-    return typed.select(
-        "geocode",
+    return typed.select("geocode", *nonzero_cells(values))
+
+
+def nonzero_cells(values: Sequence[tuple[int, Column]]) -> list[Column]:
+    """``cells, counts`` of a row from its ``(cell, count column)`` pairs: the non-zero cells
+    only, in the pairs' order, computed within the row (no shuffle)."""
+    pairs = F.array(*[F.struct(F.lit(c).alias("cell"), v.alias("count")) for c, v in values])
+    nonzero = F.filter(pairs, lambda s: s["count"] > 0)
+    return [
         F.transform(nonzero, lambda s: s["cell"]).alias("cells"),
         F.transform(nonzero, lambda s: s["count"]).alias("counts"),
-    )
+    ]
 
 
 def read_microdata(

@@ -152,9 +152,17 @@ class _Clock:
         return time.perf_counter() - self.started
 
 
-def _root_release(spark: SparkSession, config: PgsrConfig, geocode: str, counts: Any) -> DataFrame:
-    rows = [(geocode, config.hierarchy.root.name, j + 1, int(c)) for j, c in enumerate(counts)]
-    return spark.createDataFrame(rows, gs.RELEASE_SCHEMA)
+def _root_release(
+    spark: SparkSession, config: PgsrConfig, geocode: str, counts: Any, noisy: Any = None
+) -> DataFrame:
+    """The root's released rows (``DP_RELEASE_SCHEMA``, with its noisy values, if given)."""
+    root = config.hierarchy.root.name
+    if noisy is None:
+        rows = [(geocode, root, j + 1, int(c)) for j, c in enumerate(counts)]
+        return spark.createDataFrame(rows, gs.RELEASE_SCHEMA)
+    cells = zip(counts, noisy, strict=True)
+    with_noisy = [(geocode, root, j + 1, int(c), int(v)) for j, (c, v) in enumerate(cells)]
+    return spark.createDataFrame(with_noisy, gs.DP_RELEASE_SCHEMA)
 
 
 def _settle(df: DataFrame) -> DataFrame:
@@ -170,7 +178,7 @@ def _post_process_dp(
     cells on a window bound widened until none is (then the release is the exact optimum);
     a rerun rebuilds only the tables of those cells' ancestors, and the leaves (no windows)
     are split once, at the end."""
-    geocode, groups, _ = gs.root_row(noisy, config.hierarchy)
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
     plan = gs.dp_plan(config, groups)
     widened: DataFrame | None = None  # cells whose window is wider than their level's
     reuse: _Reuse | None = None
@@ -179,12 +187,12 @@ def _post_process_dp(
         rounds += 1
         try:
             released, tables, lower_bound = _dp_pass(
-                spark, config, noisy, plan, widened, reuse, geocode, groups, clock
+                spark, config, noisy, plan, widened, reuse, (geocode, groups, root_noisy), clock
             )
         except WindowTooNarrow:
             plan, reuse = plan.wider(), None
             continue
-        bound = _settle(gs.bound_cells(_union(released), noisy, plan, widened))
+        bound = _settle(gs.bound_cells(_union(released), plan, widened))
         hits = bound.count()
         clock.lap(f"certificate_round_{rounds}")
         if hits == 0:
@@ -199,7 +207,8 @@ def _post_process_dp(
     released.append(
         _release_level(noisy, tables, plan, released[-1], levels[-2], levels[-1], clock)
     )
-    objective = gs.release_objective(_union(released), noisy, config.norm)
+    objective = gs.release_objective(_union(released), config.norm)
+    clock.lap("objective")
     if config.faithfulness == "level" and objective != lower_bound:
         raise GuaranteeViolation(
             f"the dp release's objective {objective} is not its tables' optimum {lower_bound}"
@@ -241,8 +250,7 @@ def _dp_pass(
     plan: gs.DpPlan,
     widened: DataFrame | None,
     reuse: _Reuse | None,
-    geocode: str,
-    groups: int,
+    root: tuple[str, int, Any],  # the root's geocode, G and noisy values
     clock: _Clock,
 ) -> tuple[list[DataFrame], dict[str, DataFrame], int]:
     levels = config.hierarchy.levels
@@ -269,8 +277,9 @@ def _dp_pass(
             kept = reuse.tables[level.name].join(affected, "geocode", "left_anti")
             tables[level.name] = below = _settle(kept.unionByName(fresh))
         clock.lap(f"cost_tables_{level.name}")
+    geocode, groups, root_noisy = root
     counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
-    released = [_root_release(spark, config, geocode, counts)]
+    released = [_root_release(spark, config, geocode, counts, root_noisy)]
     for parent, level in zip(levels[:-2], levels[1:-1], strict=True):
         released.append(_release_level(noisy, tables, plan, released[-1], parent, level, clock))
     return released, tables, lower_bound
