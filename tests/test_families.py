@@ -7,8 +7,9 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 import pytest
+from pyspark.sql import functions as F
 
-from censusdp_spark.engine.families import family_starts, map_families
+from censusdp_spark.engine.families import family_starts, map_children, map_families
 from censusdp_spark.engine.measure import QueryNoise, exact_marginals, noisy_group
 
 SECRET = bytes(range(32))
@@ -93,6 +94,67 @@ def test_families_stay_whole_after_a_join_that_adaptive_execution_turns_into_a_b
     assert out["parent"].is_unique
     assert len(out) == len(sizes)
     assert (out["rows"] == out["expected"]).all()
+
+
+@pytest.mark.parametrize("batch_rows", [2, 10_000])
+@pytest.mark.parametrize("batched", [False, True])
+def test_children_meet_their_parents_row_in_one_shuffle(spark, batch_rows, batched):
+    """``map_children``: every child row carries its parent's columns (null when the parent
+    has no row), parents without children are not solved, and the parents travel in the
+    children's shuffle (one exchange, no join)."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 6, size=40)
+    rows = [(f"p{f:02d}{m:02d}", int(m)) for f, n in enumerate(sizes) for m in range(n)]
+    children = (
+        spark.createDataFrame(
+            [rows[i] for i in rng.permutation(len(rows))], "geocode string, member int"
+        )
+        .repartition(4)
+        .localCheckpoint()
+    )  # a family spread over partitions
+    # p00 has no parent row; p40 and p41 have no children.
+    parents = spark.createDataFrame(
+        [(f"p{f:02d}", int(n)) for f, n in enumerate([*sizes, 0, 0]) if f > 0],
+        "geocode string, expected long",
+    )
+
+    def summary(batch: pd.DataFrame) -> pd.DataFrame:
+        bounds = np.append(family_starts(batch, ["parent"]), len(batch))
+        return pd.DataFrame(
+            [
+                (
+                    batch["parent"].iat[a],
+                    b - a,
+                    int(batch["parent_expected"].iat[a])
+                    if batch["parent_expected"].notna().iat[a]
+                    else -1,
+                    ",".join(str(m) for m in batch["member"].iloc[a:b]),
+                )
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ],
+            columns=["parent", "rows", "expected", "members"],
+        )
+
+    families = map_children(
+        children,
+        parents,
+        F.substring("geocode", 1, 3),
+        ["member"],
+        summary,
+        "parent string, rows long, expected long, members string",
+        batched,
+    )
+    plan = families._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange") == 1 and "Join" not in plan
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
+    try:
+        out = families.toPandas().sort_values("parent").reset_index(drop=True)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert list(out["parent"]) == [f"p{f:02d}" for f in range(len(sizes))]
+    assert list(out["rows"]) == list(sizes)
+    assert list(out["expected"]) == [-1, *sizes[1:]]
+    assert list(out["members"]) == [",".join(map(str, range(n))) for n in sizes]
 
 
 def test_family_starts_marks_key_changes():

@@ -20,6 +20,10 @@ come out of a join on the key (children meeting their parent's row), Spark treat
 then turn the join into a broadcast whose probe side is read map-side, which scatters a family
 over several tasks. An expression the join does not produce keeps the shuffle.
 
+``map_children`` is the same for families that need their parent's row: the parents' rows are
+unioned with their children's (not joined to them) and travel in the same shuffle, first in
+their family, so a level costs one shuffle of its children, whatever the parents' size.
+
 ``noise_group`` is the family key of the noise passes (TopDown's and PGSR's): a node's ancestor
 ``NOISE_GROUP_DEPTH`` levels up, so that one keyed stream serves thousands of nodes.
 """
@@ -32,6 +36,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DataType, NumericType, StringType
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
@@ -39,7 +44,8 @@ from censusdp_spark.model.geography import Hierarchy
 NOISE_GROUP_DEPTH = 3
 """Nodes sharing their ancestor this many levels up share one keyed noise stream."""
 
-FamilySolver = Callable[[pd.DataFrame], pd.DataFrame]
+FamilySolver = Callable[[pd.DataFrame], pd.DataFrame | None]
+"""Rows (one family, or whole families) -> result rows, or None for none."""
 
 
 def map_families(
@@ -67,6 +73,85 @@ def map_families(
     )
 
 
+PARENT = "parent"
+"""The family key column of ``map_children``: the parent's geocode."""
+_ROLE = "_role"  # 0: the parent's row, 1: a child's
+
+
+def map_children(
+    children: DataFrame,
+    parents: DataFrame,
+    parent_key: Column,
+    order: Sequence[str],
+    solve: FamilySolver,
+    schema: str,
+    batched: bool = False,
+) -> DataFrame:
+    """``solve`` applied to every family of children (rows equal on ``parent_key``, a
+    ``geocode`` of ``parents``), lazily, as ``map_families`` does; each child's row carries
+    its parent's key as ``parent`` and its parent's columns as ``parent_<name>`` (null if the
+    parent has no row). Parents without children are not solved."""
+    names = [c for c in parents.columns if c != "geocode"]
+    # Each side fills the other's columns with non-null placeholders: a null would turn an
+    # integer column into floats on its way to pandas.
+    up = parents.select(
+        F.col("geocode").alias(PARENT),
+        F.lit(0).alias(_ROLE),
+        *[_placeholder(children.schema[c].dataType).alias(c) for c in children.columns],
+        *[F.col(c).alias(f"parent_{c}") for c in names],
+    )
+    down = children.select(
+        parent_key.alias(PARENT),
+        F.lit(1).alias(_ROLE),
+        *children.columns,
+        *[_placeholder(parents.schema[c].dataType).alias(f"parent_{c}") for c in names],
+    )
+    each = solve if batched else _one_by_one([PARENT], solve)
+    return map_families(
+        down.unionByName(up),
+        [PARENT],
+        [_ROLE, *order],
+        _children_with_parents(children.columns, [f"parent_{c}" for c in names], each),
+        schema,
+        batched=True,
+    )
+
+
+def _placeholder(kind: DataType) -> Column:
+    """A non-null value of ``kind`` for a column a row does not use."""
+    if isinstance(kind, NumericType):
+        return F.lit(0).cast(kind)
+    if isinstance(kind, StringType):
+        return F.lit("")
+    if isinstance(kind, ArrayType):
+        return F.array().cast(kind)
+    return F.lit(None).cast(kind)
+
+
+def _children_with_parents(
+    columns: list[str], parent_columns: list[str], solve: FamilySolver
+) -> FamilySolver:
+    """A batch of whole families (each with its parent's row first, if any) -> its children's
+    rows with their parent's columns filled in, to ``solve`` (nothing if no child)."""
+
+    def attach(batch: pd.DataFrame) -> pd.DataFrame | None:
+        child = batch[_ROLE].to_numpy() == 1
+        if not child.any():
+            return None
+        starts = family_starts(batch, [PARENT])
+        sizes = np.diff(np.append(starts, len(batch)))
+        has_parent = ~child[starts]
+        source = np.repeat(np.where(has_parent, starts, -1), sizes)[child]
+        out = batch.loc[child, [PARENT, *columns]].reset_index(drop=True)
+        found = source >= 0
+        for c in parent_columns:
+            values = pd.Series(batch[c].to_numpy()[np.maximum(source, 0)])
+            out[c] = values if found.all() else values.where(found)
+        return solve(out)
+
+    return attach
+
+
 def noise_group(hierarchy: Hierarchy) -> Column:
     """The noise group of a ``level, geocode`` row: its ancestor ``NOISE_GROUP_DEPTH`` levels up
     (the root's empty geocode when there is none)."""
@@ -79,7 +164,9 @@ def noise_group(hierarchy: Hierarchy) -> Column:
 
 
 def _streamed(
-    keys: list[str], solve: FamilySolver, on_task_start: Callable[[], None] | None
+    keys: list[str],
+    solve: FamilySolver,
+    on_task_start: Callable[[], None] | None,
 ) -> Callable[[Iterable[pd.DataFrame]], Iterable[pd.DataFrame]]:
     def task(batches: Iterable[pd.DataFrame]) -> Iterable[pd.DataFrame]:
         if on_task_start is not None:
@@ -91,21 +178,28 @@ def _streamed(
             # The last family may continue in the next batch: hold it back.
             whole = int(family_starts(batch, keys)[-1])
             if whole:
-                yield solve(_rows(batch, 0, whole))
+                yield from _solved(solve, _rows(batch, 0, whole))
             carry = batch.iloc[whole:]
         if carry is not None and len(carry):
-            yield solve(carry.reset_index(drop=True))
+            yield from _solved(solve, carry.reset_index(drop=True))
 
     return task
+
+
+def _solved(solve: FamilySolver, rows: pd.DataFrame) -> Iterable[pd.DataFrame]:
+    out = solve(rows)
+    if out is not None:
+        yield out
 
 
 def _one_by_one(keys: list[str], solve: FamilySolver) -> FamilySolver:
     """A solver of whole-family batches that hands ``solve`` one family at a time."""
 
-    def each(batch: pd.DataFrame) -> pd.DataFrame:
+    def each(batch: pd.DataFrame) -> pd.DataFrame | None:
         bounds = np.append(family_starts(batch, keys), len(batch))
-        done = [solve(_rows(batch, a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return pd.concat(done, ignore_index=True)
+        pairs = zip(bounds[:-1], bounds[1:], strict=True)
+        done = [out for a, b in pairs if (out := solve(_rows(batch, a, b))) is not None]
+        return pd.concat(done, ignore_index=True) if done else None
 
     return each
 

@@ -58,12 +58,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import (
     FamilySolver,
     family_starts,
+    map_children,
     map_families,
     noise_group,
 )
@@ -201,10 +202,6 @@ def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes, hierarchy: Hierarc
 # --- post-processing: shared plumbing ----------------------------------------------------------
 
 
-def _parent_key(digits: int) -> Column:
-    return geocode_prefix(digits).alias("parent")
-
-
 def _ints(values: object) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
@@ -246,16 +243,11 @@ def _families(
     batched: bool = False,
 ) -> DataFrame:
     """``solve`` applied to every family of a level (lazily): one parent's children rows sorted
-    by ``order``, each carrying its parent's columns as ``parent_<name>`` (a join on the
-    parent's geocode, in ``parent``), many families per Python call (``map_families``; with
+    by ``order``, each carrying its parent's geocode in ``parent`` and its columns as
+    ``parent_<name>`` (``map_children``: one shuffle, many families per Python call; with
     ``batched``, all of a batch's whole families in one call)."""
-    keyed = children.select(_parent_key(parent_digits), *children.columns)
-    parent_columns = parents.select(
-        F.col("geocode").alias("parent"),
-        *[F.col(c).alias(f"parent_{c}") for c in parents.columns if c != "geocode"],
-    )
-    joined = keyed.join(parent_columns, "parent", "left")
-    return map_families(joined, ["parent"], order, solve, schema, batched=batched)
+    key = geocode_prefix(parent_digits)
+    return map_children(children, parents, key, order, solve, schema, batched)
 
 
 def _parent_value(family: pd.DataFrame, column: str) -> Any:
