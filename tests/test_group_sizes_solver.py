@@ -8,6 +8,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from scipy import sparse
+from scipy.optimize import linprog
 
 from censusdp_spark.engine.group_sizes import NoisePlan, noise_plan, noisy_group
 from censusdp_spark.model.pgsr_config import load_pgsr_config
@@ -374,6 +376,98 @@ def test_dp_is_deterministic():
     assert (dp_release(tree, "l2").counts == dp_release(tree, "l2").counts).all()
 
 
+# --- dp_release's windows: centres and the level layout -----------------------------------------
+
+
+def pinned_least_squares(tree: GroupTree) -> np.ndarray:
+    """The centres' estimate node by node (n x N): consistent least squares summing to G at the
+    root, leaf cells that come out below -1/2 held at 0 and the estimate redone until none
+    does (equal variances, a held cell has variance 0)."""
+    kids = tree.children()
+    n, m = tree.noisy.shape
+    leaf = np.array([k.size == 0 for k in kids])
+    held = np.zeros((n, m), dtype=bool)
+    while True:
+        up = tree.noisy.astype(np.float64)
+        var = np.ones((n, m))
+        up[held], var[held] = 0.0, 0.0
+        for r in reversed(range(n)):
+            if kids[r].size:
+                spread = var[kids[r]].sum(0)
+                up[r] = (spread * up[r] + up[kids[r]].sum(0)) / (1 + spread)
+                var[r] = spread / (1 + spread)
+        x = up.copy()
+        x[0] += var[0] / var[0].sum() * (tree.groups[0] - up[0].sum())
+        for r in range(n):
+            if kids[r].size:
+                spread = var[kids[r]].sum(0)
+                share = np.zeros_like(var[kids[r]])
+                np.divide(var[kids[r]], spread, out=share, where=spread > 0)
+                x[kids[r]] += share * (x[r] - up[kids[r]].sum(0))
+        negative = leaf[:, None] & ~held & (x < -0.5)
+        if not negative.any():
+            return x
+        held |= negative
+
+
+def test_window_centres_are_the_pinned_least_squares_estimate():
+    """The centres' leaf families summed up by where their free leaves end (sorted) give the
+    estimate of the plain node-by-node active-set rounds."""
+    rng = np.random.default_rng(17)
+    for _ in range(30):
+        tree = random_tree(rng, [4, 3, 3], 3, 30, 15)
+        problem = batch.TreeProblem.of(tree.noisy, tree.parent, int(tree.groups[0]))
+        want = problem.levels.to_levels(pinned_least_squares(tree))[:, problem.windowed]
+        clear = np.abs(want - np.floor(want) - 0.5) > 1e-6  # not a rounding tie
+        got = batch.window_centres(problem)
+        assert (got[clear] == np.rint(want[clear])).all()
+
+
+def depth_first(tree: GroupTree) -> GroupTree:
+    """The same tree with its nodes numbered depth first (parents still before children)."""
+    kids = tree.children()
+    order, stack = [], [0]
+    while stack:
+        r = stack.pop()
+        order.append(r)
+        stack.extend(reversed(kids[r].tolist()))
+    new = np.empty(len(order), dtype=np.int64)
+    new[order] = np.arange(len(order))
+    parent = np.where(tree.parent[order] >= 0, new[tree.parent[order]], -1)
+    return GroupTree(parent, tree.noisy[order], tree.groups[order])
+
+
+def test_dp_is_exact_on_trees_not_numbered_level_by_level():
+    rng = np.random.default_rng(18)
+    renumbered = 0
+    for _ in range(10):
+        tree = random_tree(rng, [3, 3, 3], 4, 12, 6)
+        other = depth_first(tree)
+        renumbered += (other.parent != tree.parent).any()
+        release = dp_release(other, "l2", "level", width=2)
+        assert release.objective == solve_exact_milp(other, "l2", "level").objective
+        assert release.objective == dp_release(tree, "l2", "level").objective
+        assert violations(other, release.counts, "level") == HOLDS
+    assert renumbered > 0
+
+
+def test_unconverged_centres_are_widened_to_the_exact_optimum(monkeypatch):
+    """With no active-set round the centres ignore non-negativity and the first pass is not
+    certified on these instances; the certificate still ends at the exact optimum."""
+    rng = np.random.default_rng(19)
+    widened = 0
+    for _ in range(10):
+        tree = random_tree(rng, [5, 4, 4], 4, 20, 25)
+        wide = dp_release(tree, "l2", "level", 10**6)
+        monkeypatch.setattr(batch, "ACTIVE_SET_ROUNDS", 0)
+        narrow = dp_release(tree, "l2", "level", width=1)
+        monkeypatch.undo()
+        assert narrow.objective == wide.objective == wide.lower_bound
+        assert (narrow.counts == wide.counts).all()
+        widened += narrow.width > 1
+    assert widened > 0
+
+
 # --- node faithfulness (Kuo et al.): feasible, with a certificate -------------------------------
 
 
@@ -538,6 +632,155 @@ def test_cumulative_pools_a_non_monotone_root_like_isotonic_regression():
     assert solve_cumulative_family(np.array([[500, -300, 40]]), np.array([100]), None).tolist() == [
         [80, 80, 80]
     ]
+
+
+def highs_window_family(
+    noisy: np.ndarray, caps: np.ndarray, parent: np.ndarray | None
+) -> np.ndarray:
+    """Reference: the family's integer program linearised into unit segments (TU, so a simplex
+    vertex is integral) on a window around each child's clipped noisy counts, solved by HiGHS
+    and widened until no window bound is active (then, by convexity, the global optimum)."""
+    k, m = noisy.shape
+    cap = np.broadcast_to(caps[:, None], noisy.shape)
+    width = 4
+    while True:
+        lo = np.maximum(np.clip(noisy, 0, cap) - width, 0)
+        hi = np.minimum(np.clip(noisy, 0, cap) + width, cap)
+        found = highs_window(noisy, lo, hi, parent)
+        whole = bool((lo == 0).all() and (hi == cap).all())
+        if found is None and whole:
+            raise ValueError("infeasible")
+        if found is not None:
+            binding = ((found == lo) & (lo > 0)) | ((found == hi) & (hi < cap))
+            if whole or not binding.any():
+                return found
+        width *= 2
+
+
+def highs_window(
+    noisy: np.ndarray, lo: np.ndarray, hi: np.ndarray, parent: np.ndarray | None
+) -> np.ndarray | None:
+    """The exact optimum with every ``H`` restricted to ``lo..hi`` (None if infeasible)."""
+    k, m = noisy.shape
+    widths = (hi - lo).ravel()
+    owner = np.repeat(np.arange(k * m), widths)
+    if owner.size == 0:
+        ok = parent is None or (lo.sum(axis=0) == parent).all()
+        return lo.copy() if ok and (np.diff(lo, axis=1) >= 0).all() else None
+    unit = np.arange(owner.size) - np.repeat(np.cumsum(widths) - widths, widths)
+    cost = 2.0 * (lo.ravel()[owner] + unit - noisy.ravel()[owner]) + 1.0
+    cell_of = sparse.csr_matrix(
+        (np.ones(owner.size), (owner, np.arange(owner.size))), shape=(k * m, owner.size)
+    )
+    first = np.arange(k * m).reshape(k, m)[:, :-1].ravel()
+    upper = cell_of[first] - cell_of[first + 1]  # H[c, j] <= H[c, j + 1]
+    upper_bound = (lo.ravel()[first + 1] - lo.ravel()[first]).astype(np.float64)
+    columns = sparse.csr_matrix(
+        (np.ones(k * m), (np.tile(np.arange(m), k), np.arange(k * m))), shape=(m, k * m)
+    )
+    result = linprog(
+        cost,
+        A_ub=upper if first.size else None,
+        b_ub=upper_bound if first.size else None,
+        A_eq=None if parent is None else columns @ cell_of,
+        b_eq=None if parent is None else (parent - lo.sum(axis=0)).astype(np.float64),
+        bounds=(0, 1),
+        method="highs-ds",
+    )
+    if result.status == 2:
+        return None
+    assert result.status == 0, result.message
+    filled = np.zeros(k * m)
+    np.add.at(filled, owner, np.rint(result.x))
+    return lo + filled.reshape(k, m).astype(np.int64)
+
+
+def brute_force_family(noisy: np.ndarray, caps: np.ndarray, parent: np.ndarray | None) -> int:
+    """Reference: the least cost over every integer chain of every child (dynamic programming
+    over the children's partial column sums); -1 if infeasible."""
+    k, m = noisy.shape
+    costs = [
+        {
+            chain: sum((h - int(y)) ** 2 for h, y in zip(chain, noisy[c], strict=True))
+            for chain in itertools.product(range(int(caps[c]) + 1), repeat=m)
+            if all(a <= b for a, b in itertools.pairwise(chain))
+        }
+        for c in range(k)
+    ]
+    if parent is None:
+        return sum(min(child.values()) for child in costs)
+    states = {(0,) * m: 0}
+    for c in range(k):
+        room = int(caps[c + 1 :].sum())
+        reached: dict[tuple[int, ...], int] = {}
+        for partial, so_far in states.items():
+            for chain, cost in costs[c].items():
+                total = tuple(a + b for a, b in zip(partial, chain, strict=True))
+                if all(parent[j] - room <= total[j] <= parent[j] for j in range(m)):
+                    reached[total] = min(reached.get(total, so_far + cost), so_far + cost)
+        states = reached
+    return states.get(tuple(int(p) for p in parent), -1)
+
+
+def random_family(
+    rng: np.random.Generator, groups: int, noise: int, twins: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """1..5 children, 1..4 sizes, caps in 0..groups, true chains summed into a (feasible)
+    parent (None a fifth of the time), noisy = truth + uniform noise in -noise..noise. With
+    ``twins`` every child has the first one's noisy counts and cap (many ties)."""
+    k, m = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+    caps = np.full(k, rng.integers(0, groups + 1)) if twins else rng.integers(0, groups + 1, k)
+    truth = np.sort(rng.integers(0, caps[:, None] + 1, size=(k, m)), axis=1)
+    parent = None if rng.random() < 0.2 else truth.sum(axis=0)
+    noisy = truth + rng.integers(-noise, noise + 1, size=truth.shape)
+    return (np.repeat(noisy[:1], k, axis=0) if twins else noisy), caps, parent
+
+
+def assert_feasible(found: np.ndarray, caps: np.ndarray, parent: np.ndarray | None) -> None:
+    assert found.dtype == np.int64
+    assert (found >= 0).all() and (found <= caps[:, None]).all()
+    assert (np.diff(found, axis=1) >= 0).all()
+    assert parent is None or (found.sum(axis=0) == parent).all()
+
+
+def test_cumulative_family_matches_brute_force_on_300_small_random_families():
+    rng = np.random.default_rng(21)
+    for i in range(300):
+        noisy, caps, parent = random_family(rng, 3, 4, twins=i % 3 == 0)
+        found = solve_cumulative_family(noisy, caps, parent)
+        assert_feasible(found, caps, parent)
+        assert int(np.square(found - noisy).sum()) == brute_force_family(noisy, caps, parent)
+
+
+def test_cumulative_family_matches_highs_with_big_counts():
+    rng = np.random.default_rng(22)
+    for _ in range(60):
+        noisy, caps, parent = random_family(rng, 100_000, 300)
+        found = solve_cumulative_family(noisy, caps, parent)
+        assert_feasible(found, caps, parent)
+        reference = highs_window_family(noisy, caps, parent)
+        assert np.square(found - noisy).sum() == np.square(reference - noisy).sum()
+
+
+def test_cumulative_family_matches_highs_on_many_children():
+    rng = np.random.default_rng(23)
+    for _ in range(20):
+        k, m = int(rng.integers(10, 40)), 7
+        caps = np.full(k, 5_000)
+        truth = np.sort(rng.integers(0, rng.integers(1, 300, size=(k, 1)) + 1, size=(k, m)), axis=1)
+        noisy = truth + rng.integers(-12, 13, size=truth.shape)
+        found = solve_cumulative_family(noisy, caps, truth.sum(axis=0))
+        assert_feasible(found, caps, truth.sum(axis=0))
+        reference = highs_window_family(noisy, caps, truth.sum(axis=0))
+        assert np.square(found - noisy).sum() == np.square(reference - noisy).sum()
+
+
+def test_cumulative_family_without_a_feasible_point_raises():
+    noisy = np.array([[1, 2], [0, 3]])
+    with pytest.raises(ValueError, match="no monotone"):
+        solve_cumulative_family(noisy, np.array([2, 2]), np.array([1, 5]))
+    with pytest.raises(ValueError, match="no monotone"):
+        solve_cumulative_family(noisy, np.array([2, 2]), np.array([3, 2]))
 
 
 # --- noise scales -------------------------------------------------------------------------------

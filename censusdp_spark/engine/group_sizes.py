@@ -35,10 +35,11 @@ node histograms ``level, geocode, cells, counts`` (confidential, memory only) ->
 per mechanism, level by level: cost tables ``level, geocode, size, lo, base, lengths, slopes``
 of internal nodes (dp, bottom-up; the leaves' tables are rebuilt from their noisy rows inside
 the parent's task), real-valued solutions ``level, geocode, solution`` (relaxed) ->
-released rows ``geocode, level, size, count`` (size 1..N, every size of every node).
-Every family's children rows meet their parent's row by a join on the parent geocode and are
-handed to the solvers many families per Python call (``engine.families.map_families``), as in
-TopDown's estimation; under l2 and level faithfulness (the default) a task's whole families go
+released rows ``geocode, level, size, count`` (size 1..N, every size of every node; the dp
+release's rows also carry the cell's ``noisy`` value until the write, ``DP_RELEASE_SCHEMA``).
+Every family's children rows meet their parent's row in one shuffle (the parent's row
+travels with them, ``engine.families.map_children``) and are handed to the solvers many
+families per Python call; under l2 and level faithfulness (the default) a task's whole families go
 to the vectorised solvers of ``solvers.group_sizes_batch`` in one call. Nothing per node is
 collected to the driver except the root's own row.
 

@@ -491,21 +491,20 @@ def dp_release(
 
     total = int(tree.groups[0])
     problem = batch.TreeProblem.of(tree.noisy, tree.parent, total)
-    levels = problem.levels
-    centre = batch.window_centres(tree.noisy, levels, total)
-    widths = np.full(tree.noisy.shape, width, dtype=np.int64)
+    centre = batch.window_centres(problem)
+    widths = np.full(centre.shape, width, dtype=np.int64)
     while True:
         lo, hi = np.clip(centre - widths, 0, total), np.clip(centre + widths, 0, total)
-        lo[levels.nodes[0]], hi[levels.nodes[0]] = 0, total
-        lo[levels.nodes[-1]], hi[levels.nodes[-1]] = 0, total
         try:
             counts, lower = problem.solve(lo, hi)
         except WindowTooNarrow:
             widths *= 4
             continue
-        bound = window_bound(counts, lo, hi, total)
+        bound = window_bound(counts[:, problem.windowed], lo, hi, total)
         if not bound.any():
-            return DpRelease(counts, objective(tree, counts, norm), lower, int(widths.max()))
+            counts = problem.levels.by_node(counts)
+            widest = int(widths.max(initial=width))
+            return DpRelease(counts, objective(tree, counts, norm), lower, widest)
         widths[bound] *= 4
 
 

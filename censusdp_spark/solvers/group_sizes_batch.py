@@ -175,15 +175,24 @@ class LeafFamilies:
         return _starts(self.family, self.families)
 
     @cached_property
-    def _by_first(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per family, first slopes sorted: the lookup keys (family, E_m), S_m, Q_m."""
+    def _sorted_first(self) -> np.ndarray:
+        """Each family's first slopes sorted (families in order, as ``starts``)."""
         low = int(self._first.min()) if self._first.size else 0
         span = int(self._first.max()) - low + 1 if self._first.size else 0
         if self.families * span < 1 << 62:
-            order = np.argsort(self.family * span + (self._first - low), kind="stable")
-        else:
-            order = np.lexsort((self._first, self.family))
-        f = self._first[order]
+            # ``family`` is non-decreasing: sorting one integer key keeps every family in place
+            offset = self.family * span - low
+            return np.sort(offset + self._first, kind="stable") - offset
+        return self._first[np.lexsort((self._first, self.family))]
+
+    def largest_first(self) -> np.ndarray:
+        """Each family's noisy values, largest first (families in order, as ``starts``)."""
+        return (1 - self._sorted_first) // 2
+
+    @cached_property
+    def _by_first(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per family, first slopes sorted: the lookup keys (family, E_m), S_m, Q_m."""
+        f = self._sorted_first
         s = _segmented_cumsum(f, self.starts)
         q = _segmented_cumsum((f - 1) ** 2, self.starts)
         m = (
@@ -195,7 +204,7 @@ class LeafFamilies:
         last[self.starts[1:] - 1] = True
         nxt = np.append(f[1:], 0)
         reach = np.where(last, _RANK_SPAN - 1, np.minimum((m * nxt - s) // 2, _RANK_SPAN - 1))
-        return self.family[order] * _RANK_SPAN + reach, s, q, m
+        return self.family * _RANK_SPAN + reach, s, q, m
 
     def slope_at(self, family: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The ``rank``-th smallest slope (rank >= 1) of each asked family, and the index of the
@@ -219,6 +228,10 @@ class LeafFamilies:
 
     def base(self) -> np.ndarray:
         """Each family's summed leaf costs at 0: ``sum c~^2``."""
+        return self._base
+
+    @cached_property
+    def _base(self) -> np.ndarray:
         return np.add.reduceat(self.noisy.astype(np.int64) ** 2, self.starts[:-1])
 
     def parent_tables(self, noisy: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> Tables:
@@ -319,23 +332,74 @@ class TableFamilies:
 class TreeLevels:
     """A tree's nodes by depth, each level ordered by (parent's position above, node index), so
     that siblings are contiguous; ``parent_position[d]`` is each node's parent's position in
-    level ``d - 1``."""
+    level ``d - 1``.
+
+    The *level layout* of per-node values (n x N) is size-major (N x n) with the nodes in level
+    order: level ``d`` is the column slice ``span(d)``, and read row by row it lists its cells
+    in family order for the level above (family = size x parents + parent's position)."""
 
     nodes: list[np.ndarray]
     parent_position: list[np.ndarray]
 
     def first_child(self, d: int) -> np.ndarray:
         """Where each node of level ``d - 1`` has its first child in level ``d``."""
-        return np.searchsorted(self.parent_position[d], np.arange(self.nodes[d - 1].size))
+        return self._first_children[d]
+
+    def children(self, d: int) -> np.ndarray:
+        """How many children each node of level ``d - 1`` has in level ``d``."""
+        return self._children[d]
+
+    @cached_property
+    def _first_children(self) -> list[np.ndarray]:
+        return [np.zeros(0, dtype=np.int64)] + [
+            np.searchsorted(self.parent_position[d], np.arange(self.nodes[d - 1].size))
+            for d in range(1, len(self.nodes))
+        ]
+
+    @cached_property
+    def _children(self) -> list[np.ndarray]:
+        return [np.zeros(0, dtype=np.int64)] + [
+            np.diff(np.append(self._first_children[d], self.nodes[d].size))
+            for d in range(1, len(self.nodes))
+        ]
+
+    @cached_property
+    def _order(self) -> np.ndarray | None:
+        """Every node in level order, or None if the nodes are numbered that way already."""
+        order = np.concatenate(self.nodes)
+        return None if (order == np.arange(order.size)).all() else order
+
+    @cached_property
+    def _starts(self) -> np.ndarray:
+        return np.cumsum([0] + [level.size for level in self.nodes])
+
+    def span(self, d: int) -> slice:
+        """Level ``d``'s columns in the level layout."""
+        return slice(int(self._starts[d]), int(self._starts[d + 1]))
+
+    def to_levels(self, x: np.ndarray) -> np.ndarray:
+        """Per-node values (n x N) in the level layout (N x n)."""
+        return np.ascontiguousarray((x if self._order is None else x[self._order]).T)
+
+    def by_node(self, y: np.ndarray) -> np.ndarray:
+        """Values in the level layout (N x n) back per node (n x N)."""
+        if self._order is None:
+            return np.ascontiguousarray(y.T)
+        out = np.empty(y.shape[::-1], dtype=y.dtype)
+        out[self._order] = y.T
+        return out
 
     @classmethod
     def of(cls, parent: np.ndarray) -> TreeLevels:
         nodes, positions = [np.array([0])], [np.array([-1])]
         position = np.full(parent.size, -1)
         position[0] = 0
+        above_mark = np.zeros(parent.size + 1, dtype=bool)  # the last entry stands for -1
         while True:
             above = nodes[-1]
-            kids = np.flatnonzero((parent >= 0) & np.isin(parent, above))
+            above_mark[:] = False
+            above_mark[above] = True
+            kids = np.flatnonzero(above_mark[parent])
             if kids.size == 0:
                 break
             at = position[parent[kids]]
@@ -357,114 +421,210 @@ def family_order(parent_position: np.ndarray, sizes: int) -> tuple[np.ndarray, n
     return order, family[order]
 
 
-def consistent_estimate(
-    noisy: np.ndarray, levels: TreeLevels, groups: int, zero: np.ndarray | None = None
-) -> np.ndarray:
-    """The least-squares estimate (reals, n x N) that is consistent and sums to ``groups`` at
-    the root, ignoring integrality and non-negativity except that leaf cells marked in
-    ``zero`` (n x N) are held at 0: the usual two passes for equal-variance tree measurements
-    (children sums combined with a node's own measurement by inverse variance bottom-up,
-    differences handed down in proportion to variance; a cell held at 0 has variance 0)."""
-    sizes = noisy.shape[1]
-    estimate = noisy.astype(np.float64)
-    variance = np.ones(noisy.shape)
-    if zero is not None:
-        estimate[zero], variance[zero] = 0.0, 0.0
-    for d in reversed(range(1, len(levels.nodes))):
-        kids, up, first = levels.nodes[d], levels.nodes[d - 1], levels.first_child(d)
-        sums = np.add.reduceat(estimate[kids], first, axis=0)
-        spread = np.add.reduceat(variance[kids], first, axis=0)
-        # own measurement (variance 1) against the children's sum (variance ``spread``)
-        estimate[up] = (spread * estimate[up] + sums) / (1 + spread)
-        variance[up] = spread / (1 + spread)
-    root = variance[0]
-    if root.sum() > 0:
-        estimate[0] += root / root.sum() * (groups - estimate[0].sum())
-    for d in range(1, len(levels.nodes)):
-        kids, up, first = levels.nodes[d], levels.nodes[d - 1], levels.first_child(d)
-        position = levels.parent_position[d]
-        gap = estimate[up] - np.add.reduceat(estimate[kids], first, axis=0)
-        spread = np.add.reduceat(variance[kids], first, axis=0)
-        share = np.zeros((kids.size, sizes))
-        np.divide(variance[kids], spread[position], out=share, where=spread[position] > 0)
-        estimate[kids] += share * gap[position]
-    return estimate
-
-
-def window_centres(noisy: np.ndarray, levels: TreeLevels, groups: int) -> np.ndarray:
-    """Where ``dp_release`` centres its l2 windows: the consistent least-squares estimate, with
-    leaf cells that come out negative held at 0 and the estimate redone (active-set rounds,
-    until fewer than one leaf cell in a thousand turns negative), rounded. Leaves pinned at 0
-    lift their ancestors as non-negativity lifts the exact optimum, so the windows of the whole
-    tree sit near it; the certificate fixes what this approximation misses."""
-    zero = np.zeros(noisy.shape, dtype=bool)
-    leaves = levels.nodes[-1]
-    for _ in range(ACTIVE_SET_ROUNDS):
-        estimate = consistent_estimate(noisy, levels, groups, zero)
-        negative = np.zeros(noisy.shape, dtype=bool)
-        negative[leaves] = estimate[leaves] < -0.5
-        zero |= negative
-        if negative.sum() * 1000 < leaves.size * noisy.shape[1]:
-            break
-    return np.rint(estimate).astype(np.int64)
-
-
 @dataclass(frozen=True)
 class TreeProblem:
-    """P_level with l2 over a whole tree, ready for passes with different windows (what does
-    not depend on the windows, the levels and the leaf families, is built once)."""
+    """P_level with l2 over a whole tree, ready for passes with different windows. Values are
+    in the ``TreeLevels`` level layout (N x n), so a level's cells are already in family order
+    for the level above and no pass permutes cells. The cells that get windows, those of the
+    internal levels below the root, are the columns ``windowed``; bounds are given for them
+    only (the root and the leaves are on ``0..G``)."""
 
-    noisy: np.ndarray  # (n, N)
+    noisy: np.ndarray  # (N, n), level layout
     groups: int
     levels: TreeLevels
 
     @classmethod
     def of(cls, noisy: np.ndarray, parent: np.ndarray, groups: int) -> TreeProblem:
-        return cls(noisy.astype(np.int64), groups, TreeLevels.of(parent))
+        """The problem of per-node noisy histograms (n x N)."""
+        levels = TreeLevels.of(parent)
+        return cls(levels.to_levels(noisy.astype(np.int64, copy=False)), groups, levels)
+
+    @property
+    def depth(self) -> int:
+        return len(self.levels.nodes) - 1
 
     @cached_property
-    def _orders(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per level d >= 1, its cells in family order: the permutation and the families."""
-        sizes = self.noisy.shape[1]
-        return [(np.empty(0, np.int64),) * 2] + [
-            family_order(p, sizes) for p in self.levels.parent_position[1:]
-        ]
+    def windowed(self) -> slice:
+        """The columns of the internal levels below the root."""
+        return slice(1, self.levels.span(self.depth).start)
+
+    def cells(self, x: np.ndarray, d: int, first: int = 0) -> np.ndarray:
+        """Level ``d``'s cells of ``x`` (the level layout from column ``first`` on), flat in
+        family order."""
+        span = self.levels.span(d)
+        return x[:, span.start - first : span.stop - first].ravel()
+
+    @cached_property
+    def _noisy_cells(self) -> list[np.ndarray]:
+        return [self.cells(self.noisy, d) for d in range(self.depth + 1)]
+
+    def _families(self, d: int) -> np.ndarray:
+        """Each cell of level ``d`` (flat, family order): its family, i.e. its parent cell."""
+        sizes, above = self.noisy.shape[0], self.levels.nodes[d - 1].size
+        by_size = np.arange(sizes, dtype=np.int64)[:, None] * above
+        return (by_size + self.levels.parent_position[d]).ravel()
+
+    @cached_property
+    def _family_of(self) -> list[np.ndarray]:
+        return [np.empty(0, np.int64)] + [self._families(d) for d in range(1, self.depth + 1)]
 
     @cached_property
     def _leaves(self) -> LeafFamilies:
-        order, family = self._orders[-1]
-        count = self.levels.nodes[-2].size * self.noisy.shape[1]
-        return LeafFamilies(family, self.noisy[self.levels.nodes[-1]].ravel()[order], count)
+        families = self.noisy.shape[0] * self.levels.nodes[-2].size
+        return LeafFamilies(self._family_of[-1], self._noisy_cells[-1], families)
 
     def solve(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, int]:
-        """One pass with the cell bounds ``lo..hi`` (n x N; read for internal nodes below the
-        root): the counts (n x N) and the root tables' optimum. Raises ``WindowTooNarrow`` if G
-        is out of the root tables' reach."""
-        nodes, sizes = self.levels.nodes, self.noisy.shape[1]
-        depth = len(nodes) - 1
+        """One pass with the bounds ``lo..hi`` of the windowed cells (N x windowed columns):
+        the counts (level layout) and the root tables' optimum. Raises ``WindowTooNarrow`` if
+        G is out of the root tables' reach."""
+        sizes = self.noisy.shape[0]
         families: list[LeafFamilies | TableFamilies] = []
         below: Tables | None = None
-        for d in reversed(range(depth)):
-            order, family = self._orders[d + 1]
+        for d in reversed(range(self.depth)):
             if below is None:
                 fam: LeafFamilies | TableFamilies = self._leaves
             else:
-                fam = TableFamilies(family, below.take(order), nodes[d].size * sizes)
+                parents = sizes * self.levels.nodes[d].size
+                fam = TableFamilies(self._family_of[d + 1], below, parents)
             families.append(fam)
-            here = self.noisy[nodes[d]].ravel()
+            here = self._noisy_cells[d]
             if d > 0:
-                bounds = lo[nodes[d]].ravel(), hi[nodes[d]].ravel()
+                bounds = self.cells(lo, d, first=1), self.cells(hi, d, first=1)
             else:
                 bounds = cell_bounds(here, self.groups, None)
             below = fam.parent_tables(here, *bounds)
         assert below is not None
         root = [below.cost_table(j) for j in range(sizes)]
         counts = np.zeros(self.noisy.shape, dtype=np.int64)
-        counts[0] = solve_root(root, self.groups)
-        lower = sum(t.value(int(v)) for t, v in zip(root, counts[0], strict=True))
-        for d, fam in zip(range(depth), reversed(families), strict=True):
-            order = self._orders[d + 1][0]
-            cells = np.empty(order.size, dtype=np.int64)
-            cells[order] = fam.split(counts[nodes[d]].ravel())
-            counts[nodes[d + 1]] = cells.reshape(-1, sizes)
+        counts[:, 0] = solve_root(root, self.groups)
+        lower = sum(t.value(int(v)) for t, v in zip(root, counts[:, 0], strict=True))
+        for d, fam in zip(range(self.depth), reversed(families), strict=True):
+            split = fam.split(self.cells(counts, d))
+            counts[:, self.levels.span(d + 1)] = split.reshape(sizes, -1)
         return counts, int(lower)
+
+
+def window_centres(problem: TreeProblem) -> np.ndarray:
+    """Where ``dp_release`` centres its l2 windows (the windowed cells of ``problem``): the
+    consistent least-squares estimate with leaf cells that come out negative held at 0 and the
+    estimate redone (active-set rounds, until no free leaf cell is negative or after
+    ``ACTIVE_SET_ROUNDS``), rounded. Leaves pinned at 0 lift their ancestors as non-negativity
+    lifts the exact optimum, so the windows of the whole tree sit near it; the certificate
+    fixes what this misses."""
+    estimate = _PinnedLeastSquares.of(problem)
+    for _ in range(ACTIVE_SET_ROUNDS):
+        if not estimate.pin_negative_leaves():
+            break
+    internal = [np.zeros((problem.noisy.shape[0], 0)), *estimate.estimate[1:]]
+    return np.rint(np.concatenate(internal, axis=1)).astype(np.int64)
+
+
+@dataclass
+class _PinnedLeastSquares:
+    """The least-squares estimate (reals) of a tree's cells that is consistent and sums to G at
+    the root, ignoring integrality and non-negativity except that pinned leaf cells are held
+    at 0: the usual two passes for equal-variance tree measurements (children sums combined
+    with a node's own measurement by inverse variance bottom-up, differences handed down in
+    proportion to variance; a pinned cell has variance 0).
+
+    A leaf family's free leaves all get the same shift from their noisy values, so the ones
+    that come out negative are its smallest: the pinned leaves of a family are always the end
+    of its noisy values sorted largest first, and the family enters the estimate only through
+    where its free leaves end. A round costs a few operations per internal cell and per leaf
+    family, plus a binary search in each family that pins more leaves."""
+
+    problem: TreeProblem
+    noisy: list[np.ndarray]  # per level above the leaves, (N, nodes), float
+    leaves: np.ndarray  # each leaf family's noisy values, largest first (flat)
+    running: np.ndarray  # their running sums, from 0
+    starts: np.ndarray  # where each leaf family starts in ``leaves`` (length families + 1)
+    free_end: np.ndarray  # where each leaf family's free leaves end in ``leaves``
+    free_sum: np.ndarray  # per leaf family (flat): the free leaves' noisy values summed
+    free_count: np.ndarray  # per leaf family (flat): how many leaves are free, float
+    smallest: np.ndarray  # per leaf family (flat): its smallest free noisy value (inf: none)
+    estimate: list[np.ndarray]  # per level above the leaves, (N, nodes)
+    shift: np.ndarray  # per leaf family (flat): what every free leaf adds to its noisy value
+
+    @classmethod
+    def of(cls, problem: TreeProblem) -> _PinnedLeastSquares:
+        levels, family = problem.levels, problem._leaves
+        noisy = [problem.noisy[:, levels.span(d)].astype(np.float64) for d in range(problem.depth)]
+        leaves = family.largest_first()
+        starts = family.starts
+        running = np.concatenate(([0], np.cumsum(leaves)))
+        count = np.diff(starts)
+        smallest = np.where(count > 0, leaves[starts[1:] - 1], np.inf)
+        out = cls(
+            problem,
+            noisy,
+            leaves,
+            running,
+            starts,
+            starts[1:].copy(),
+            (running[starts[1:]] - running[starts[:-1]]).astype(np.float64),
+            count.astype(np.float64),
+            smallest.astype(np.float64),
+            [],
+            np.zeros(0),
+        )
+        out.solve()
+        return out
+
+    def solve(self) -> None:
+        """The estimate of every level above the leaves, and the leaves' shifts."""
+        levels, depth = self.problem.levels, self.problem.depth
+        shape = self.noisy[-1].shape
+        sums, spread = self.free_sum.reshape(shape), self.free_count.reshape(shape)
+        estimate: list[np.ndarray] = [np.empty(0)] * depth
+        variance: list[np.ndarray] = [np.empty(0)] * depth
+        below = [(sums, spread)] * (depth + 1)  # per level: its nodes' children's sums, spread
+        for d in reversed(range(depth)):
+            if d < depth - 1:
+                first = levels.first_child(d + 1)
+                sums = np.add.reduceat(estimate[d + 1], first, axis=1)
+                spread = np.add.reduceat(variance[d + 1], first, axis=1)
+                below[d + 1] = sums, spread
+            # own measurement (variance 1) against the children's sum (variance ``spread``)
+            weight = 1 + spread
+            estimate[d] = (spread * self.noisy[d] + sums) / weight
+            variance[d] = spread / weight
+        # every node takes its share of its parent's gap (the root's: G less its sum) in
+        # proportion to its variance: ``gap / spread`` per parent
+        root = variance[0].sum()
+        per_variance = (self.problem.groups - estimate[0].sum()) / root if root > 0 else 0.0
+        estimate[0] += variance[0] * per_variance
+        for d in range(1, depth):
+            sums, spread = below[d]
+            per_variance = (estimate[d - 1] - sums) / np.where(spread > 0, spread, 1)
+            estimate[d] += variance[d] * np.repeat(per_variance, levels.children(d), axis=1)
+        self.shift = (estimate[-1].ravel() - self.free_sum) / np.maximum(self.free_count, 1)
+        self.estimate = estimate
+
+    def pin_negative_leaves(self) -> bool:
+        """Pin the free leaf cells whose estimate is below -1/2 and redo the estimate; whether
+        there were any."""
+        threshold = -0.5 - self.shift  # free leaves below it come out negative
+        pinning = np.flatnonzero(self.smallest < threshold)
+        if pinning.size == 0:
+            return False
+        start = self.starts[pinning]
+        end = _first_below(self.leaves, start, self.free_end[pinning], threshold[pinning])
+        self.free_end[pinning] = end
+        self.free_sum[pinning] = self.running[end] - self.running[start]
+        self.free_count[pinning] = end - start
+        self.smallest[pinning] = np.where(end > start, self.leaves[end - 1], np.inf)
+        self.solve()
+        return True
+
+
+def _first_below(
+    values: np.ndarray, lo: np.ndarray, hi: np.ndarray, threshold: np.ndarray
+) -> np.ndarray:
+    """For runs ``values[lo[i]:hi[i]]`` sorted largest first: where each run first falls below
+    ``threshold[i]`` (``hi[i]`` if it never does), by one vectorised binary search."""
+    while (open_ := lo < hi).any():
+        mid = (lo + hi) // 2
+        above = values[np.where(open_, mid, 0)] >= threshold
+        lo = np.where(open_ & above, mid + 1, lo)
+        hi = np.where(open_ & ~above, mid, hi)
+    return lo
