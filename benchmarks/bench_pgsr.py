@@ -5,7 +5,7 @@ benchmarks/results/pgsr.md.
 
     .venv/bin/python benchmarks/bench_pgsr.py [--epsilons 1/10 1/2 1 2] [--trials 20]
         [--speed-trees 10x10x10x10 10x10x10x10x10 10x10x10x10x10x5] [--faithfulness level]
-        [--national DIR/blocks [--national-trials 5]]
+        [--national DIR/blocks [--national-trials 20]]
 
 Every method post-processes the noisy measurements of the same trial in the same process (no
 Spark: this times the solvers the Spark tasks call). Noise is the project's own (keyed
@@ -264,12 +264,8 @@ def main() -> int:
     parser.add_argument(
         "--national", type=Path, help="also the SYNTHETIC national blocks of this folder"
     )
-    parser.add_argument("--national-trials", type=int, default=5)
-    parser.add_argument(
-        "--national-methods",
-        default="relaxed,dp",
-        help="cumulative solves one LP per family: minutes per trial on the 1%% national tree",
-    )
+    parser.add_argument("--national-trials", type=int, default=20)
+    parser.add_argument("--national-methods", default=",".join(METHODS))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pgsr.md")
     args = parser.parse_args()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
