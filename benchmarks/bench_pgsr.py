@@ -1,11 +1,11 @@
 """Group-size release (PGSR): accuracy of M_H (relaxed QP, rounded), M_H^dp (cost-table DP) and
 M_c (cumulative) per level on the real CALM tree (and the SYNTHETIC national blocks), and
 post-processing time of M_H^dp against the relaxed QP (Clarabel) on the same instances. Writes
-benchmarks/results/pgsr.md.
+benchmarks/results/pgsr.md (accuracy) and benchmarks/results/pgsr_speed.md (time).
 
-    .venv/bin/python benchmarks/bench_pgsr.py [--epsilons 1/10 1/2 1 2] [--trials 20]
-        [--speed-trees 10x10x10x10 10x10x10x10x10 10x10x10x10x10x5] [--faithfulness level]
-        [--national DIR/blocks [--national-trials 20]]
+    .venv/bin/python benchmarks/bench_pgsr.py [--only accuracy|speed] [--epsilons 1/10 1/2 1 2]
+        [--trials 20] [--faithfulness level] [--national DIR/blocks [--national-trials 20]]
+        [--speed-trees 10x10x10x10 10x10x10x10x10 10x10x10x10x10x5] [--speed-national DIR ...]
 
 Every method post-processes the noisy measurements of the same trial in the same process (no
 Spark: this times the solvers the Spark tasks call). Noise is the project's own (keyed
@@ -259,22 +259,24 @@ def accuracy_section(data: Dataset, trials: list[Trial], names: list[str], reps:
     ]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--epsilons", nargs="+", default=["1/10", "1/2", "1", "2"])
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--faithfulness", default="level", choices=["level", "node"])
-    parser.add_argument(
-        "--speed-trees", nargs="*", default=["10x10x10x10", "10x10x10x10x10", "10x10x10x10x10x5"]
-    )
-    parser.add_argument(
-        "--national", type=Path, help="also the SYNTHETIC national blocks of this folder"
-    )
-    parser.add_argument("--national-trials", type=int, default=20)
-    parser.add_argument("--national-methods", default=",".join(METHODS))
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pgsr.md")
-    args = parser.parse_args()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def header(title: str, load: str, seconds: float, faithfulness: str) -> list[str]:
+    command = "python benchmarks/bench_pgsr.py " + " ".join(sys.argv[1:])
+    return [
+        f"# Group-size release (PGSR): {title}",
+        "",
+        f"Command: `{command.strip()}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"load average at start {load} (shared machine; every ratio compares methods run in the "
+        "same process on the same noisy measurements).  ",
+        f"Faithfulness: `{faithfulness}`. Wall time {seconds:.0f} s.",
+        "",
+    ]
+
+
+def accuracy_report(args: argparse.Namespace, load: str) -> list[str]:
     started = time.perf_counter()
     calm_names = ["region", "county", "tract", "block_group", "taz"]
     datasets = [(calm(), calm_names, args.trials, METHODS)]
@@ -292,30 +294,34 @@ def main() -> int:
                 f"{data.name} eps={eps}: done ({time.perf_counter() - started:.0f} s)", flush=True
             )
         sections += accuracy_section(data, trials, names, reps)
-    speed = []
-    for shape in args.speed_trees:
-        tree = synthetic([int(x) for x in shape.split("x")], 10, 2)
-        speed.append(speed_rows(tree, Fraction(1), args.faithfulness))
-        print(f"{tree.name}: {speed[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
-    command = "python benchmarks/bench_pgsr.py " + " ".join(sys.argv[1:])
-    lines = [
-        "# Group-size release (PGSR): accuracy and post-processing time",
-        "",
-        f"Command: `{command.strip()}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"load average at start {load} (shared machine; every ratio compares methods run in the "
-        "same process on the same noisy measurements).  ",
-        f"Faithfulness: `{args.faithfulness}`. Total wall time {time.perf_counter() - started:.0f} s.",
-        "",
+    return [
+        *header("accuracy", load, time.perf_counter() - started, args.faithfulness),
         "Methods (same histogram noise for M_H and M_H^dp; M_c has its own cumulative noise):",
         *[f"- `{m}`: {LABELS[m]}" for m in METHODS],
         "",
         *sections,
-        "## Post-processing time: M_H^dp against the relaxed QP (Clarabel), same instance",
-        "",
-        "Synthetic full trees (leaves hold Poisson(10) households, PUMS size law, N = 8), eps = 1.",
-        f"`DP s` is the best of {DP_RUNS} runs, `QP s` one run (it includes building the sparse",
-        "model); `objective` is sum (x - noisy)^2.",
+    ]
+
+
+def speed_report(args: argparse.Namespace, load: str) -> list[str]:
+    started = time.perf_counter()
+    trees = [synthetic([int(x) for x in shape.split("x")], 10, 2) for shape in args.speed_trees]
+    trees += [national(path) for path in args.speed_national]
+    speed = []
+    for tree in trees:
+        speed.append(speed_rows(tree, Fraction(1), args.faithfulness))
+        print(f"{tree.name}: {speed[-1]} ({time.perf_counter() - started:.0f} s)", flush=True)
+    return [
+        *header(
+            "post-processing time of M_H^dp against the relaxed QP (Clarabel), same instance",
+            load,
+            time.perf_counter() - started,
+            args.faithfulness,
+        ),
+        "Synthetic full trees (leaves hold Poisson(10) households, PUMS size law, N = 8) and the",
+        "SYNTHETIC national blocks under the real tract spine (N = 7), eps = 1. `DP s` is the",
+        f"best of {DP_RUNS} runs, `QP s` one run (it includes building the sparse model);",
+        "`objective` is sum (x - noisy)^2.",
         "",
         "| tree | cells | DP s | QP s | QP s / DP s | DP objective (integer, exact) | QP objective (real) | rounded QP objective | rounded QP broken |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -326,9 +332,34 @@ def main() -> int:
         ],
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    print(f"wrote {args.out}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--epsilons", nargs="+", default=["1/10", "1/2", "1", "2"])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--faithfulness", default="level", choices=["level", "node"])
+    parser.add_argument(
+        "--speed-trees", nargs="*", default=["10x10x10x10", "10x10x10x10x10", "10x10x10x10x10x5"]
+    )
+    parser.add_argument(
+        "--speed-national", nargs="*", type=Path, default=[], help="national blocks folders"
+    )
+    parser.add_argument(
+        "--national", type=Path, help="also the SYNTHETIC national blocks of this folder"
+    )
+    parser.add_argument("--national-trials", type=int, default=20)
+    parser.add_argument("--national-methods", default=",".join(METHODS))
+    parser.add_argument("--only", choices=["accuracy", "speed"], help="run one part")
+    args = parser.parse_args()
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    parts = {"accuracy": accuracy_report, "speed": speed_report}
+    for name, report in parts.items():
+        if args.only in (None, name):
+            out = RESULTS / ("pgsr.md" if name == "accuracy" else "pgsr_speed.md")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("\n".join(report(args, load)))
+            print(f"wrote {out}")
     return 0
 
 

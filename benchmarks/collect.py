@@ -17,6 +17,7 @@ ORDER = [
     "generate",
     "national",
     "pgsr",
+    "pgsr_speed",
     "pgsr_national",
     "synth",
 ]
