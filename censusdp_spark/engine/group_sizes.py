@@ -32,9 +32,9 @@ leaves ``geocode, cells, counts`` (cells = size - 1, non-zero only; confidential
 node histograms ``level, geocode, cells, counts`` (confidential, memory only) ->
 ``noisy_measurements`` ``level, geocode, measurement, groups, noisy`` (dense; written once;
 ``groups`` null below the root under level faithfulness) ->
-per mechanism, level by level: cost tables ``level, geocode, size, lo, base, lengths, slopes``
-of internal nodes (dp, bottom-up; the leaves' tables are rebuilt from their noisy rows inside
-the parent's task), real-valued solutions ``level, geocode, solution`` (relaxed) ->
+per mechanism, level by level: cost tables ``level, geocode, size, noisy, lo, base, lengths,
+slopes`` of internal nodes (dp, bottom-up; the leaves' tables are rebuilt from their noisy
+rows inside the parent's task), real-valued solutions ``level, geocode, solution`` (relaxed) ->
 released rows ``geocode, level, size, count`` (size 1..N, every size of every node; the dp
 release's rows also carry the cell's ``noisy`` value until the write, ``DP_RELEASE_SCHEMA``).
 Every family's children rows meet their parent's row in one shuffle (the parent's row
@@ -522,8 +522,9 @@ def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
             lo, hi = cell_bounds(here, plan.total, None)
         else:
             widths = np.full(here.size, width, dtype=np.int64)
-            for f, widen in enumerate(batch["parent_widen"].iloc[starts]):
-                for cell in widen if widen is not None else ():
+            widen = batch["parent_widen"].iloc[starts].to_numpy()
+            for f in np.flatnonzero(pd.notna(widen)):  # the few families with widened cells
+                for cell in widen[f]:
                     widths[f * plan.sizes + int(cell["size"]) - 1] = int(cell["width"])
             lo, hi = cell_bounds(here, plan.total, widths)
         tables = children.parent_tables(here, lo, hi)
@@ -551,10 +552,11 @@ def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
         cells = np.empty(order.size, dtype=np.int64)
         cells[order] = children.split(_stacked(counts).ravel())
         if leaves:
-            noisy = _children_noisy(batch, plan, leaves)
-            return _release_rows(
-                level, list(batch["geocode"]), cells.reshape(-1, plan.sizes), noisy
-            )
+            assert isinstance(children, LeafFamilies)
+            noisy = np.empty(order.size, dtype=np.int64)
+            noisy[order] = children.noisy  # back from family order, not stacked again
+            by_leaf = cells.reshape(-1, plan.sizes)
+            return _release_rows(level, list(batch["geocode"]), by_leaf, noisy)
         return pd.DataFrame(
             {
                 "geocode": batch["geocode"].to_numpy(),
