@@ -371,6 +371,40 @@ def test_level_faithfulness_reads_no_per_node_group_count():
         assert (dp_release(tree, norm).counts == dp_release(other, norm).counts).all()
 
 
+def test_families_in_small_runs_give_what_one_run_gives(monkeypatch):
+    """Leaf and table families cut into runs of a few items (``BLOCK_ITEMS``; a family larger
+    than a run is a run of its own) give the same tables, splits and noisy values largest
+    first as one run, and so does the whole DP."""
+    rng = np.random.default_rng(23)
+    ks = rng.integers(1, 12, size=40)
+    family = np.repeat(np.arange(ks.size), ks)
+    leaves = rng.integers(-8, 30, size=int(ks.sum()))
+    tree = random_tree(np.random.default_rng(5), [3, 4, 5], 4, 40, 6)
+
+    def run() -> tuple[list[np.ndarray], np.ndarray]:
+        cut = LeafFamilies(family, leaves, ks.size)
+        lo = rng_lo.integers(0, 20, size=ks.size)
+        tables = cut.parent_tables(rng_lo.integers(-3, 40, size=ks.size), lo, lo + 6)
+        internal = TableFamilies(family, tables.take(family), ks.size)
+        low, high = internal.merged_domain()
+        above = internal.parent_tables(np.zeros(ks.size, dtype=np.int64), low, high)
+        totals = rng_lo.integers(low, high + 1)
+        out = [tables.slopes, tables.base, above.slopes, above.base, above.lo]
+        out += [cut.split(rng_lo.integers(0, 60, size=ks.size)), cut.largest_first()]
+        out += [internal.split(totals)]
+        return out, dp_release(tree, "l2").counts
+
+    rng_lo = np.random.default_rng(1)
+    whole, whole_dp = run()
+    monkeypatch.setattr(batch, "BLOCK_ITEMS", 7)
+    assert LeafFamilies(family, leaves, ks.size)._runs is not None
+    rng_lo = np.random.default_rng(1)
+    cut, cut_dp = run()
+    for a, b in zip(whole, cut, strict=True):
+        assert a.tolist() == b.tolist()
+    assert (whole_dp == cut_dp).all()
+
+
 def test_dp_is_deterministic():
     tree = random_tree(np.random.default_rng(9), [4, 4], 3, 20, 6)
     assert (dp_release(tree, "l2").counts == dp_release(tree, "l2").counts).all()
