@@ -4,7 +4,9 @@ Same problem, same cost tables and same tie-breaking as the per-family functions
 ``solvers.group_sizes`` (read its module docstring first); what changes is that one call
 handles every family of a batch (a Spark task's share of a level, or a whole level of a tree)
 with a handful of numpy passes instead of Python loops per node and size, so the work per cell
-is a few array operations whatever the counts.
+is a few array operations whatever the counts. A large batch is cut into runs of whole
+families of about ``BLOCK_ITEMS`` children (or unit slopes) so that each pass stays in the
+CPU's caches; runs change nothing in the result.
 
 Cells. Under level faithfulness the N per-size trees are independent below the dummy root, so
 the unit of work is a *cell*: a (node, size) pair. A family is a parent cell and its children
@@ -192,7 +194,7 @@ class LeafFamilies:
 
     @cached_property
     def _first(self) -> np.ndarray:
-        return 1 - 2 * self.noisy.astype(np.int64)
+        return 1 - 2 * self.noisy.astype(np.int64, copy=False)
 
     @cached_property
     def starts(self) -> np.ndarray:
