@@ -35,8 +35,10 @@ slopes of the family, ties to the lower child index, exactly as ``split_family``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 
@@ -56,15 +58,26 @@ numpy's passes over a run stay in the CPU's caches and reuse freed memory, which
 national level's leaf tables 2.5x faster than passes over the level at once."""
 
 
-def _family_runs(starts: np.ndarray) -> list[tuple[int, int]]:
-    """Consecutive runs ``[f0, f1)`` of whole families holding about ``BLOCK_ITEMS`` items each
-    (``starts``: where each family's items begin, length F + 1); a larger family is a run of
-    its own."""
-    families, items = starts.size - 1, int(starts[-1])
+_Run = TypeVar("_Run")
+
+
+def _in_runs(
+    item_starts: np.ndarray, child_starts: np.ndarray, piece: Callable[[slice, int, int], _Run]
+) -> list[tuple[int, int, _Run]] | None:
+    """The families cut into consecutive runs ``[f0, f1)`` of whole families holding about
+    ``BLOCK_ITEMS`` items each (``item_starts``: where each family's items begin, length F + 1;
+    a larger family is a run of its own), each as ``piece(its children's rows, f0, f1 - f0)``
+    (``child_starts``: where each family's children begin); None if they make one run."""
+    families, items = item_starts.size - 1, int(item_starts[-1])
     marks = np.arange(BLOCK_ITEMS, items, BLOCK_ITEMS)
-    cuts = np.searchsorted(starts, marks, side="right") - 1  # the family holding each mark
-    edges = np.unique(np.concatenate(([0], cuts, [families])))
-    return list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+    cuts = np.searchsorted(item_starts, marks, side="right") - 1  # the family holding each mark
+    edges = np.unique(np.concatenate(([0], cuts, [families]))).tolist()
+    if len(edges) <= 2:
+        return None
+    return [
+        (f0, f1, piece(slice(int(child_starts[f0]), int(child_starts[f1])), f0, f1 - f0))
+        for f0, f1 in zip(edges[:-1], edges[1:], strict=True)
+    ]
 
 
 def _starts(family: np.ndarray, families: int) -> np.ndarray:
@@ -131,15 +144,13 @@ class Tables:
     @classmethod
     def concatenate(cls, parts: list[Tables]) -> Tables:
         """The cells of ``parts``, one after the other."""
-        return cls(*(np.concatenate([getattr(t, k) for t in parts]) for k in _TABLE_FIELDS))
+        names = [f.name for f in fields(cls)]
+        return cls(*(np.concatenate([getattr(t, k) for t in parts]) for k in names))
 
     def take(self, index: np.ndarray) -> Tables:
         """The cells ``index``, in that order."""
         slopes = self.slopes[_ranges(self.offsets[index], self.width[index])]
         return Tables(self.lo[index], self.base[index], self.width[index], slopes)
-
-
-_TABLE_FIELDS = ("lo", "base", "width", "slopes")
 
 
 def compress(lo: int, base: int, slopes: np.ndarray) -> CostTable:
@@ -215,14 +226,11 @@ class LeafFamilies:
     def _runs(self) -> list[tuple[int, int, LeafFamilies]] | None:
         """The families in cache-sized runs ``[f0, f1)`` (``BLOCK_ITEMS``), each with its
         leaves, or None if they make one run."""
-        runs = _family_runs(self.starts)
-        if len(runs) <= 1:
-            return None
-        out = []
-        for f0, f1 in runs:
-            a, b = int(self.starts[f0]), int(self.starts[f1])
-            out.append((f0, f1, LeafFamilies(self.family[a:b] - f0, self.noisy[a:b], f1 - f0)))
-        return out
+        return _in_runs(
+            self.starts,
+            self.starts,
+            lambda rows, f0, n: LeafFamilies(self.family[rows] - f0, self.noisy[rows], n),
+        )
 
     def largest_first(self) -> np.ndarray:
         """Each family's noisy values, largest first (families in order, as ``starts``)."""
@@ -371,16 +379,13 @@ class TableFamilies:
     def _runs(self) -> list[tuple[int, int, TableFamilies]] | None:
         """The families in cache-sized runs ``[f0, f1)`` (``BLOCK_ITEMS`` unit slopes), each
         with its children, or None if they make one run."""
-        runs = _family_runs(self.tables.offsets[self.starts])
-        if len(runs) <= 1:
-            return None
-        out = []
-        for f0, f1 in runs:
-            a, b = int(self.starts[f0]), int(self.starts[f1])
-            out.append(
-                (f0, f1, TableFamilies(self.family[a:b] - f0, self.tables.cells(a, b), f1 - f0))
-            )
-        return out
+        return _in_runs(
+            self.tables.offsets[self.starts],
+            self.starts,
+            lambda rows, f0, n: TableFamilies(
+                self.family[rows] - f0, self.tables.cells(rows.start, rows.stop), n
+            ),
+        )
 
     def merged_domain(self) -> tuple[np.ndarray, np.ndarray]:
         low = np.add.reduceat(self.tables.lo, self.starts[:-1])
