@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -11,7 +12,13 @@ from censusdp_spark.model.config import load_config
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
 from censusdp_spark.release.pgsr import add_pgsr_parser, run_pgsr_from_args
-from censusdp_spark.release.run_state import OutputExistsError, ResumeError
+from censusdp_spark.release.runner import (
+    OutputExistsError,
+    ResumeError,
+    RunLockedError,
+    SecretError,
+    add_reuse_secret_flag,
+)
 from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
 from censusdp_spark.release.validate import add_validate_parser, run_validate_from_args
 
@@ -39,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument(
         "--resume", action="store_true", help="continue a killed run from its last complete step"
     )
+    add_reuse_secret_flag(topdown)
     topdown.add_argument(
         "--master", default="local[*]", help="Spark master when not launched by spark-submit"
     )
@@ -62,7 +70,13 @@ def _topdown(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     options = TopDownOptions(
-        args.input, args.output, args.secret_file, args.evaluate, args.overwrite, args.resume
+        args.input,
+        args.output,
+        args.secret_file,
+        args.evaluate,
+        args.overwrite,
+        args.resume,
+        args.reuse_secret,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master)
     spark.sparkContext.setLogLevel("WARN")
@@ -71,8 +85,20 @@ def _topdown(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_stages_to_stderr() -> None:
+    """Stage lines (``[censusdp] measure: 3.1 s``) on stderr, once per process."""
+    log = logging.getLogger("censusdp")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[censusdp] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _log_stages_to_stderr()
     try:
         commands = {
             "budget": _budget,
@@ -89,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         BudgetError,
         OutputExistsError,
         ResumeError,
+        RunLockedError,
+        SecretError,
         ValueError,
     ) as err:
         print(f"censusdp: error: {err}", file=sys.stderr)

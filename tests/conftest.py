@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def secret_registry(tmp_path_factory) -> Path:
+    """The tests' own secret-binding registry (subprocesses inherit it), never the user's."""
+    from censusdp_spark.release.runner import REGISTRY_ENV
+
+    path = tmp_path_factory.mktemp("secret_registry")
+    os.environ[REGISTRY_ENV] = str(path)
+    return path
 
 
 @pytest.fixture(scope="session")

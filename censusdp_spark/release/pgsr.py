@@ -29,7 +29,6 @@ manifest, last.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -47,9 +46,16 @@ from censusdp_spark.io import delta
 from censusdp_spark.io.group_readers import read_leaf_histograms
 from censusdp_spark.model.geography import Level
 from censusdp_spark.model.pgsr_config import MECHANISMS, PgsrConfig, load_pgsr_config
-from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
-from censusdp_spark.release.manifest import versions, write_manifest
-from censusdp_spark.release.topdown import OutputExistsError, prepare_output
+from censusdp_spark.release.manifest import write_manifest
+from censusdp_spark.release.runner import (
+    Clock,
+    ReleaseRun,
+    SecretSource,
+    add_reuse_secret_flag,
+    input_fingerprint,
+    measurement_fingerprint,
+    private_dir_for,
+)
 from censusdp_spark.solvers.group_sizes import WindowTooNarrow
 from censusdp_spark.solvers.group_sizes_cumulative import cumulative_root
 
@@ -64,6 +70,7 @@ class PgsrOptions:
     secret_file: Path | None = None
     evaluate: bool = False
     overwrite: bool = False
+    reuse_secret: bool = False
 
 
 @dataclass
@@ -77,10 +84,12 @@ class PgsrSummary:
     timings: dict[str, float] = field(default_factory=dict)
     optimality: dict[str, int] = field(default_factory=dict)
     evaluation: list[dict[str, Any]] = field(default_factory=list)
+    for_release: bool = True
 
     def text(self) -> str:
         lines = [
-            f"group-size release ({self.mechanism}) written to {self.output}",
+            f"group-size release ({self.mechanism}) written to {self.output}"
+            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             "  levels: " + ", ".join(f"{lv} ({n} nodes)" for lv, n in self.nodes.items()),
             f"  privacy: epsilon = {self.epsilon} (pure DP)",
             "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items()),
@@ -105,7 +114,7 @@ class PgsrSummary:
 def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
     run = config.run
     if options.output is not None:
-        run = replace(run, output=options.output)
+        run = replace(run, output=options.output, private_dir=private_dir_for(options.output))
     if options.secret_file is not None:
         run = replace(run, secret_file=options.secret_file)
     if config.input is None:
@@ -138,18 +147,31 @@ def _privacy(config: PgsrConfig) -> dict[str, Any]:
     }
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.started = self.last = time.perf_counter()
-        self.timings: dict[str, float] = {}
+POST_PROCESSING_KEYS = (("mechanism",),)
+"""The config table that chooses the post-processing only (the noise kind is a setting)."""
 
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.timings[name] = self.timings.get(name, 0.0) + now - self.last  # summed over rounds
-        self.last = now
 
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
+    """The runner of a group-size run of ``config`` (options applied)."""
+    assert config.input is not None
+    noise = "cumulative" if config.mechanism == "cumulative" else "histogram"
+    measured = measurement_fingerprint(
+        GROUP_SIZES,
+        Path(config.source).read_text(),
+        input_fingerprint([config.input.path]),
+        POST_PROCESSING_KEYS,
+        {"noise": noise},
+    )
+    return ReleaseRun(
+        GROUP_SIZES,
+        config.run.output,
+        config.run.private_dir,
+        SecretSource(config.run.secret_file, config.run.secret_env),
+        measured,
+        overwrite=options.overwrite,
+        reuse_secret=options.reuse_secret,
+        streams=f"{GROUP_SIZES}/{noise}",
+    )
 
 
 def _root_release(
@@ -172,7 +194,7 @@ def _settle(df: DataFrame) -> DataFrame:
 
 
 def _post_process_dp(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
 ) -> tuple[list[DataFrame], dict[str, int]]:
     """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with the
     cells on a window bound widened until none is (then the release is the exact optimum);
@@ -251,7 +273,7 @@ def _dp_pass(
     widened: DataFrame | None,
     reuse: _Reuse | None,
     root: tuple[str, int, Any],  # the root's geocode, G and noisy values
-    clock: _Clock,
+    clock: Clock,
 ) -> tuple[list[DataFrame], dict[str, DataFrame], int]:
     levels = config.hierarchy.levels
     tables: dict[str, DataFrame] = {}
@@ -292,7 +314,7 @@ def _release_level(
     above: DataFrame,
     parent: Level,
     level: Level,
-    clock: _Clock,
+    clock: Clock,
 ) -> DataFrame:
     """One level's release, split from the level above's (its cost tables, or for the leaves
     their noisy rows)."""
@@ -305,7 +327,7 @@ def _release_level(
 
 
 def _post_process_relaxed(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
@@ -329,7 +351,7 @@ def _post_process_relaxed(
 
 
 def _post_process_cumulative(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: _Clock
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
@@ -357,16 +379,17 @@ def _union(levels: list[DataFrame]) -> DataFrame:
 
 
 def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
-    clock = _Clock()
     config = _apply_options(config, options)
-    assert config.input is not None
-    output, hierarchy = config.run.output, config.hierarchy
-    if output.exists() and any(output.iterdir()) and not options.overwrite:
-        raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it")
-    secret = load_or_create_secret(
-        config.run.secret_file, config.run.secret_env, config.run.private_dir
-    )
+    with release_run(config, options) as run:
+        return _run_pgsr(spark, config, options, run)
 
+
+def _run_pgsr(
+    spark: SparkSession, config: PgsrConfig, options: PgsrOptions, run: ReleaseRun
+) -> PgsrSummary:
+    assert config.input is not None
+    clock = run.clock
+    output, hierarchy = config.run.output, config.hierarchy
     leaves = read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
     leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
     # Few, larger partitions: every pandas task has a fixed start-up cost.
@@ -379,7 +402,8 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
     node_counts = {r["level"]: int(r["count"]) for r in nodes.groupBy("level").count().collect()}
     clock.lap("read_and_validate")
 
-    prepare_output(output, options.overwrite)
+    secret = run.secret()  # only once the input has passed validation
+    run.prepare_output()
     plan = gs.noise_plan(config, config.mechanism)
     delta.write_table(
         gs.measure(nodes, plan, secret, hierarchy),
@@ -387,6 +411,7 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
         delta.NOISY_MEASUREMENTS,
         partition_by="level",
     )
+    run.commit("measure")
     clock.lap("measure")
 
     tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
@@ -435,10 +460,11 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
         timings=clock.timings,
         optimality=optimality,
         evaluation=evaluation_rows,
+        for_release=run.for_release,
     )
-    software = versions()
+    common = run.manifest_fields()
     if config.mechanism == "relaxed":
-        software["clarabel"] = version("clarabel")
+        common["versions"]["clarabel"] = version("clarabel")
     write_manifest(
         output / "manifest.json",
         {
@@ -452,13 +478,10 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
             "input": str(config.input.path),
             "groups": {"max_size": config.groups.max_size, "topcode": config.groups.topcode},
             "privacy": _privacy(config),
-            "secret_fingerprint": secret_fingerprint(secret),
             "nodes": summary.nodes,
             "guarantee_checks": checks,
             "optimality": optimality,
-            "timings_s": clock.timings,
-            "elapsed_s": summary.elapsed_s,
-            "versions": software,
+            **common,
             "tables": tables,
         },
     )
@@ -484,6 +507,7 @@ def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--evaluate", action="store_true", help="also write error against the truth (internal)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_reuse_secret_flag(parser)
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
     return parser
 
@@ -494,7 +518,13 @@ def run_pgsr_from_args(args: argparse.Namespace) -> int:
 
     config = load_pgsr_config(args.config)
     options = PgsrOptions(
-        args.mechanism, args.input, args.output, args.secret_file, args.evaluate, args.overwrite
+        args.mechanism,
+        args.input,
+        args.output,
+        args.secret_file,
+        args.evaluate,
+        args.overwrite,
+        args.reuse_secret,
     )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master)
     spark.sparkContext.setLogLevel("WARN")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -32,16 +31,20 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from censusdp_spark.model.errors import ConfigError, InputError
-from censusdp_spark.privacy import (
-    approx_dp_to_zcdp,
-    load_or_create_secret,
-    secret_fingerprint,
-    zcdp_to_approx_dp,
-)
+from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
-from censusdp_spark.release.manifest import versions, write_manifest
-from censusdp_spark.release.run_state import OutputExistsError
+from censusdp_spark.release.manifest import write_manifest
+from censusdp_spark.release.runner import (
+    OutputExistsError,
+    ReleaseRun,
+    SecretError,
+    SecretSource,
+    add_reuse_secret_flag,
+    input_fingerprint,
+    measurement_fingerprint,
+    private_dir_for,
+)
 from censusdp_spark.synth.config import METHODS, SynthConfig, load_synth_config
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
@@ -75,6 +78,7 @@ class SynthOptions:
     secret_file: Path | None = None
     evaluate: bool = False
     overwrite: bool = False
+    reuse_secret: bool = False
 
 
 @dataclass
@@ -89,10 +93,12 @@ class SynthSummary:
     elapsed_s: float
     timings: dict[str, float] = field(default_factory=dict)
     evaluation: list[dict[str, Any]] = field(default_factory=list)
+    for_release: bool = True
 
     def text(self) -> str:
         lines = [
-            f"synthetic data ({self.method}) written to {self.output}",
+            f"synthetic data ({self.method}) written to {self.output}"
+            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             f"  {self.households} households, {self.individuals} persons in the input "
             "(public totals)",
             f"  privacy: rho = {self.rho} (~{float(self.rho):.6f}) zCDP, "
@@ -127,7 +133,51 @@ def resolve_rho(config: SynthConfig, options: SynthOptions) -> tuple[Fraction, f
     return rho, delta
 
 
+SYNTH = "synth"
+
+
 def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
+    if options.method not in METHODS:
+        raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
+    rho, delta_ = resolve_rho(config, options)
+    run_options = config.run
+    if options.output is not None:
+        run_options = replace(
+            run_options, output=options.output, private_dir=private_dir_for(options.output)
+        )
+    if options.secret_file is not None:
+        run_options = replace(run_options, secret_file=options.secret_file)
+    config = replace(config, run=run_options)
+    rounds = options.rounds or config.budget.rounds_for(rho)
+    measured = measurement_fingerprint(
+        SYNTH,
+        Path(config.source).read_text(),
+        input_fingerprint([config.input.households, config.input.persons]),
+        settings={"method": options.method, "rho": str(rho), "rounds": rounds},
+    )
+    release = ReleaseRun(
+        SYNTH,
+        run_options.output,
+        run_options.private_dir,
+        SecretSource(run_options.secret_file, run_options.secret_env),
+        measured,
+        overwrite=options.overwrite,
+        reuse_secret=options.reuse_secret,
+        streams=f"{SYNTH}/{options.method}",
+    )
+    with release:
+        return _run_synth(spark, config, options, release, rho, delta_, rounds)
+
+
+def _run_synth(
+    spark: SparkSession,
+    config: SynthConfig,
+    options: SynthOptions,
+    release: ReleaseRun,
+    rho: Fraction,
+    delta_: float,
+    rounds: int,
+) -> SynthSummary:
     from censusdp_spark.engine.synth import (
         measurements_frame,
         read_linked,
@@ -135,35 +185,15 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         write_frames,
     )
     from censusdp_spark.io import delta
-    from censusdp_spark.release.topdown import prepare_output
 
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def lap(name: str, since: float) -> float:
-        now = time.perf_counter()
-        timings[name] = now - since
-        return now
-
-    if options.method not in METHODS:
-        raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
-    rho, delta_ = resolve_rho(config, options)
+    clock = release.clock
     run = config.run
-    if options.output is not None:
-        run = replace(run, output=options.output)
-    if options.secret_file is not None:
-        run = replace(run, secret_file=options.secret_file)
     output = run.output
-    if output.exists() and any(output.iterdir()) and not options.overwrite:
-        raise OutputExistsError(f"{output}: output exists; pass --overwrite to replace it")
-    rounds = options.rounds or config.budget.rounds_for(rho)
     method_options = MethodOptions(
         rounds, config.budget.select_share, config.mwem, config.hpd_fixed, config.hpd_gen
     )
     domain = config.domain
-    secret = load_or_create_secret(run.secret_file, run.secret_env, run.private_dir)
 
-    t = time.perf_counter()
     candidates = training_workloads(options.method, domain, config.degree)
     evaluation = marginal_workloads(domain, config.degree) + relationship_workloads(
         domain, config.degree
@@ -181,7 +211,8 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         )
     totals = counted.totals
     truth = normalise(counted.counts, needed, totals)
-    t = lap("read_and_answer", t)
+    clock.lap("read_and_answer")
+    secret = release.secret()  # only once the input has passed validation
 
     result = synthesise(
         options.method,
@@ -195,10 +226,9 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
     )
     if result.rho_spent() != rho:
         raise BudgetError(f"the run spent rho {result.rho_spent()}, not {rho}")
-    timings.update({f"method_{k}": v for k, v in result.timings.items()})
-    t = time.perf_counter()
-
-    prepare_output(output, options.overwrite)
+    clock.lap("method")
+    clock.timings.update({f"method_{k}": v for k, v in result.timings.items()})
+    release.prepare_output()
     households, persons = decode(domain, result.households)
     write_frames(
         spark,
@@ -209,7 +239,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         },
         output,
     )
-    t = lap("write", t)
+    clock.lap("write")
 
     error_table: list[dict[str, Any]] = []
     if options.evaluate:
@@ -229,7 +259,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         eval_dir = output / EVALUATION
         delta.write_table(spark.createDataFrame(frame), eval_dir, "table")
         frame.to_csv(eval_dir / "errors.csv", index=False)
-        t = lap("evaluate", t)
+        clock.lap("evaluate")
 
     summary = SynthSummary(
         output,
@@ -239,9 +269,10 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         delta_,
         totals.households,
         totals.individuals,
-        time.perf_counter() - started,
-        timings,
+        clock.elapsed(),
+        clock.timings,
         error_table,
+        release.for_release,
     )
     write_manifest(
         output / "manifest.json",
@@ -276,10 +307,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
                 "households_dropped_over_max_members": counted.dropped_oversize,
             },
             "hyperparameters": result.hyperparameters,
-            "secret_fingerprint": secret_fingerprint(secret),
-            "timings_s": timings,
-            "elapsed_s": summary.elapsed_s,
-            "versions": versions(),
+            **release.manifest_fields(),
             "tables": [SYNTHETIC_HOUSEHOLDS, SYNTHETIC_PERSONS, NOISY_MEASUREMENTS],
         },
     )
@@ -308,6 +336,7 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--evaluate", action="store_true", help="also write error against the truth (internal)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_reuse_secret_flag(p)
     p.add_argument("--master", help="Spark master for a local launch (default local[*])")
     return p
 
@@ -330,10 +359,18 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
             args.secret_file,
             args.evaluate,
             args.overwrite,
+            args.reuse_secret,
         )
         spark = spark_session(f"censusdp-synth-{config.run.name}", args.master)
         summary = run_synth(spark, config, options)
-    except (ConfigError, InputError, BudgetError, OutputExistsError, ValueError) as err:
+    except (
+        ConfigError,
+        InputError,
+        BudgetError,
+        OutputExistsError,
+        SecretError,
+        ValueError,
+    ) as err:
         print(f"censusdp: error: {err}", file=sys.stderr)
         return 2
     print(summary.text())

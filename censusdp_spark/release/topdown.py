@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
-import time
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -36,15 +34,16 @@ from censusdp_spark.engine.microdata import microdata
 from censusdp_spark.io import delta
 from censusdp_spark.io.readers import read_blocks
 from censusdp_spark.model.config import RunConfig
-from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
-from censusdp_spark.privacy.streams import SECRET_FILE_NAME
-from censusdp_spark.release.manifest import budget_rows, privacy_summary, versions, write_manifest
-from censusdp_spark.release.run_state import (
-    OutputExistsError,
-    RunState,
-    config_digest,
-    resume_state,
+from censusdp_spark.release.manifest import budget_rows, privacy_summary, write_manifest
+from censusdp_spark.release.runner import (
+    ReleaseRun,
+    SecretSource,
+    input_fingerprint,
+    measurement_fingerprint,
+    private_dir_for,
 )
+
+TOPDOWN = "topdown"
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,7 @@ class TopDownOptions:
     evaluate: bool = False
     overwrite: bool = False
     resume: bool = False
+    reuse_secret: bool = False
 
 
 @dataclass
@@ -68,10 +68,12 @@ class RunSummary:
     elapsed_s: float
     timings: dict[str, float] = field(default_factory=dict)
     evaluation: list[dict[str, Any]] = field(default_factory=list)
+    for_release: bool = True
 
     def text(self) -> str:
         lines = [
-            f"TopDown release written to {self.output}",
+            f"TopDown release written to {self.output}"
+            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             "  levels: " + ", ".join(f"{lv} ({self.nodes[lv]} nodes)" for lv in self.levels),
             f"  privacy: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
             f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
@@ -91,8 +93,7 @@ def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     if options.output is not None:
         # A different output is a different run: its private area (state, generated secret)
         # sits beside it rather than in the config's private_dir.
-        private = options.output.parent / f"{options.output.name}.private"
-        run = replace(run, output=options.output, private_dir=private)
+        run = replace(run, output=options.output, private_dir=private_dir_for(options.output))
     if options.secret_file is not None:
         run = replace(run, secret_file=options.secret_file)
     spec = config.input
@@ -103,32 +104,35 @@ def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     return replace(config, run=run, input=spec)
 
 
-def prepare_output(output: Path, overwrite: bool) -> None:
-    """Refuse to touch an existing release unless ``overwrite``; then start from an empty folder."""
-    if output.exists() and any(output.iterdir()):
-        if not overwrite:
-            raise OutputExistsError(
-                f"{output}: output exists; pass --overwrite to replace it (or --resume)"
-            )
-        shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
+POST_PROCESSING_KEYS = (("estimation", "method"), ("estimation", "passes"))
+"""Config keys that change only the estimation from the noisy measurements, not the noise."""
+
+
+def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
+    """The runner of a TopDown run of ``config`` (options applied)."""
+    assert config.input is not None
+    measured = measurement_fingerprint(
+        TOPDOWN,
+        Path(config.source).read_text(),
+        input_fingerprint([config.input.path]),
+        POST_PROCESSING_KEYS,
+    )
+    return ReleaseRun(
+        TOPDOWN,
+        config.run.output,
+        config.run.private_dir,
+        SecretSource(config.run.secret_file, config.run.secret_env),
+        measured,
+        overwrite=options.overwrite,
+        resume=options.resume,
+        reuse_secret=options.reuse_secret,
+    )
 
 
 def _driver_fault(after_level: str) -> None:
     """Test hook: ``CENSUSDP_TEST_FAULT=driver_after_level:<level>`` kills the driver abruptly."""
     if os.environ.get("CENSUSDP_TEST_FAULT") == f"driver_after_level:{after_level}":
         os._exit(17)
-
-
-def _run_secret(config: RunConfig, fresh: bool) -> bytes:
-    """The secret from the env var or file named in config; else a generated one in the private
-    folder, new for every fresh run (reusing it on changed data would leak the change through
-    identical noise) and reused only by ``--resume``."""
-    run = config.run
-    from_env = run.secret_env is not None and run.secret_env in os.environ
-    if fresh and not from_env and run.secret_file is None:
-        (run.private_dir / SECRET_FILE_NAME).unlink(missing_ok=True)
-    return load_or_create_secret(run.secret_file, run.secret_env, run.private_dir)
 
 
 def invariant_levels(config: RunConfig) -> list[str]:
@@ -140,51 +144,34 @@ def invariant_levels(config: RunConfig) -> list[str]:
 
 
 def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions) -> RunSummary:
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def lap(name: str, since: float, detail: str = "") -> float:
-        """Record a stage's wall time and print a progress line (no counts of people)."""
-        now = time.perf_counter()
-        timings[name] = now - since
-        extra = f" ({detail})" if detail else ""
-        print(f"[censusdp] {name}: {now - since:.1f} s{extra}", file=sys.stderr, flush=True)
-        return now
-
     config = _apply_options(config, options)
+    with release_run(config, options) as run:
+        return _run_topdown(spark, config, options, run)
+
+
+def _run_topdown(
+    spark: SparkSession, config: RunConfig, options: TopDownOptions, run: ReleaseRun
+) -> RunSummary:
     assert config.input is not None
     output = config.run.output
-    private = config.run.private_dir
-    digest = config_digest(Path(config.source).read_text(), str(config.input.path))
-    if options.resume:
-        state = resume_state(private, digest, output)
-    elif output.exists() and any(output.iterdir()) and not options.overwrite:
-        raise OutputExistsError(
-            f"{output}: output exists; pass --overwrite to replace it (or --resume)"
-        )
     hierarchy = config.hierarchy
-    secret = _run_secret(config, fresh=not options.resume)
-
-    t = time.perf_counter()
+    clock = run.clock
     blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
-    t = lap("read_and_validate", t)
+    clock.lap("read_and_validate")
 
-    if not options.resume:
-        prepare_output(output, options.overwrite)
-        state = RunState(digest, str(output))
-        state.save(private)
-    if not state.measured:
+    secret = run.secret()  # only once the input has passed validation
+    run.prepare_output()
+    if not run.done("measure"):
         shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
         delta.write_table(
             measure(nodes, config, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level"
         )
-        state.measured = True
-        state.save(private)
-        t = lap("measure", t)
+        run.commit("measure")
+        clock.lap("measure")
 
     inv_levels = invariant_levels(config)
     invariants = (
@@ -196,7 +183,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
     parent_estimates = None
     for i, level in enumerate(hierarchy.levels):
-        if level.name not in state.levels_done:
+        if not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
             estimates = estimate_level(
                 level_plan(config, level.name),
@@ -207,9 +194,8 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
                 fault_marker,
             )
             delta.write_level(delta.long_cells(estimates), output, delta.ESTIMATES, level.name)
-            state.levels_done.append(level.name)
-            state.save(private)
-            t = lap(f"estimate_{level.name}", t, f"{node_counts.get(level.name, 0)} nodes")
+            run.commit(level.name)
+            clock.lap(f"estimate_{level.name}", f"{node_counts.get(level.name, 0)} nodes")
             _driver_fault(level.name)
         parent_estimates = delta.sparse_nodes(
             delta.read_table(spark, output, delta.ESTIMATES).filter(F.col("level") == level.name)
@@ -217,7 +203,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
 
     released = delta.read_table(spark, output, delta.ESTIMATES)
     checks = check_estimates(released, hierarchy, invariants)
-    t = lap("check_guarantees", t)
+    clock.lap("check_guarantees")
     shutil.rmtree(
         output / delta.MICRODATA, ignore_errors=True
     )  # only an uncommitted leftover can be here
@@ -226,7 +212,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
         output,
         delta.MICRODATA,
     )
-    t = lap("microdata", t)
+    clock.lap("microdata")
 
     evaluation_rows: list[dict[str, Any]] = []
     if options.evaluate:
@@ -246,7 +232,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
             f"{config.run.name}: rho = {float(config.budget.total_rho):.3g}",
         )
         evaluation_rows = table.to_dict("records")
-        t = lap("evaluate", t)
+        clock.lap("evaluate")
 
     privacy = privacy_summary(config)
     summary = RunSummary(
@@ -256,9 +242,10 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
         rho=privacy["rho"],
         epsilon=privacy["epsilon_tight"],
         delta=config.run.delta,
-        elapsed_s=time.perf_counter() - started,
-        timings=timings,
+        elapsed_s=clock.elapsed(),
+        timings=clock.timings,
         evaluation=evaluation_rows,
+        for_release=run.for_release,
     )
     write_manifest(
         output / "manifest.json",
@@ -269,12 +256,9 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
             "input": str(config.input.path),
             "privacy": privacy,
             "budget": budget_rows(config),
-            "secret_fingerprint": secret_fingerprint(secret),
             "nodes": summary.nodes,
             "guarantee_checks": checks,
-            "timings_s": timings,
-            "elapsed_s": summary.elapsed_s,
-            "versions": versions(),
+            **run.manifest_fields(),
             "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA],
         },
     )

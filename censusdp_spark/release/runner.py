@@ -1,0 +1,427 @@
+"""The one release runner shared by TopDown, group sizes and synth: output and private folder,
+the run lock, the secret policy, resume checks, one clock, and the manifest's common fields.
+
+Secret policy (the same for every release)
+-------------------------------------------
+Noise is a deterministic function of the run secret and the stream keys, so two releases made
+with one secret on different data would differ exactly by the change in the data. Hence:
+
+* a fresh run without a user secret generates a new one in its private folder (mode 0600);
+  only ``--resume`` reuses it;
+* a user-supplied secret (``--secret-file``, ``[run] secret_file`` or ``[run] secret_env``) is
+  *bound* to the first release made with it: the binding registry records, under the secret's
+  fingerprint and the family of noise streams the release draws from (the release kind, and
+  PGSR's noise kind or synth's method, which are parts of every stream key), a fingerprint of
+  what was measured (the input's content and
+  every config setting that reaches the noise). A later fresh run of the same kind with the same
+  secret on another input or measurement config is refused in one line. Rerunning the identical
+  measurement (the same data, the same noise) reveals nothing new and is allowed, as is a
+  different post-processing of the same measurements (``[estimation] method``, PGSR ``dp`` and
+  ``relaxed``). ``--reuse-secret`` lifts the rule for experiments; their manifest says
+  ``"for_release": false``.
+* Families of streams are disjoint, so one secret may serve one TopDown and one group-size
+  release of a run date.
+
+The registry is ``$CENSUSDP_SECRET_REGISTRY`` (default ``~/.censusdp/secret_bindings``, mode
+0700); it holds fingerprints only, never a secret. On a cluster in deploy-mode ``cluster``, point
+it at storage every driver host shares.
+
+The run state (``state.json`` in the private folder) records the input and measurement
+fingerprints and the secret's fingerprint; ``--resume`` continues only the same run. A run holds
+an exclusive lock on its private folder from start to end, taken before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
+from censusdp_spark.privacy.streams import SECRET_FILE_NAME
+from censusdp_spark.release.manifest import versions
+
+log = logging.getLogger("censusdp")
+
+REGISTRY_ENV = "CENSUSDP_SECRET_REGISTRY"
+RELEASE_MARKER = ".censusdp-release"
+"""Written into an output folder when a run prepares it: ``--overwrite`` replaces only a folder
+holding this marker or a manifest."""
+_HASH_CONTENT_LIMIT = 4 * 2**30
+"""Inputs up to this many bytes are fingerprinted by content; larger ones by (path, size,
+modification time) of every file, which a rewrite at the same path still changes."""
+
+
+class OutputExistsError(RuntimeError):
+    """The output folder holds a previous release and ``--overwrite`` was not given."""
+
+
+class ResumeError(RuntimeError):
+    """``--resume`` was asked for a run that cannot be resumed (no state, or another run)."""
+
+
+class SecretError(RuntimeError):
+    """The run secret cannot be used: unreadable, readable by others, or already bound."""
+
+
+class SecretReuseError(SecretError):
+    """A user secret already bound to another release was given to a fresh run."""
+
+
+class RunLockedError(RuntimeError):
+    """Another run holds the lock on this run's private folder."""
+
+
+@dataclass
+class RunState:
+    """What a resumed run must match and which steps are committed (no confidential value)."""
+
+    release: str
+    output: str
+    measurement_sha256: str
+    secret_fingerprint: str
+    measured: bool = False
+    steps_done: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def path(private_dir: Path) -> Path:
+        return private_dir / "state.json"
+
+    def save(self, private_dir: Path) -> None:
+        """Replace the state file atomically."""
+        target = self.path(private_dir)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, target)
+
+    @classmethod
+    def load(cls, private_dir: Path) -> RunState | None:
+        target = cls.path(private_dir)
+        if not target.exists():
+            return None
+        try:
+            return cls(**json.loads(target.read_text()))
+        except (ValueError, TypeError) as err:
+            raise ResumeError(
+                f"{target}: unreadable run state ({err}); start a fresh run"
+            ) from None
+
+
+def input_fingerprint(paths: Sequence[Path]) -> str:
+    """SHA-256 over every file under ``paths`` (sorted): content, or metadata past the limit."""
+    files = sorted(f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+    by_content = sum(f.stat().st_size for f in files) <= _HASH_CONTENT_LIMIT
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f}\0{f.stat().st_size}\0".encode())
+        if by_content:
+            with open(f, "rb") as handle:
+                for chunk in iter(lambda: handle.read(2**20), b""):
+                    digest.update(chunk)
+        else:
+            digest.update(str(f.stat().st_mtime_ns).encode())
+    return digest.hexdigest()
+
+
+def measurement_fingerprint(
+    release: str,
+    config_text: str,
+    input_sha256: str,
+    post_processing_keys: Iterable[tuple[str, ...]] = (),
+    settings: Mapping[str, Any] | None = None,
+) -> str:
+    """SHA-256 of what reaches the noise: the release kind, the input's content, the config
+    without ``[run]``, the input's path and the ``post_processing_keys``, and the run's
+    measurement ``settings`` (command-line choices that change what is measured)."""
+    doc = tomllib.loads(config_text)
+    doc.pop("run", None)
+    if isinstance(doc.get("input"), dict):
+        doc["input"].pop("path", None)
+    for key in post_processing_keys:
+        table: Any = doc
+        for part in key[:-1]:
+            table = table.get(part, {}) if isinstance(table, dict) else {}
+        if isinstance(table, dict):
+            table.pop(key[-1], None)
+    canonical = json.dumps(
+        {"release": release, "input": input_sha256, "config": doc, "settings": settings or {}},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def add_reuse_secret_flag(parser: argparse.ArgumentParser) -> None:
+    """``--reuse-secret``: the one way past the secret binding, for experiments only."""
+    parser.add_argument(
+        "--reuse-secret",
+        action="store_true",
+        help="allow a secret already bound to another release (experiments comparing runs on"
+        " identical noise; the output is marked not for release)",
+    )
+
+
+def private_dir_for(output: Path) -> Path:
+    """The private folder of a run writing to ``output``: beside it, never inside it."""
+    return output.parent / f"{output.name}.private"
+
+
+class Clock:
+    """One clock per run: stage wall times, logged as they end (no counts of people)."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, name: str, detail: str = "") -> None:
+        """End stage ``name`` now; repeated names are summed (e.g. certificate rounds)."""
+        now = time.perf_counter()
+        spent = now - self.last
+        self.timings[name] = self.timings.get(name, 0.0) + spent
+        self.last = now
+        log.info("%s: %.1f s%s", name, spent, f" ({detail})" if detail else "")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@dataclass(frozen=True)
+class SecretSource:
+    """Where a user secret comes from (both None: generate one per fresh run)."""
+
+    file: Path | None
+    env: str | None
+
+    @property
+    def user_supplied(self) -> bool:
+        return self.file is not None or (self.env is not None and self.env in os.environ)
+
+
+class ReleaseRun:
+    """One release's run: use as a context manager around the whole job.
+
+    On entry it takes the lock on the private folder and checks the output (refused when it
+    holds anything and neither ``overwrite`` nor ``resume`` is set) and, for ``resume``, the run
+    state. The secret is read or made only by :meth:`secret`, to be called once the input has
+    passed validation; :meth:`prepare_output` empties the output just before the first write.
+
+    ``streams`` names the family of noise streams the release draws from (default: the release
+    kind); a secret is bound once per family, since distinct families share no stream.
+    """
+
+    def __init__(
+        self,
+        release: str,
+        output: Path,
+        private_dir: Path,
+        secret_source: SecretSource,
+        measurement_sha256: str,
+        *,
+        overwrite: bool = False,
+        resume: bool = False,
+        reuse_secret: bool = False,
+        streams: str | None = None,
+    ) -> None:
+        self.release = release
+        self.streams = streams or release
+        self.output = output
+        self.private_dir = private_dir
+        self.secret_source = secret_source
+        self.measurement_sha256 = measurement_sha256
+        self.overwrite = overwrite
+        self.resume = resume
+        self.reuse_secret = reuse_secret
+        self.clock = Clock()
+        self.state: RunState | None = None
+        self._secret: bytes | None = None
+        self._lock: IO[str] | None = None
+
+    def __enter__(self) -> ReleaseRun:
+        self._check_output_folder()
+        self._take_lock()
+        if self.resume:
+            self.state = self._resumable_state()
+        elif _holds_anything(self.output) and not self.overwrite:
+            raise OutputExistsError(
+                f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
+            )
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the descriptor releases the lock
+            self._lock = None
+
+    # -- the secret ---------------------------------------------------------------------------
+
+    def secret(self) -> bytes:
+        """The run secret under the policy in the module docstring (read or made once)."""
+        if self._secret is None:
+            self._secret = self._load_secret()
+            if self.state is not None and self.state.secret_fingerprint != secret_fingerprint(
+                self._secret
+            ):
+                raise ResumeError(
+                    f"{RunState.path(self.private_dir)}: the run was started with another secret"
+                )
+        return self._secret
+
+    @property
+    def for_release(self) -> bool:
+        return not self.reuse_secret
+
+    def _load_secret(self) -> bytes:
+        source = self.secret_source
+        if not source.user_supplied:
+            generated = self.private_dir / SECRET_FILE_NAME
+            if not self.resume:
+                generated.unlink(missing_ok=True)
+            return load_or_create_secret(None, None, self.private_dir)
+        if source.file is not None and not source.file.exists() and not _env_set(source.env):
+            raise SecretError(f"{source.file}: secret file not found")
+        try:
+            secret = load_or_create_secret(source.file, source.env, self.private_dir)
+        except PermissionError as err:  # a group- or world-readable secret file: one line
+            raise SecretError(str(err)) from None
+        if not self.resume:
+            self._bind(secret)
+        return secret
+
+    def _bind(self, secret: bytes) -> None:
+        """Record this release under the secret's fingerprint, or refuse a second release."""
+        fingerprint = secret_fingerprint(secret)
+        registry = Path(os.environ.get(REGISTRY_ENV, Path.home() / ".censusdp/secret_bindings"))
+        registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = registry / f"{fingerprint}.json"
+        with open(registry / f"{fingerprint}.lock", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            bindings = json.loads(target.read_text()) if target.exists() else {}
+            bound = bindings.get(self.streams)
+            if bound is not None and bound["measurement_sha256"] != self.measurement_sha256:
+                if not self.reuse_secret:
+                    raise SecretReuseError(
+                        f"the secret {fingerprint} already made a {self.streams} release of"
+                        f" another input or config ({bound['output']}); the same noise on"
+                        " changed data would reveal the change: pass a new secret, or --resume"
+                        " to continue that run"
+                    )
+                return  # an experiment: nothing recorded, the manifest says not for release
+            if bound is None:
+                bindings[self.streams] = {
+                    "measurement_sha256": self.measurement_sha256,
+                    "output": str(self.output),
+                    "bound_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+                tmp = target.with_suffix(".tmp")
+                tmp.write_text(json.dumps(bindings, indent=2))
+                os.replace(tmp, target)
+
+    # -- output, state ------------------------------------------------------------------------
+
+    def prepare_output(self) -> RunState:
+        """Empty the output (a fresh run) and record the run state; returns it."""
+        if self.state is not None:
+            return self.state
+        if _holds_anything(self.output):
+            if (
+                not (self.output / RELEASE_MARKER).exists()
+                and not (self.output / "manifest.json").exists()
+            ):
+                raise OutputExistsError(
+                    f"{self.output}: --overwrite replaces only a folder written by censusdp"
+                    " (no manifest.json or marker here); choose another --output"
+                )
+            shutil.rmtree(self.output)
+        self.output.mkdir(parents=True, exist_ok=True)
+        (self.output / RELEASE_MARKER).write_text(f"{self.release}\n")
+        self.state = RunState(
+            self.release,
+            str(self.output),
+            self.measurement_sha256,
+            secret_fingerprint(self.secret()),
+        )
+        self.state.save(self.private_dir)
+        return self.state
+
+    def commit(self, step: str) -> None:
+        """Record ``step`` as committed (its table is written) so a resumed run skips it."""
+        assert self.state is not None, "prepare_output first"
+        if step == "measure":
+            self.state.measured = True
+        elif step not in self.state.steps_done:
+            self.state.steps_done.append(step)
+        self.state.save(self.private_dir)
+
+    def done(self, step: str) -> bool:
+        return self.state is not None and (
+            self.state.measured if step == "measure" else step in self.state.steps_done
+        )
+
+    def manifest_fields(self) -> dict[str, Any]:
+        """The fields every release's manifest carries."""
+        return {
+            "release_kind": self.release,
+            "for_release": self.for_release,
+            "secret_fingerprint": secret_fingerprint(self.secret()),
+            "measurement_sha256": self.measurement_sha256,
+            "timings_s": self.clock.timings,
+            "elapsed_s": self.clock.elapsed(),
+            "versions": versions(),
+        }
+
+    def _check_output_folder(self) -> None:
+        if self.output.exists() and not self.output.is_dir():
+            raise OutputExistsError(f"{self.output}: --output is a file, not a folder")
+        parent = next((p for p in [self.output, *self.output.parents] if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputExistsError(f"{parent}: not writable; choose another --output")
+
+    def _take_lock(self) -> None:
+        self.private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle = open(self.private_dir / "lock", "a")  # noqa: SIM115 - held for the whole run
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RunLockedError(
+                f"{self.private_dir}: another run holds this run's lock; wait for it to end"
+            ) from None
+        self._lock = handle
+
+    def _resumable_state(self) -> RunState:
+        state = RunState.load(self.private_dir)
+        where = RunState.path(self.private_dir)
+        if state is None:
+            raise ResumeError(f"{where}: no run state to resume from")
+        if state.release != self.release or state.output != str(self.output):
+            raise ResumeError(f"{where}: the run was started for another release or output")
+        if state.measurement_sha256 != self.measurement_sha256:
+            raise ResumeError(
+                f"{where}: the input or config changed since the run started; resuming would"
+                " mix noise of the old data with the new: start a fresh run with a new secret"
+            )
+        return state
+
+
+def _holds_anything(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _env_set(env: str | None) -> bool:
+    return env is not None and env in os.environ
