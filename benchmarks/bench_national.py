@@ -36,8 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-from censusdp_spark.model.config import load_config
-from censusdp_spark.model.pgsr_config import load_pgsr_config
+from censusdp_spark.group_sizes.config import load_pgsr_config
+from censusdp_spark.topdown.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "national_demo.toml"

@@ -25,8 +25,8 @@ from unittest import mock
 
 import numpy as np
 
-import censusdp_spark.solvers.rounding as rounding
-from censusdp_spark.solvers import ChildrenProblem, round_children, solve_children
+import censusdp_spark.topdown.solvers.rounding as rounding
+from censusdp_spark.topdown.solvers import ChildrenProblem, round_children, solve_children
 
 # (label, children k, population of the parent, child totals invariant?, families)
 FAMILIES: list[tuple[str, int, int, bool, int]] = [

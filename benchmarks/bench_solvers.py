@@ -26,13 +26,13 @@ import clarabel
 import numpy as np
 import scipy.sparse as sparse
 
-from censusdp_spark.solvers import (
+from censusdp_spark.topdown.solvers import (
     ChildrenProblem,
     round_children,
     solve_children,
     weighted_squared_error,
 )
-from censusdp_spark.solvers.least_squares import EXACT_SIZE_LIMIT
+from censusdp_spark.topdown.solvers.least_squares import EXACT_SIZE_LIMIT
 
 # (children k, attribute sizes whose product is n, query subsets over the attributes)
 SIZES: list[tuple[int, tuple[int, ...], list[tuple[int, ...]]]] = [

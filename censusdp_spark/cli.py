@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 from censusdp_spark.generate.cli import add_generate_parser, run_generate
-from censusdp_spark.model.config import load_config
+from censusdp_spark.group_sizes.job import add_pgsr_parser, run_pgsr_from_args
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
-from censusdp_spark.release.pgsr import add_pgsr_parser, run_pgsr_from_args
 from censusdp_spark.release.runner import (
     OutputExistsError,
     ResumeError,
@@ -19,8 +18,9 @@ from censusdp_spark.release.runner import (
     SecretError,
     add_reuse_secret_flag,
 )
-from censusdp_spark.release.synth import add_synth_parser, run_synth_from_args
-from censusdp_spark.release.validate import add_validate_parser, run_validate_from_args
+from censusdp_spark.synth.job import add_synth_parser, run_synth_from_args
+from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.validate import add_validate_parser, run_validate_from_args
 
 DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
@@ -66,7 +66,7 @@ def _budget(args: argparse.Namespace) -> int:
 
 def _topdown(args: argparse.Namespace) -> int:
     from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.release.topdown import TopDownOptions, run_topdown
+    from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 
     config = load_config(args.config)
     options = TopDownOptions(

@@ -9,4 +9,5 @@ bash scripts/setup.sh
 .venv/bin/ruff check censusdp_spark tests jobs benchmarks
 .venv/bin/ruff format --check censusdp_spark tests jobs benchmarks
 .venv/bin/mypy censusdp_spark
-exec .venv/bin/pytest "$@"
+.venv/bin/lint-imports  # the layering contracts in pyproject.toml
+exec .venv/bin/pytest --durations=25 "$@"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import reduce
 from pathlib import Path
 from typing import Protocol
 
@@ -18,9 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
-from censusdp_spark.model.config import InputSpec
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.model.schema import Schema
 
 INTEGER = r"^\s*[0-9]+\s*$"  # a non-negative integer, as text
 
@@ -148,34 +145,6 @@ def read_checked(spark: SparkSession, spec: ColumnSpec) -> DataFrame:
     return raw
 
 
-def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) -> DataFrame:
-    """Block count tables: each configured cell is an expression over integer count columns."""
-    source = str(spec.path)
-    raw = read_checked(spark, spec)
-    count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)})
-    df = raw.select(
-        geocode_of(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
-    )
-    rules = [geocode_rule(spec, leaf_digits)] + [
-        RowRule(
-            F.col(c).isNull() | ~F.col(c).rlike(INTEGER), c, "count must be a non-negative integer"
-        )
-        for c in count_cols
-    ]
-    enforce_rules(df, source, rules)
-    check_unique_geocodes(df, spec)
-    typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
-    values: list[tuple[int, Column]] = []
-    cell_rules = []
-    for cell in spec.cells:
-        terms = [F.col(c) for c in cell.plus] + [-F.col(c) for c in cell.minus]
-        value = reduce(lambda a, b: a + b, terms)
-        cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
-        values.append((cell.cell, value))
-    enforce_rules(typed, source, cell_rules)
-    return typed.select("geocode", *nonzero_cells(values))
-
-
 def nonzero_cells(values: Sequence[tuple[int, Column]]) -> list[Column]:
     """``cells, counts`` of a row from its ``(cell, count column)`` pairs: the non-zero cells
     only, in the pairs' order, computed within the row (no shuffle)."""
@@ -185,50 +154,3 @@ def nonzero_cells(values: Sequence[tuple[int, Column]]) -> list[Column]:
         F.transform(nonzero, lambda s: s["cell"]).alias("cells"),
         F.transform(nonzero, lambda s: s["count"]).alias("counts"),
     ]
-
-
-def read_microdata(
-    spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int
-) -> DataFrame:
-    """One row per person: attribute columns are mapped to levels and aggregated per block."""
-    source = str(spec.path)
-    raw = read_checked(spark, spec)
-    df = raw.select(
-        geocode_of(spec).alias("geocode"),
-        *[F.trim(F.col(a.column).cast("string")).alias(a.column) for a in spec.attributes],
-    )
-    strides = schema.strides()
-    cell = F.lit(0).cast("long")
-    rules = [geocode_rule(spec, leaf_digits)]
-    for pos, a in enumerate(spec.attributes):
-        attr = schema.attribute(a.attribute)
-        mapping = F.create_map(
-            *[F.lit(x) for raw_v, lv in a.value_map.items() for x in (raw_v, attr.index_of(lv))]
-        )
-        index = mapping[F.col(a.column)]
-        allowed = sorted(a.value_map)
-        shown = f"{allowed[:10]}{'...' if len(allowed) > 10 else ''}"
-        rules.append(
-            RowRule(
-                index.isNull(),
-                a.column,
-                f"value outside the schema of {a.attribute} (allowed: {shown})",
-            )
-        )
-        cell = cell + index.cast("long") * int(strides[pos])
-    enforce_rules(df, source, rules)
-    counted = df.groupBy("geocode", cell.cast("int").alias("cell")).agg(F.count("*").alias("count"))
-    per_block = counted.groupBy("geocode").agg(
-        F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")
-    )
-    return per_block.select(
-        "geocode", F.col("h.cell").alias("cells"), F.col("h.count").alias("counts")
-    )
-
-
-def read_blocks(
-    spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int
-) -> DataFrame:
-    if spec.layout == "block_counts":
-        return read_block_counts(spark, spec, leaf_digits)
-    return read_microdata(spark, spec, schema, leaf_digits)

@@ -21,3 +21,7 @@ class InputError(ValueError):
         self.source = source
         self.where = where
         self.rule = rule
+
+
+class GuaranteeViolation(RuntimeError):
+    """The released estimates break a guarantee; the run must not be published."""

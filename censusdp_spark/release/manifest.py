@@ -12,38 +12,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from censusdp_spark.model.config import RunConfig
-from censusdp_spark.privacy import zcdp_to_approx_dp
-from censusdp_spark.privacy.conversions import bun_steinke_epsilon
-
-
-def budget_rows(config: RunConfig) -> list[dict[str, Any]]:
-    return [
-        {
-            "level": e.level,
-            "query": e.query,
-            "level_share": str(e.level_share),
-            "query_share": str(e.query_share),
-            "rho": str(e.rho),
-            "sigma2": str(e.sigma2),
-            "sigma": float(e.sigma2) ** 0.5,
-        }
-        for e in config.budget.entries
-    ]
-
-
-def privacy_summary(config: RunConfig) -> dict[str, Any]:
-    rho = config.budget.total_rho
-    delta = config.run.delta
-    return {
-        "definition": "rho-zCDP, change-one-record neighbours (bounded DP)",
-        "rho": str(rho),
-        "rho_float": float(rho),
-        "delta": delta,
-        "epsilon_tight": zcdp_to_approx_dp(rho, delta),
-        "epsilon_bun_steinke": bun_steinke_epsilon(rho, delta),
-    }
-
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}

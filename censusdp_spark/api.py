@@ -1,0 +1,166 @@
+"""The Python API: one call per release, for notebooks and orchestrators other than the CLI.
+
+Each ``run_*`` takes a config (a path, or a config object already loaded) and the same options
+as the command line, runs the release under the shared runner (secret policy, lock, manifest)
+and returns a :class:`Release` naming its Delta tables, manifest and guarantee checks.
+
+>>> from censusdp_spark import budget
+>>> print(budget("conf/ri_2010_demo.toml").splitlines()[0])  # doctest: +ELLIPSIS
+level        query...
+>>> from censusdp_spark import run_group_sizes
+>>> release = run_group_sizes("conf/pgsr_calm.toml", output=scratch / "calm", mechanism="dp")
+>>> sorted(release.tables)
+['group_sizes', 'noisy_measurements']
+>>> release.checks["negative_counts"], release.for_release
+(0, True)
+>>> spark.read.format("delta").load(str(release.tables["group_sizes"])).count() > 0
+True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.synth.config import SynthConfig
+    from censusdp_spark.topdown.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Release:
+    """A finished release: where its tables and manifest are, and what its checks found."""
+
+    kind: str
+    output: Path
+    tables: dict[str, Path]
+    manifest: Path
+    checks: dict[str, int]
+    for_release: bool
+    summary: Any
+    """The release's own summary object (``.text()`` prints what the CLI prints)."""
+
+    @classmethod
+    def of(cls, kind: str, output: Path, summary: Any) -> Release:
+        manifest = json.loads((output / "manifest.json").read_text())
+        return cls(
+            kind,
+            output,
+            {name: output / name for name in manifest["tables"]},
+            output / "manifest.json",
+            dict(manifest.get("guarantee_checks", {})),
+            bool(manifest.get("for_release", True)),
+            summary,
+        )
+
+
+def _session(spark: SparkSession | None, name: str) -> SparkSession:
+    from censusdp_spark.engine.session import spark_session
+
+    return spark if spark is not None else spark_session(f"censusdp-{name}")
+
+
+def budget(config: str | Path | RunConfig) -> str:
+    """The budget table of a TopDown config (levels, queries, shares, ρ, σ; total ρ and ε)."""
+    from censusdp_spark.privacy.accounting import budget_table
+    from censusdp_spark.topdown.config import load_config
+
+    loaded = load_config(config) if isinstance(config, str | Path) else config
+    return budget_table(loaded.budget, loaded.run.delta)
+
+
+def run_topdown(
+    config: str | Path | RunConfig,
+    *,
+    spark: SparkSession | None = None,
+    input: Path | None = None,
+    output: Path | None = None,
+    secret_file: Path | None = None,
+    evaluate: bool = False,
+    overwrite: bool = False,
+    resume: bool = False,
+    reuse_secret: bool = False,
+) -> Release:
+    """Run the TopDown release of ``config`` (as ``censusdp topdown``)."""
+    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.job import TopDownOptions
+    from censusdp_spark.topdown.job import run_topdown as run
+
+    loaded = load_config(config) if isinstance(config, str | Path) else config
+    options = TopDownOptions(
+        _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret
+    )
+    summary = run(_session(spark, "topdown"), loaded, options)
+    return Release.of("topdown", summary.output, summary)
+
+
+def run_group_sizes(
+    config: str | Path | PgsrConfig,
+    *,
+    spark: SparkSession | None = None,
+    mechanism: str | None = None,
+    input: Path | None = None,
+    output: Path | None = None,
+    secret_file: Path | None = None,
+    evaluate: bool = False,
+    overwrite: bool = False,
+    reuse_secret: bool = False,
+) -> Release:
+    """Run the group-size release (PGSR) of ``config`` (as ``censusdp pgsr``)."""
+    from censusdp_spark.group_sizes.config import load_pgsr_config
+    from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
+
+    loaded = load_pgsr_config(config) if isinstance(config, str | Path) else config
+    options = PgsrOptions(
+        mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
+        reuse_secret,
+    )  # fmt: skip
+    summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
+    return Release.of("group_sizes", summary.output, summary)
+
+
+def run_synth(
+    config: str | Path | SynthConfig,
+    *,
+    method: str,
+    spark: SparkSession | None = None,
+    rho: Fraction | str | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    rounds: int | None = None,
+    output: Path | None = None,
+    secret_file: Path | None = None,
+    evaluate: bool = False,
+    overwrite: bool = False,
+    reuse_secret: bool = False,
+) -> Release:
+    """Run the hierarchical synthetic-data release of ``config`` (as ``censusdp synth``)."""
+    from censusdp_spark.synth.config import load_synth_config
+    from censusdp_spark.synth.job import SynthOptions
+    from censusdp_spark.synth.job import run_synth as run
+
+    loaded = load_synth_config(config) if isinstance(config, str | Path) else config
+    options = SynthOptions(
+        method,
+        None if rho is None else Fraction(rho),
+        epsilon,
+        delta,
+        rounds,
+        _path(output),
+        _path(secret_file),
+        evaluate,
+        overwrite,
+        reuse_secret,
+    )
+    summary = run(_session(spark, "synth"), loaded, options)
+    return Release.of("synth", summary.output, summary)
+
+
+def _path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)

@@ -1,0 +1,533 @@
+"""The group-size release job (PGSR), shared by ``censusdp pgsr`` and ``spark-submit jobs/pgsr.py``.
+
+For every node of the hierarchy and every size s = 1..N: the number of groups (households) of
+size s, ε-DP, consistent, valid and faithful (see ``censusdp_spark.group_sizes.spark`` for the
+privacy claim and ``censusdp_spark.group_sizes.solvers.cost_tables`` for what each post-processing solves).
+
+Mechanisms:
+* ``dp`` (M_H^dp): histogram noise, cost tables bottom-up, the root by the dummy root of T^dp,
+  then each family given its parent. Under ``faithfulness = "level"`` (the paper's; default)
+  the release is the exact integer optimum and the run fails if its objective differs from
+  the root tables' optimum; under ``"node"`` the manifest carries the certificate
+  ``lower_bound <= opt <= objective``.
+* ``relaxed`` (M_H, the paper's baseline): the same noisy histograms; the convex relaxation
+  solved per family top-down (the parent's real-valued solution fixed; Clarabel), then rounded
+  cell by cell. Rounding may break consistency and faithfulness: the violations are counted
+  and reported, not raised. (Per-family, not one QP over the whole tree: the whole-tree QP is
+  ``solvers.group_sizes.relaxed_qp`` on one machine, as in the benchmark.)
+* ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
+
+Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node
+histograms (confidential, memory only) -> the noise pass, written once to
+``noisy_measurements`` -> post-processing reading only that table, level by level (each level
+computed and checkpointed in executor storage before the next reads it) -> ``group_sizes``
+written in one transaction -> guarantees checked (a violation fails dp and cumulative loudly)
+-> with ``--evaluate``, errors against the truth in ``evaluation/`` (internal) -> the
+manifest, last.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
+from censusdp_spark.group_sizes import spark as gs
+from censusdp_spark.group_sizes.config import MECHANISMS, PgsrConfig, load_pgsr_config
+from censusdp_spark.group_sizes.readers import read_leaf_histograms
+from censusdp_spark.group_sizes.solvers.cost_tables import WindowTooNarrow
+from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
+from censusdp_spark.io import delta
+from censusdp_spark.model.errors import GuaranteeViolation
+from censusdp_spark.model.geography import Level
+from censusdp_spark.release.manifest import write_manifest
+from censusdp_spark.release.runner import (
+    Clock,
+    ReleaseRun,
+    SecretSource,
+    add_reuse_secret_flag,
+    input_fingerprint,
+    measurement_fingerprint,
+    private_dir_for,
+)
+
+GROUP_SIZES = "group_sizes"
+
+
+@dataclass(frozen=True)
+class PgsrOptions:
+    mechanism: str | None = None  # None: the config's default
+    input: Path | None = None
+    output: Path | None = None
+    secret_file: Path | None = None
+    evaluate: bool = False
+    overwrite: bool = False
+    reuse_secret: bool = False
+
+
+@dataclass
+class PgsrSummary:
+    output: Path
+    mechanism: str
+    epsilon: str
+    nodes: dict[str, int]
+    checks: dict[str, int]
+    elapsed_s: float
+    timings: dict[str, float] = field(default_factory=dict)
+    optimality: dict[str, int] = field(default_factory=dict)
+    evaluation: list[dict[str, Any]] = field(default_factory=list)
+    for_release: bool = True
+
+    def text(self) -> str:
+        lines = [
+            f"group-size release ({self.mechanism}) written to {self.output}"
+            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
+            "  levels: " + ", ".join(f"{lv} ({n} nodes)" for lv, n in self.nodes.items()),
+            f"  privacy: epsilon = {self.epsilon} (pure DP)",
+            "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items()),
+            f"  elapsed: {self.elapsed_s:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+            + ")",
+            f"  tables: {delta.table_path(self.output, delta.NOISY_MEASUREMENTS)}, {delta.table_path(self.output, GROUP_SIZES)}",
+            f"  manifest: {self.output / 'manifest.json'}",
+        ]
+        if self.optimality:
+            lines.insert(
+                4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items())
+            )
+        if self.evaluation:
+            lines.append(
+                "  evaluation (internal, not for release): "
+                + delta.table_path(self.output, delta.EVALUATION)
+            )
+        return "\n".join(lines)
+
+
+def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
+    run = config.run
+    if options.output is not None:
+        run = replace(run, output=options.output, private_dir=private_dir_for(options.output))
+    if options.secret_file is not None:
+        run = replace(run, secret_file=options.secret_file)
+    if config.input is None:
+        raise ValueError(
+            f"{config.source}: [input] missing: the group-size release needs an input table"
+        )
+    spec = config.input if options.input is None else replace(config.input, path=options.input)
+    return replace(config, run=run, input=spec, mechanism=options.mechanism or config.mechanism)
+
+
+def _privacy(config: PgsrConfig) -> dict[str, Any]:
+    sensitivity = 1 if config.mechanism == "cumulative" else 2
+    return {
+        "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
+        "(the geography is public and the number of groups does not change between neighbours)",
+        "public_invariants": "G and every node's G^r"
+        if config.faithfulness == "node"
+        else "G (the root's number of groups) only",
+        "epsilon": str(config.budget.total_epsilon),
+        "measurement": "cumulative" if config.mechanism == "cumulative" else "histogram",
+        "sensitivity_per_node": sensitivity,
+        "levels": [
+            {
+                "level": lv,
+                "epsilon": str(config.budget.level_epsilon[lv]),
+                "geometric_scale": str(config.budget.scale(lv, sensitivity)),
+            }
+            for lv in config.hierarchy.names
+        ],
+    }
+
+
+POST_PROCESSING_KEYS = (("mechanism",),)
+"""The config table that chooses the post-processing only (the noise kind is a setting)."""
+
+
+def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
+    """The runner of a group-size run of ``config`` (options applied)."""
+    assert config.input is not None
+    noise = "cumulative" if config.mechanism == "cumulative" else "histogram"
+    measured = measurement_fingerprint(
+        GROUP_SIZES,
+        Path(config.source).read_text(),
+        input_fingerprint([config.input.path]),
+        POST_PROCESSING_KEYS,
+        {"noise": noise},
+    )
+    return ReleaseRun(
+        GROUP_SIZES,
+        config.run.output,
+        config.run.private_dir,
+        SecretSource(config.run.secret_file, config.run.secret_env),
+        measured,
+        overwrite=options.overwrite,
+        reuse_secret=options.reuse_secret,
+        streams=f"{GROUP_SIZES}/{noise}",
+    )
+
+
+def _root_release(
+    spark: SparkSession, config: PgsrConfig, geocode: str, counts: Any, noisy: Any = None
+) -> DataFrame:
+    """The root's released rows (``DP_RELEASE_SCHEMA``, with its noisy values, if given)."""
+    root = config.hierarchy.root.name
+    if noisy is None:
+        rows = [(geocode, root, j + 1, int(c)) for j, c in enumerate(counts)]
+        return spark.createDataFrame(rows, gs.RELEASE_SCHEMA)
+    cells = zip(counts, noisy, strict=True)
+    with_noisy = [(geocode, root, j + 1, int(c), int(v)) for j, (c, v) in enumerate(cells)]
+    return spark.createDataFrame(with_noisy, gs.DP_RELEASE_SCHEMA)
+
+
+def _settle(df: DataFrame) -> DataFrame:
+    """Compute a level now and cut its lineage (kept by the executors, not written: if one is
+    lost, post-processing restarts from ``noisy_measurements``, which costs no budget)."""
+    return df.localCheckpoint(eager=True)
+
+
+def _post_process_dp(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+) -> tuple[list[DataFrame], dict[str, int]]:
+    """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with the
+    cells on a window bound widened until none is (then the release is the exact optimum);
+    a rerun rebuilds only the tables of those cells' ancestors, and the leaves (no windows)
+    are split once, at the end."""
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
+    plan = gs.dp_plan(config, groups)
+    widened: DataFrame | None = None  # cells whose window is wider than their level's
+    reuse: _Reuse | None = None
+    rounds = 0
+    while True:
+        rounds += 1
+        try:
+            released, tables, lower_bound = _dp_pass(
+                spark, config, noisy, plan, widened, reuse, (geocode, groups, root_noisy), clock
+            )
+        except WindowTooNarrow:
+            plan, reuse = plan.wider(), None
+            continue
+        bound = _settle(gs.bound_cells(_union(released), plan, widened))
+        hits = bound.count()
+        clock.lap(f"certificate_round_{rounds}")
+        if hits == 0:
+            break
+        reuse = _Reuse(tables, bound)
+        if widened is not None:
+            cells = bound.unionByName(widened).groupBy("level", "geocode", "size")
+            bound = cells.agg(F.max("width").alias("width"))
+        widened = _settle(bound)
+    # The leaves have no windows: they are split once, after the certificate holds.
+    levels = config.hierarchy.levels
+    released.append(
+        _release_level(noisy, tables, plan, released[-1], levels[-2], levels[-1], clock)
+    )
+    objective = gs.release_objective(_union(released), config.norm)
+    clock.lap("objective")
+    if config.faithfulness == "level" and objective != lower_bound:
+        raise GuaranteeViolation(
+            f"the dp release's objective {objective} is not its tables' optimum {lower_bound}"
+        )
+    widths = {f"window_{lv}": w for lv, w in plan.widths.items() if w is not None}
+    return released, {
+        "objective": objective,
+        "lower_bound": int(lower_bound),
+        "gap": objective - int(lower_bound),
+        "rounds": rounds,
+        **widths,
+        "widened_cells": 0 if widened is None else widened.count(),
+    }
+
+
+@dataclass(frozen=True)
+class _Reuse:
+    """The previous pass's cost tables and the cells widened since: a node's table depends only
+    on the windows in its subtree, so only the ancestors of those cells need new tables."""
+
+    tables: dict[str, DataFrame]
+    changed: DataFrame  # level, geocode, size, width
+
+
+def _affected(reuse: _Reuse, config: PgsrConfig, depth: int) -> DataFrame:
+    """Geocodes of level ``depth``'s nodes whose subtree holds a newly widened cell."""
+    levels = config.hierarchy.levels
+    digits = levels[depth].digits
+    prefix = geocode_prefix(digits)
+    below = [lv.name for lv in levels[depth:]]
+    cells = reuse.changed.filter(F.col("level").isin(below))
+    return cells.select(prefix.alias("geocode")).distinct()
+
+
+def _dp_pass(
+    spark: SparkSession,
+    config: PgsrConfig,
+    noisy: DataFrame,
+    plan: gs.DpPlan,
+    widened: DataFrame | None,
+    reuse: _Reuse | None,
+    root: tuple[str, int, Any],  # the root's geocode, G and noisy values
+    clock: Clock,
+) -> tuple[list[DataFrame], dict[str, DataFrame], int]:
+    levels = config.hierarchy.levels
+    tables: dict[str, DataFrame] = {}
+    below = noisy.filter(F.col("level") == levels[-1].name)
+    for depth in reversed(range(len(levels) - 1)):
+        level, leaves = levels[depth], depth == len(levels) - 2
+        parents = noisy.filter(F.col("level") == level.name)
+        if reuse is None:
+            fresh = gs.dp_tables(parents, below, level.digits, plan, leaves, widened)
+            tables[level.name] = below = _settle(fresh)
+        else:
+            affected = _settle(_affected(reuse, config, depth))
+            key = geocode_prefix(level.digits)
+            kids = below.join(affected.withColumnRenamed("geocode", "key"), key == F.col("key"))
+            fresh = gs.dp_tables(
+                parents.join(affected, "geocode", "left_semi"),
+                kids.drop("key"),
+                level.digits,
+                plan,
+                leaves,
+                widened,
+            )
+            kept = reuse.tables[level.name].join(affected, "geocode", "left_anti")
+            tables[level.name] = below = _settle(kept.unionByName(fresh))
+        clock.lap(f"cost_tables_{level.name}")
+    geocode, groups, root_noisy = root
+    counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
+    released = [_root_release(spark, config, geocode, counts, root_noisy)]
+    for parent, level in zip(levels[:-2], levels[1:-1], strict=True):
+        released.append(_release_level(noisy, tables, plan, released[-1], parent, level, clock))
+    return released, tables, lower_bound
+
+
+def _release_level(
+    noisy: DataFrame,
+    tables: dict[str, DataFrame],
+    plan: gs.DpPlan,
+    above: DataFrame,
+    parent: Level,
+    level: Level,
+    clock: Clock,
+) -> DataFrame:
+    """One level's release, split from the level above's (its cost tables, or for the leaves
+    their noisy rows)."""
+    leaves = level.name not in tables
+    children = noisy.filter(F.col("level") == level.name) if leaves else tables[level.name]
+    parents = gs.released_histograms(above)
+    out = _settle(gs.dp_families(level.name, children, parents, parent.digits, plan, leaves))
+    clock.lap(f"release_{level.name}")
+    return out
+
+
+def _post_process_relaxed(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+) -> list[DataFrame]:
+    levels = config.hierarchy.levels
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
+    solution = gs.relaxed_root(root_noisy, groups, config.faithfulness)
+    solved = [
+        spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], gs.SOLUTION_SCHEMA)
+    ]
+    for parent, level in zip(levels, levels[1:], strict=False):
+        solved.append(
+            _settle(
+                gs.relaxed_families(
+                    noisy.filter(F.col("level") == level.name),
+                    solved[-1],
+                    parent.digits,
+                    config.faithfulness,
+                )
+            )
+        )
+        clock.lap(f"relaxed_{level.name}")
+    return [gs.rounded_release(s) for s in solved]
+
+
+def _post_process_cumulative(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+) -> list[DataFrame]:
+    levels = config.hierarchy.levels
+    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
+    root = cumulative_root(root_noisy, groups, config.faithfulness)
+    released = [_root_release(spark, config, geocode, root)]
+    for parent, level in zip(levels, levels[1:], strict=False):
+        parents = gs.released_histograms(released[-1])
+        noisy_level = noisy.filter(F.col("level") == level.name)
+        released.append(
+            _settle(
+                gs.cumulative_families(
+                    level.name, noisy_level, parents, parent.digits, config.faithfulness, groups
+                )
+            )
+        )
+        clock.lap(f"release_{level.name}")
+    return released
+
+
+def _union(levels: list[DataFrame]) -> DataFrame:
+    out = levels[0]
+    for df in levels[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
+    config = _apply_options(config, options)
+    with release_run(config, options) as run:
+        return _run_pgsr(spark, config, options, run)
+
+
+def _run_pgsr(
+    spark: SparkSession, config: PgsrConfig, options: PgsrOptions, run: ReleaseRun
+) -> PgsrSummary:
+    assert config.input is not None
+    clock = run.clock
+    output, hierarchy = config.run.output, config.hierarchy
+    leaves = read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
+    leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
+    # Few, larger partitions: every pandas task has a fixed start-up cost.
+    parallelism = spark.sparkContext.defaultParallelism
+    nodes = (
+        node_histograms(leaves, hierarchy)
+        .coalesce(parallelism)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    node_counts = {r["level"]: int(r["count"]) for r in nodes.groupBy("level").count().collect()}
+    clock.lap("read_and_validate")
+
+    secret = run.secret()  # only once the input has passed validation
+    run.prepare_output()
+    plan = gs.noise_plan(config, config.mechanism)
+    delta.write_table(
+        gs.measure(nodes, plan, secret, hierarchy),
+        output,
+        delta.NOISY_MEASUREMENTS,
+        partition_by="level",
+    )
+    run.commit("measure")
+    clock.lap("measure")
+
+    tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
+    noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    optimality: dict[str, int] = {}
+    if config.mechanism == "dp":
+        levels, optimality = _post_process_dp(spark, config, noisy, clock)
+    elif config.mechanism == "relaxed":
+        levels = _post_process_relaxed(spark, config, noisy, clock)
+    else:
+        levels = _post_process_cumulative(spark, config, noisy, clock)
+    delta.write_table(
+        _union(levels).select("geocode", "level", "size", "count"),
+        output,
+        GROUP_SIZES,
+        partition_by="level",
+    )
+    clock.lap("write_release")
+
+    released = delta.read_table(spark, output, GROUP_SIZES)
+    _, total, _ = gs.root_row(noisy, hierarchy)
+    checks = gs.release_violations(released, noisy, hierarchy, config.faithfulness, total)
+    clock.lap("check_guarantees")
+    if config.mechanism != "relaxed" and any(checks.values()):
+        raise GuaranteeViolation(f"the {config.mechanism} release breaks guarantees: {checks}")
+
+    evaluation_rows: list[dict[str, Any]] = []
+    if options.evaluate:
+        delta.write_table(gs.evaluation(nodes, released), output, delta.EVALUATION)
+        frame = pd.DataFrame(delta.read_table(spark, output, delta.EVALUATION).toPandas())
+        order = {lv: i for i, lv in enumerate(hierarchy.names)}
+        frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
+        evaluation_rows = frame.to_dict("records")
+        clock.lap("evaluate")
+        tables.append(delta.EVALUATION)
+
+    summary = PgsrSummary(
+        output=output,
+        mechanism=config.mechanism,
+        epsilon=str(config.budget.total_epsilon),
+        nodes={lv: node_counts.get(lv, 0) for lv in hierarchy.names},
+        checks=checks,
+        elapsed_s=clock.elapsed(),
+        timings=clock.timings,
+        optimality=optimality,
+        evaluation=evaluation_rows,
+        for_release=run.for_release,
+    )
+    common = run.manifest_fields()
+    if config.mechanism == "relaxed":
+        common["versions"]["clarabel"] = version("clarabel")
+    write_manifest(
+        output / "manifest.json",
+        {
+            "run": config.run.name,
+            "release": "group sizes (PGSR)",
+            "mechanism": config.mechanism,
+            "norm": config.norm if config.mechanism != "relaxed" else "l2",
+            "faithfulness": config.faithfulness,
+            "config_file": config.source,
+            "config_text": Path(config.source).read_text(),
+            "input": str(config.input.path),
+            "groups": {"max_size": config.groups.max_size, "topcode": config.groups.topcode},
+            "privacy": _privacy(config),
+            "nodes": summary.nodes,
+            "guarantee_checks": checks,
+            "optimality": optimality,
+            **common,
+            "tables": tables,
+        },
+    )
+    leaves.unpersist()
+    nodes.unpersist()
+    noisy.unpersist()
+    return summary
+
+
+def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``pgsr`` to the CLI's subparsers."""
+    parser = subparsers.add_parser("pgsr", help="run the group-size release (PGSR)")
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument(
+        "--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)"
+    )
+    parser.add_argument("--input", type=Path, help="override [input].path")
+    parser.add_argument("--output", type=Path, help="override [run].output")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
+    parser.add_argument(
+        "--evaluate", action="store_true", help="also write error against the truth (internal)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_reuse_secret_flag(parser)
+    parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    return parser
+
+
+def run_pgsr_from_args(args: argparse.Namespace) -> int:
+    """``censusdp pgsr``: user errors propagate to the CLI, which prints one line and exits 2."""
+    from censusdp_spark.engine.session import spark_session
+
+    config = load_pgsr_config(args.config)
+    options = PgsrOptions(
+        args.mechanism,
+        args.input,
+        args.output,
+        args.secret_file,
+        args.evaluate,
+        args.overwrite,
+        args.reuse_secret,
+    )
+    spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master)
+    spark.sparkContext.setLogLevel("WARN")
+    summary = run_pgsr(spark, config, options)
+    print(summary.text())
+    return 0

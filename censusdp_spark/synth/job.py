@@ -1,0 +1,384 @@
+"""The synthetic-data job, shared by ``censusdp synth`` and ``spark-submit jobs/synth.py``.
+
+Stages:
+1. validate the config and options; refuse an existing output without ``--overwrite``;
+2. read and link the household and person tables, and answer every candidate workload on the
+   cluster (confidential sums, in driver memory only; nothing is written if the input fails);
+3. the method (pure numpy on the driver): Adaptive Measurements for ``mwem``, ``hpd_fixed`` and
+   ``hpd_gen``, one-way noisy marginals for ``independent``; every measurement's ρ is recorded;
+4. ``synthetic_households`` and ``synthetic_persons`` (N_G households, labels as in the config)
+   and ``noisy_measurements`` written to Delta;
+5. with ``--evaluate``: max and mean error on Q_G, Q_I and Q_R against the truth, in
+   ``evaluation/`` (internal, not for release);
+6. the manifest, last: ρ per round, method, hyperparameters, public totals, versions, timings.
+   No secret (only its fingerprint) and no true answer.
+
+Privacy: ρ-zCDP for the change-one-person neighbour relation of
+:mod:`censusdp_spark.synth.adaptive` (group attributes and household membership fixed), with
+N_G, N_I and M public.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from censusdp_spark.model.errors import ConfigError, InputError
+from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
+from censusdp_spark.privacy.accounting import BudgetError
+from censusdp_spark.privacy.conversions import bun_steinke_epsilon
+from censusdp_spark.release.manifest import write_manifest
+from censusdp_spark.release.runner import (
+    OutputExistsError,
+    ReleaseRun,
+    SecretError,
+    SecretSource,
+    add_reuse_secret_flag,
+    input_fingerprint,
+    measurement_fingerprint,
+    private_dir_for,
+)
+from censusdp_spark.synth.config import METHODS, SynthConfig, load_synth_config
+from censusdp_spark.synth.domain import decode
+from censusdp_spark.synth.evaluation import error_rows
+from censusdp_spark.synth.synthesise import MethodOptions, synthesise, training_workloads
+from censusdp_spark.synth.workloads import (
+    answers,
+    marginal_workloads,
+    normalise,
+    relationship_workloads,
+)
+
+if TYPE_CHECKING:  # Spark is imported when a run starts, so the CLI stays quick to load
+    from pyspark.sql import SparkSession
+
+SYNTHETIC_HOUSEHOLDS = "synthetic_households"
+SYNTHETIC_PERSONS = "synthetic_persons"
+NOISY_MEASUREMENTS = "noisy_measurements"
+EVALUATION = "evaluation"
+RHO_GRID = 10**12
+"""ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    method: str
+    rho: Fraction | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    rounds: int | None = None
+    output: Path | None = None
+    secret_file: Path | None = None
+    evaluate: bool = False
+    overwrite: bool = False
+    reuse_secret: bool = False
+
+
+@dataclass
+class SynthSummary:
+    output: Path
+    method: str
+    rho: Fraction
+    epsilon: float
+    delta: float
+    households: int
+    individuals: int
+    elapsed_s: float
+    timings: dict[str, float] = field(default_factory=dict)
+    evaluation: list[dict[str, Any]] = field(default_factory=list)
+    for_release: bool = True
+
+    def text(self) -> str:
+        lines = [
+            f"synthetic data ({self.method}) written to {self.output}"
+            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
+            f"  {self.households} households, {self.individuals} persons in the input "
+            "(public totals)",
+            f"  privacy: rho = {self.rho} (~{float(self.rho):.6f}) zCDP, "
+            f"epsilon = {self.epsilon:.3f} at delta = {self.delta:g}",
+            f"  elapsed: {self.elapsed_s:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+            + ")",
+            f"  tables: {SYNTHETIC_HOUSEHOLDS}, {SYNTHETIC_PERSONS}, {NOISY_MEASUREMENTS}; "
+            f"manifest: {self.output / 'manifest.json'}",
+        ]
+        for row in self.evaluation:
+            lines.append(
+                f"  evaluation {row['target']:>6} {row['query_class']:<4} "
+                f"max {row['max_error']:.4f} mean {row['mean_error']:.5f}"
+            )
+        return "\n".join(lines)
+
+
+def resolve_rho(config: SynthConfig, options: SynthOptions) -> tuple[Fraction, float]:
+    """(ρ, δ used to report ε): ``--rho``, else ``--epsilon`` at δ, else the config's ρ."""
+    delta = options.delta if options.delta is not None else config.run.delta
+    if options.delta is not None and options.epsilon is None:
+        raise ValueError("--delta goes with --epsilon")
+    if options.rho is not None:
+        rho = options.rho
+    elif options.epsilon is not None:
+        rho = Fraction(math.floor(approx_dp_to_zcdp(options.epsilon, delta) * RHO_GRID), RHO_GRID)
+    else:
+        rho = config.budget.rho
+    if rho <= 0:
+        raise ValueError(f"rho = {rho} must be > 0")
+    return rho, delta
+
+
+SYNTH = "synth"
+
+
+def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
+    if options.method not in METHODS:
+        raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
+    rho, delta_ = resolve_rho(config, options)
+    run_options = config.run
+    if options.output is not None:
+        run_options = replace(
+            run_options, output=options.output, private_dir=private_dir_for(options.output)
+        )
+    if options.secret_file is not None:
+        run_options = replace(run_options, secret_file=options.secret_file)
+    config = replace(config, run=run_options)
+    rounds = options.rounds or config.budget.rounds_for(rho)
+    measured = measurement_fingerprint(
+        SYNTH,
+        Path(config.source).read_text(),
+        input_fingerprint([config.input.households, config.input.persons]),
+        settings={"method": options.method, "rho": str(rho), "rounds": rounds},
+    )
+    release = ReleaseRun(
+        SYNTH,
+        run_options.output,
+        run_options.private_dir,
+        SecretSource(run_options.secret_file, run_options.secret_env),
+        measured,
+        overwrite=options.overwrite,
+        reuse_secret=options.reuse_secret,
+        streams=f"{SYNTH}/{options.method}",
+    )
+    with release:
+        return _run_synth(spark, config, options, release, rho, delta_, rounds)
+
+
+def _run_synth(
+    spark: SparkSession,
+    config: SynthConfig,
+    options: SynthOptions,
+    release: ReleaseRun,
+    rho: Fraction,
+    delta_: float,
+    rounds: int,
+) -> SynthSummary:
+    from censusdp_spark.io import delta
+    from censusdp_spark.synth.spark import (
+        measurements_frame,
+        read_linked,
+        workload_counts,
+        write_frames,
+    )
+
+    clock = release.clock
+    run = config.run
+    output = run.output
+    method_options = MethodOptions(
+        rounds, config.budget.select_share, config.mwem, config.hpd_fixed, config.hpd_gen
+    )
+    domain = config.domain
+
+    candidates = training_workloads(options.method, domain, config.degree)
+    evaluation = marginal_workloads(domain, config.degree) + relationship_workloads(
+        domain, config.degree
+    )
+    needed = candidates + evaluation if options.evaluate else candidates
+    linked = read_linked(spark, config.input, domain)
+    counted = workload_counts(
+        linked, domain, needed, config.input.household_id, config.input.member_order
+    )
+    if counted.totals.households == 0:
+        raise InputError(
+            str(config.input.households),
+            "rows",
+            f"no household of at most {domain.max_members} persons",
+        )
+    totals = counted.totals
+    truth = normalise(counted.counts, needed, totals)
+    clock.lap("read_and_answer")
+    secret = release.secret()  # only once the input has passed validation
+
+    result = synthesise(
+        options.method,
+        domain,
+        candidates,
+        truth[: candidates.n_queries],
+        totals,
+        rho,
+        method_options,
+        secret,
+    )
+    if result.rho_spent() != rho:
+        raise BudgetError(f"the run spent rho {result.rho_spent()}, not {rho}")
+    clock.lap("method")
+    clock.timings.update({f"method_{k}": v for k, v in result.timings.items()})
+    release.prepare_output()
+    households, persons = decode(domain, result.households)
+    write_frames(
+        spark,
+        {
+            SYNTHETIC_HOUSEHOLDS: households,
+            SYNTHETIC_PERSONS: persons,
+            NOISY_MEASUREMENTS: measurements_frame(result.noisy),
+        },
+        output,
+    )
+    clock.lap("write")
+
+    error_table: list[dict[str, Any]] = []
+    if options.evaluate:
+        true_eval = truth[candidates.n_queries :]
+        model_set = marginal_workloads(domain, config.degree)
+        error_table = error_rows(
+            true_eval[: model_set.n_queries], result.model_answers(model_set), model_set, "model"
+        )
+        error_table += error_rows(
+            true_eval, answers(result.households, domain, evaluation), evaluation, "tables"
+        )
+        for row in error_table:
+            row["method"] = options.method
+        frame = pd.DataFrame(error_table)[
+            ["method", "target", "query_class", "queries", "max_error", "mean_error"]
+        ]
+        eval_dir = output / EVALUATION
+        delta.write_table(spark.createDataFrame(frame), eval_dir, "table")
+        frame.to_csv(eval_dir / "errors.csv", index=False)
+        clock.lap("evaluate")
+
+    summary = SynthSummary(
+        output,
+        options.method,
+        rho,
+        zcdp_to_approx_dp(rho, delta_),
+        delta_,
+        totals.households,
+        totals.individuals,
+        clock.elapsed(),
+        clock.timings,
+        error_table,
+        release.for_release,
+    )
+    write_manifest(
+        output / "manifest.json",
+        {
+            "run": run.name,
+            "method": options.method,
+            "config_file": config.source,
+            "config_text": Path(config.source).read_text(),
+            "input": {
+                "households": str(config.input.households),
+                "persons": str(config.input.persons),
+            },
+            "privacy": {
+                "definition": "rho-zCDP; neighbours change one person's individual attributes "
+                "(household membership, group attributes, N_G, N_I and M fixed and public)",
+                "rho": str(rho),
+                "rho_float": float(rho),
+                "delta": delta_,
+                "epsilon_tight": summary.epsilon,
+                "epsilon_bun_steinke": bun_steinke_epsilon(rho, delta_),
+                "rounds": rounds if options.method != "independent" else None,
+                "select_share": str(config.budget.select_share),
+                "rho_spent_exact": str(result.rho_spent()),
+                "noise": "exact discrete Gaussian on counts and exact exponential mechanism "
+                "(rational epsilon, rounded down), from keyed ChaCha20 streams",
+            },
+            "budget": result.budget_rows,
+            "public_totals": {
+                "households": totals.households,
+                "individuals": totals.individuals,
+                "max_members": domain.max_members,
+                "households_dropped_over_max_members": counted.dropped_oversize,
+            },
+            "hyperparameters": result.hyperparameters,
+            **release.manifest_fields(),
+            "tables": [SYNTHETIC_HOUSEHOLDS, SYNTHETIC_PERSONS, NOISY_MEASUREMENTS],
+        },
+    )
+    return summary
+
+
+def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``synth`` to the CLI's subparsers."""
+    p = subparsers.add_parser("synth", help="hierarchical synthetic households and persons (zCDP)")
+    p.add_argument("--config", required=True, type=Path)
+    p.add_argument("--method", required=True, choices=METHODS)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--rho", type=Fraction, help="total rho as an exact fraction, e.g. 1/10")
+    budget.add_argument(
+        "--epsilon", type=float, help="total epsilon at --delta (converted to rho, rounded down)"
+    )
+    p.add_argument("--delta", type=float, help="with --epsilon (default [run].delta)")
+    p.add_argument(
+        "--rounds", type=int, help="fixed number of rounds T (default: [budget], scaled with rho)"
+    )
+    p.add_argument("--output", type=Path, help="override [run].output")
+    p.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
+    p.add_argument(
+        "--evaluate", action="store_true", help="also write error against the truth (internal)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_reuse_secret_flag(p)
+    p.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    return p
+
+
+def run_synth_from_args(args: argparse.Namespace) -> int:
+    """Run ``censusdp synth``; a user error is one line on stderr and exit code 2."""
+    from censusdp_spark.engine.session import spark_session
+
+    try:
+        if args.rounds is not None and args.rounds < 1:
+            raise ValueError(f"--rounds {args.rounds} must be >= 1")
+        config = load_synth_config(args.config)
+        options = SynthOptions(
+            args.method,
+            args.rho,
+            args.epsilon,
+            args.delta,
+            args.rounds,
+            args.output,
+            args.secret_file,
+            args.evaluate,
+            args.overwrite,
+            args.reuse_secret,
+        )
+        spark = spark_session(f"censusdp-synth-{config.run.name}", args.master)
+        summary = run_synth(spark, config, options)
+    except (
+        ConfigError,
+        InputError,
+        BudgetError,
+        OutputExistsError,
+        SecretError,
+        ValueError,
+    ) as err:
+        print(f"censusdp: error: {err}", file=sys.stderr)
+        return 2
+    print(summary.text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry until ``synth`` is wired into ``censusdp_spark.cli``."""
+    parser = argparse.ArgumentParser(prog="censusdp")
+    add_synth_parser(parser.add_subparsers(dest="command", required=True))
+    return run_synth_from_args(parser.parse_args(argv))

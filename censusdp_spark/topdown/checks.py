@@ -1,0 +1,62 @@
+"""Guarantees checked after every TopDown run; a violation fails the run loudly.
+
+1. every released count is a non-negative integer;
+2. at every level, the children of each parent sum to the parent cell by cell;
+3. every invariant node total equals its true value.
+The checks are Spark aggregations over the released tables; only violation counts reach the
+driver (never counts themselves).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.model.errors import GuaranteeViolation
+from censusdp_spark.model.geography import Hierarchy
+
+
+def check_estimates(
+    estimates: DataFrame, hierarchy: Hierarchy, invariant_totals: DataFrame
+) -> dict[str, int]:
+    """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``.
+
+    ``estimates`` is long format ``level, geocode, cell, count``; ``invariant_totals`` is
+    ``level, geocode, inv_total``.
+    """
+    negatives = estimates.filter(F.col("count") < 0).count()
+    child_sums = None
+    for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
+        prefix = geocode_prefix(parent.digits)
+        part = estimates.filter(F.col("level") == child.name).select(
+            F.lit(parent.name).alias("level"), prefix.alias("geocode"), "cell", "count"
+        )
+        child_sums = part if child_sums is None else child_sums.unionByName(part)
+    assert child_sums is not None
+    summed = child_sums.groupBy("level", "geocode", "cell").agg(F.sum("count").alias("children"))
+    parents = estimates.filter(F.col("level") != hierarchy.leaf.name)
+    inconsistent = (
+        parents.join(summed, ["level", "geocode", "cell"], "full_outer")
+        .filter(F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0)))
+        .count()
+    )
+    invariant_levels = [r["level"] for r in invariant_totals.select("level").distinct().collect()]
+    totals = (
+        estimates.filter(F.col("level").isin(invariant_levels))
+        .groupBy("level", "geocode")
+        .agg(F.sum("count").alias("total"))
+    )
+    broken_invariants = (
+        invariant_totals.join(totals, ["level", "geocode"], "left")
+        .filter(F.coalesce(F.col("total"), F.lit(0)) != F.col("inv_total"))
+        .count()
+    )
+    result = {
+        "negative_counts": negatives,
+        "children_not_summing_to_parent": inconsistent,
+        "invariants_broken": broken_invariants,
+    }
+    if any(result.values()):
+        raise GuaranteeViolation(f"released estimates break guarantees: {result}")
+    return result

@@ -1,0 +1,269 @@
+"""The TopDown release job, shared by ``censusdp topdown`` and ``spark-submit jobs/topdown.py``.
+
+Stages (each a Spark job; nothing per node is collected to the driver):
+1. read and validate the input (nothing is written if it fails);
+2. node histograms for every level (confidential, in memory only);
+3. measurement: one noise pass over every node, written once to ``noisy_measurements``;
+4. estimation level by level from the noisy table, each level written to ``estimates`` before
+   the next level reads it;
+5. guarantees checked; ``microdata`` regenerated from the block estimates;
+6. with ``evaluate``: error against the truth in ``evaluation/`` (internal, not for release);
+7. the manifest, last.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine.hierarchy import node_histograms, node_totals
+from censusdp_spark.io import delta
+from censusdp_spark.release.manifest import write_manifest
+from censusdp_spark.release.runner import (
+    ReleaseRun,
+    SecretSource,
+    input_fingerprint,
+    measurement_fingerprint,
+    private_dir_for,
+)
+from censusdp_spark.topdown.checks import check_estimates
+from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.estimate import estimate_level, level_plan
+from censusdp_spark.topdown.evaluate import baseline_errors, plot_errors, topdown_errors
+from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
+from censusdp_spark.topdown.measure import measure
+from censusdp_spark.topdown.microdata import microdata
+from censusdp_spark.topdown.readers import read_blocks
+
+TOPDOWN = "topdown"
+
+
+@dataclass(frozen=True)
+class TopDownOptions:
+    input: Path | None = None
+    output: Path | None = None
+    secret_file: Path | None = None
+    evaluate: bool = False
+    overwrite: bool = False
+    resume: bool = False
+    reuse_secret: bool = False
+
+
+@dataclass
+class RunSummary:
+    output: Path
+    levels: list[str]
+    nodes: dict[str, int]
+    rho: str
+    epsilon: float
+    delta: float
+    elapsed_s: float
+    timings: dict[str, float] = field(default_factory=dict)
+    evaluation: list[dict[str, Any]] = field(default_factory=list)
+    for_release: bool = True
+
+    def text(self) -> str:
+        lines = [
+            f"TopDown release written to {self.output}"
+            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
+            "  levels: " + ", ".join(f"{lv} ({self.nodes[lv]} nodes)" for lv in self.levels),
+            f"  privacy: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
+            f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
+            f"  elapsed: {self.elapsed_s:.1f} s ("
+            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+            + ")",
+            f"  tables: {', '.join(delta.table_path(self.output, t) for t in (delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA))}",
+            f"  manifest: {self.output / 'manifest.json'}",
+        ]
+        if self.evaluation:
+            lines.append(f"  evaluation (internal, not for release): {self.output / 'evaluation'}")
+        return "\n".join(lines)
+
+
+def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
+    run = config.run
+    if options.output is not None:
+        # A different output is a different run: its private area (state, generated secret)
+        # sits beside it rather than in the config's private_dir.
+        run = replace(run, output=options.output, private_dir=private_dir_for(options.output))
+    if options.secret_file is not None:
+        run = replace(run, secret_file=options.secret_file)
+    spec = config.input
+    if spec is None:
+        raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
+    if options.input is not None:
+        spec = replace(spec, path=options.input)
+    return replace(config, run=run, input=spec)
+
+
+POST_PROCESSING_KEYS = (("estimation", "method"), ("estimation", "passes"))
+"""Config keys that change only the estimation from the noisy measurements, not the noise."""
+
+
+def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
+    """The runner of a TopDown run of ``config`` (options applied)."""
+    assert config.input is not None
+    measured = measurement_fingerprint(
+        TOPDOWN,
+        Path(config.source).read_text(),
+        input_fingerprint([config.input.path]),
+        POST_PROCESSING_KEYS,
+    )
+    return ReleaseRun(
+        TOPDOWN,
+        config.run.output,
+        config.run.private_dir,
+        SecretSource(config.run.secret_file, config.run.secret_env),
+        measured,
+        overwrite=options.overwrite,
+        resume=options.resume,
+        reuse_secret=options.reuse_secret,
+    )
+
+
+def _driver_fault(after_level: str) -> None:
+    """Test hook: ``CENSUSDP_TEST_FAULT=driver_after_level:<level>`` kills the driver abruptly."""
+    if os.environ.get("CENSUSDP_TEST_FAULT") == f"driver_after_level:{after_level}":
+        os._exit(17)
+
+
+def invariant_levels(config: RunConfig) -> list[str]:
+    """Levels whose node totals are held exact: each configured level and every level above."""
+    if not config.invariant_levels:
+        return []
+    deepest = max(config.hierarchy.index(lv) for lv in config.invariant_levels)
+    return list(config.hierarchy.names[: deepest + 1])
+
+
+def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions) -> RunSummary:
+    config = _apply_options(config, options)
+    with release_run(config, options) as run:
+        return _run_topdown(spark, config, options, run)
+
+
+def _run_topdown(
+    spark: SparkSession, config: RunConfig, options: TopDownOptions, run: ReleaseRun
+) -> RunSummary:
+    assert config.input is not None
+    output = config.run.output
+    hierarchy = config.hierarchy
+    clock = run.clock
+    blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
+    node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
+    clock.lap("read_and_validate")
+
+    secret = run.secret()  # only once the input has passed validation
+    run.prepare_output()
+    if not run.done("measure"):
+        shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
+        delta.write_table(
+            measure(nodes, config, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level"
+        )
+        run.commit("measure")
+        clock.lap("measure")
+
+    inv_levels = invariant_levels(config)
+    invariants = (
+        node_totals(nodes)
+        .filter(F.col("level").isin(inv_levels))
+        .withColumnRenamed("total", "inv_total")
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
+    fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
+    parent_estimates = None
+    for i, level in enumerate(hierarchy.levels):
+        if not run.done(level.name):
+            parent_digits = hierarchy.levels[i - 1].digits if i else 0
+            estimates = estimate_level(
+                level_plan(config, level.name),
+                noisy.filter(F.col("level") == level.name),
+                invariants.filter(F.col("level") == level.name).select("geocode", "inv_total"),
+                parent_estimates,
+                parent_digits,
+                fault_marker,
+            )
+            delta.write_level(delta.long_cells(estimates), output, delta.ESTIMATES, level.name)
+            run.commit(level.name)
+            clock.lap(f"estimate_{level.name}", f"{node_counts.get(level.name, 0)} nodes")
+            _driver_fault(level.name)
+        parent_estimates = delta.sparse_nodes(
+            delta.read_table(spark, output, delta.ESTIMATES).filter(F.col("level") == level.name)
+        ).select("geocode", "cells", "counts")
+
+    released = delta.read_table(spark, output, delta.ESTIMATES)
+    checks = check_estimates(released, hierarchy, invariants)
+    clock.lap("check_guarantees")
+    shutil.rmtree(
+        output / delta.MICRODATA, ignore_errors=True
+    )  # only an uncommitted leftover can be here
+    delta.write_table(
+        microdata(released.filter(F.col("level") == hierarchy.leaf.name), config.schema),
+        output,
+        delta.MICRODATA,
+    )
+    clock.lap("microdata")
+
+    evaluation_rows: list[dict[str, Any]] = []
+    if options.evaluate:
+        truth = delta.long_cells(nodes)
+        evaluation = topdown_errors(truth, released, node_counts, config).unionByName(
+            baseline_errors(blocks, config, secret)
+        )
+        eval_dir = output / "evaluation"
+        shutil.rmtree(eval_dir, ignore_errors=True)
+        evaluation.coalesce(1).write.format("delta").save(str(eval_dir / "table"))
+        table: pd.DataFrame = evaluation.toPandas()
+        table.to_csv(eval_dir / "errors.csv", index=False)
+        plot_errors(
+            table,
+            hierarchy.names,
+            str(eval_dir / "error_by_level.png"),
+            f"{config.run.name}: rho = {float(config.budget.total_rho):.3g}",
+        )
+        evaluation_rows = table.to_dict("records")
+        clock.lap("evaluate")
+
+    privacy = privacy_summary(config)
+    summary = RunSummary(
+        output=output,
+        levels=list(hierarchy.names),
+        nodes={lv: int(node_counts.get(lv, 0)) for lv in hierarchy.names},
+        rho=privacy["rho"],
+        epsilon=privacy["epsilon_tight"],
+        delta=config.run.delta,
+        elapsed_s=clock.elapsed(),
+        timings=clock.timings,
+        evaluation=evaluation_rows,
+        for_release=run.for_release,
+    )
+    write_manifest(
+        output / "manifest.json",
+        {
+            "run": config.run.name,
+            "config_file": config.source,
+            "config_text": Path(config.source).read_text(),
+            "input": str(config.input.path),
+            "privacy": privacy,
+            "budget": budget_rows(config),
+            "nodes": summary.nodes,
+            "guarantee_checks": checks,
+            **run.manifest_fields(),
+            "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA],
+        },
+    )
+    blocks.unpersist()
+    nodes.unpersist()
+    invariants.unpersist()
+    return summary

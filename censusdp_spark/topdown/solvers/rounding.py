@@ -1,0 +1,292 @@
+"""Controlled rounding of the L2 estimate of one parent's children (the TopDown rounder).
+
+Given the L2 estimate ``x_hat`` (shape ``(k, n)``), the rounded histograms are
+``x = floor(x_hat) + b`` with ``b`` in ``{0, 1}`` chosen to
+
+    minimise   sum_q sum_c || Q_q x_c - Q_q x_hat_c ||_1
+    subject to sum_c x_c = parent                (cell by cell, when a parent is given),
+               sum_j x_{c,j} = child_totals[c]   (when child totals are given),
+               sum_j x_j = T                     (at the root: T = child_totals[0] if given,
+                                                  else round(sum x_hat)).
+
+The objective is unweighted: every query's marginal cells count alike. Only entries with a
+fractional part can move, and only the marginal cells that contain such an entry can deviate.
+
+The constraint set is a transportation polytope whose vertices are integral, and the L2 estimate's
+fractional parts are a point of it, so a rounding always exists when ``x_hat`` meets the
+constraints up to round-off.
+
+Which method solves it:
+
+* Nested queries (the flow path). When, for every child, the queries' marginal cells restricted
+  to its fractional entries are laminar (any two are disjoint or one contains the other; true
+  for instance of {total, detailed}, of any chain of coarser and finer marginals, and of
+  crossing marginals on children whose fractional entries happen not to cross), the problem is
+  a minimum-cost flow with convex costs on one tree per child. Its constraint matrix is totally
+  unimodular, so the best integral flow is optimal among all roundings, and
+  ``laminar_rounding`` finds it by cancelling negative cycles until none is left, which
+  certifies optimality (see that module). It ignores ``time_limit``, and is used while its
+  ``k (n + 1)^2`` table of move costs has at most ``FLOW_SIZE_LIMIT`` entries (memory).
+* Otherwise (crossing marginals, e.g. votingage and hisprace together) a small mixed-integer
+  program: one binary per fractional entry and one continuous variable per affected marginal
+  cell bounding the absolute deviation, solved to proven optimality (zero relative gap) by
+  HiGHS through ``scipy.optimize.milp``.
+* Large crossing families (more than ``MILP_SIZE_LIMIT`` fractional entries, or when HiGHS finds
+  no rounding within the time limit) use the cell-level rounding instead: minimise the L1
+  deviation of the detailed cells only, sum_{c,j} |b_{c,j} - f_{c,j}| = sum f + sum (1 - 2 f) b,
+  under the same sum constraints. Its constraint matrix is the incidence matrix of a bipartite
+  graph (cells x children), which is totally unimodular, so a simplex vertex of the linear
+  program is integral and optimal for that objective. It meets every constraint exactly; it
+  does not weigh the other queries' deviations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sparse
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+
+from censusdp_spark.topdown.solvers.laminar_rounding import is_laminar, round_laminar
+from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
+
+INTEGRAL_TOLERANCE = 1e-9
+"""An estimate within this distance of an integer is taken to be that integer."""
+
+MILP_SIZE_LIMIT = 4000
+"""Fractional entries above which the query-level MILP is skipped for the cell-level rounding."""
+
+FLOW_SIZE_LIMIT = 4_000_000
+"""Largest ``k (n + 1)^2`` (entries of the move-cost table, 8 bytes each) for the flow path."""
+
+
+def round_children(
+    problem: ChildrenProblem, x_hat: np.ndarray, time_limit: float | None = None
+) -> np.ndarray:
+    """Integer histograms closest to ``x_hat`` in every query's answers, meeting the invariants.
+
+    Returns an int64 array of shape ``(k, n)`` with entries ``floor(x_hat)`` or one more, that
+    meets the constraints in the module docstring and minimises the total L1 deviation of all
+    query answers from those of ``x_hat``. Integral input is returned unchanged.
+
+    Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow
+    unless the family is very large. Otherwise, without ``time_limit`` the rounding is proven optimal, which for
+    thousands of fractional entries under crossing marginals can take minutes; with
+    ``time_limit`` (seconds) the best rounding HiGHS has found by then is returned: it meets
+    every constraint but may not be optimal; ``RuntimeError`` if it has found none.
+
+    Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off, or
+    does not meet the constraints closely enough for a rounding to exist.
+    """
+    floor, fraction = _split(problem, x_hat)
+    moving = fraction > 0
+    column_need, row_need = _needs(problem, x_hat, floor, moving)
+    if not moving.any():
+        return floor
+    flow_size = problem.n_children * (problem.n_cells + 1) ** 2
+    if flow_size <= FLOW_SIZE_LIMIT and is_laminar(problem.marginals, moving):
+        return floor + round_laminar(problem.marginals, fraction, moving, column_need, row_need)
+    children, cells = np.nonzero(moving)
+    n_binary = children.shape[0]
+    rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
+    rounded = floor.copy()
+    if n_binary > MILP_SIZE_LIMIT:
+        rounded[children, cells] += _round_cells(rows, row_bounds, fraction[children, cells])
+        return rounded
+    binary_cost, deviation, lower, upper = _deviation_terms(
+        problem, children, cells, fraction[children, cells]
+    )
+    n_deviation = lower.size // 3
+    matrix = _stacked(rows, deviation, (lower.size, n_binary + n_deviation))
+    options: dict[str, float] = {"mip_rel_gap": 0.0}
+    if time_limit is not None:
+        options["time_limit"] = time_limit
+    result = milp(
+        np.concatenate([binary_cost, np.ones(n_deviation)]),
+        constraints=LinearConstraint(
+            matrix, np.concatenate([row_bounds, lower]), np.concatenate([row_bounds, upper])
+        ),
+        integrality=np.concatenate([np.ones(n_binary), np.zeros(n_deviation)]),
+        bounds=Bounds(
+            np.zeros(n_binary + n_deviation),
+            np.concatenate([np.ones(n_binary), np.full(n_deviation, np.inf)]),
+        ),
+        options=options,
+    )
+    if result.x is None or result.status not in (0, 1):
+        rounded[children, cells] += _round_cells(rows, row_bounds, fraction[children, cells])
+        return rounded
+    rounded[children, cells] += np.round(result.x[:n_binary]).astype(np.int64)
+    return rounded
+
+
+def _round_cells(rows: sparse.csr_matrix, targets: np.ndarray, fraction: np.ndarray) -> np.ndarray:
+    """0/1 round-ups minimising the detailed cells' L1 deviation under the sum constraints.
+
+    The sum rows form a bipartite incidence matrix (totally unimodular), so the dual simplex
+    returns an integral vertex; anything else is an error, never a silent rounding.
+    """
+    result = linprog(
+        1.0 - 2.0 * fraction,
+        A_eq=rows,
+        b_eq=targets,
+        bounds=(0.0, 1.0),
+        method="highs-ds",
+    )
+    if result.status != 0 or result.x is None:
+        raise RuntimeError(f"cell-level rounding failed: {result.message}")
+    up = np.round(result.x)
+    if np.max(np.abs(result.x - up)) > 1e-6:
+        raise RuntimeError("cell-level rounding: the simplex vertex is not integral")
+    return up.astype(np.int64)
+
+
+def _split(problem: ChildrenProblem, x_hat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(floor, fraction)`` of ``x_hat``, snapping values within tolerance to integers."""
+    shape = (problem.n_children, problem.n_cells)
+    if np.shape(x_hat) != shape:
+        raise ValueError(f"x_hat: shape {np.shape(x_hat)}, expected {shape}")
+    if not np.all(np.isfinite(x_hat)) or np.any(x_hat < -INTEGRAL_TOLERANCE):
+        raise ValueError("x_hat: values must be finite and non-negative")
+    nearest = np.round(x_hat)
+    integral = np.abs(x_hat - nearest) <= INTEGRAL_TOLERANCE
+    floor = np.where(integral, nearest, np.floor(x_hat))
+    fraction = np.where(integral, 0.0, x_hat - floor)
+    return floor.astype(np.int64), fraction
+
+
+def _needs(
+    problem: ChildrenProblem, x_hat: np.ndarray, floor: np.ndarray, moving: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """How many entries to round up per cell (column) and per child (row), where constrained.
+
+    At the root the row target is the child total if given, else the rounded grand total.
+    """
+    column_need = None
+    if problem.parent is not None:
+        column_need = problem.parent - floor.sum(axis=0)
+        _check_need("parent", column_need, moving.sum(axis=0))
+    row_target = problem.child_totals
+    if row_target is None and problem.parent is None:
+        row_target = np.array([int(np.round(x_hat.sum()))], dtype=np.int64)
+    row_need = None
+    if row_target is not None:
+        row_need = row_target - floor.sum(axis=1)
+        _check_need("child_totals", row_need, moving.sum(axis=1))
+    return column_need, row_need
+
+
+def _check_need(name: str, need: np.ndarray, available: np.ndarray) -> None:
+    if np.any(need < 0) or np.any(need > available):
+        raise ValueError(f"x_hat: its sums do not match {name}, so no rounding meets them")
+
+
+def _sum_constraints(
+    children: np.ndarray,
+    cells: np.ndarray,
+    column_need: np.ndarray | None,
+    row_need: np.ndarray | None,
+) -> tuple[sparse.csr_matrix, np.ndarray]:
+    """Equality rows ``sum b = need`` per constrained cell and child, over the moving entries."""
+    n_binary = children.shape[0]
+    row_of: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    n_rows = 0
+    for index, need in ((cells, column_need), (children, row_need)):
+        if need is None:
+            continue
+        used, position = np.unique(index, return_inverse=True)
+        row_of.append(position + n_rows)
+        targets.append(need[used].astype(float))
+        n_rows += used.size
+    if not row_of:
+        return sparse.csr_matrix((0, n_binary)), np.zeros(0)
+    row = np.concatenate(row_of)
+    column = np.tile(np.arange(n_binary), len(row_of))
+    matrix = sparse.csr_matrix((np.ones(row.size), (row, column)), shape=(n_rows, n_binary))
+    return matrix, np.concatenate(targets)
+
+
+_Triplets = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""``(row, column, value)`` of the non-zero entries of a sparse matrix."""
+
+
+def _stacked(
+    top: sparse.csr_matrix, bottom: _Triplets, shape: tuple[int, int]
+) -> sparse.csr_matrix:
+    """``top`` (padded with zero columns) above ``bottom`` (of ``shape``), as one CSR matrix."""
+    top_rows = np.repeat(np.arange(top.shape[0]), np.diff(top.indptr))
+    row, column, value = bottom
+    return sparse.csr_matrix(
+        (
+            np.concatenate([top.data, value]),
+            (np.concatenate([top_rows, row + top.shape[0]]), np.concatenate([top.indices, column])),
+        ),
+        shape=(top.shape[0] + shape[0], shape[1]),
+    )
+
+
+def _deviation_terms(
+    problem: ChildrenProblem, children: np.ndarray, cells: np.ndarray, fraction: np.ndarray
+) -> tuple[np.ndarray, _Triplets, np.ndarray, np.ndarray]:
+    """The L1 deviation of every affected marginal cell, as costs and constraints.
+
+    For an affected (query, child, marginal cell) with moving entries ``B`` and total fractional
+    part ``F``, the deviation is ``|s - F|`` with the integer ``s = sum_{B} b``.
+
+    * With one moving entry it is linear in that entry, ``f + (1 - 2 f) b``: no new variable.
+    * Otherwise a variable ``e`` bounds it with ``e >= s - F``, ``e >= F - s`` and the cut
+      ``e >= phi + (1 - 2 phi) (s - floor(F))`` (``phi = F - floor(F)``), which with the other
+      two describes the convex hull of ``{(s, |s - F|): s integer}``; without it the LP
+      relaxation would always have the useless bound 0.
+
+    Returns ``(binary_cost, rows, lower, upper)``: the cost added to each binary and the rows over
+    ``[b, e]`` (three per ``e``, one ``e`` per column beyond the binaries) as triplets.
+    """
+    n_binary = children.shape[0]
+    binary_cost = np.zeros(n_binary)
+    members: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    n_deviation = 0
+    for cell_to_marginal, size in zip(problem.marginals, problem.marginal_sizes, strict=True):
+        key = children * size + cell_to_marginal[cells]
+        _, group, counts = np.unique(key, return_inverse=True, return_counts=True)
+        single = counts[group] == 1
+        binary_cost[single] += 1.0 - 2.0 * fraction[single]
+        shared = np.flatnonzero(~single)
+        _, shared_group = np.unique(group[shared], return_inverse=True)
+        members.append(shared)
+        groups.append(shared_group + n_deviation)
+        n_shared = int(shared_group.max(initial=-1)) + 1
+        targets.append(np.bincount(shared_group, weights=fraction[shared], minlength=n_shared))
+        n_deviation += n_shared
+    member = np.concatenate(members)
+    group = np.concatenate(groups)
+    target = np.concatenate(targets)
+    below = np.floor(target)
+    phi = target - below
+    slope = 1.0 - 2.0 * phi
+    # Rows: e >= s - F, then e >= F - s, then the cut; a zero slope leaves the cut without b.
+    deviation = np.arange(n_deviation)
+    sloped = slope[group] != 0.0
+    row = np.concatenate(
+        [
+            group,
+            deviation,
+            group + n_deviation,
+            deviation + n_deviation,
+            group[sloped] + 2 * n_deviation,
+            deviation + 2 * n_deviation,
+        ]
+    )
+    column = np.concatenate(
+        [member, deviation + n_binary] * 2 + [member[sloped], deviation + n_binary]
+    )
+    ones = np.ones(n_deviation)
+    value = np.concatenate(
+        [np.ones(member.size), -ones, np.ones(member.size), ones, slope[group][sloped], -ones]
+    )
+    unbounded = np.full(n_deviation, np.inf)
+    lower = np.concatenate([-unbounded, target, -unbounded])
+    upper = np.concatenate([target, unbounded, slope * below - phi])
+    return binary_cost, (row, column, value), lower, upper

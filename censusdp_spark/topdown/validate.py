@@ -1,0 +1,156 @@
+"""``censusdp validate``: check a TopDown config, its input and its secret; write nothing.
+
+What it checks, in the order a release would meet them:
+1. the config (every rule of ``load_config``, the budget included);
+2. the input, through the same reader as the release (``read_blocks``: columns, integer counts,
+   non-negative cells, geocode length, unique geocodes), so an input that passes here passes there;
+3. the run secret, if the run is given one (``--secret-file`` or the config's ``secret_env`` set):
+   readable, owner-only, 64 hex characters. It is never printed.
+
+It prints the number of input blocks and of nodes per level (the public spine) and the budget
+totals; no count of people. The lead's ``censusdp_spark.cli`` adds the parser with
+:func:`add_validate_parser` and dispatches ``validate`` to :func:`run_validate_from_args`; until
+then ``spark-submit censusdp_spark/topdown/validate.py --config CONF`` runs it as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from censusdp_spark.privacy import load_or_create_secret, zcdp_to_approx_dp
+from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.readers import read_blocks
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    config: str
+    input: Path
+    blocks: int
+    nodes: dict[str, int]
+    rho: str
+    epsilon: float
+    delta: float
+    secret: str  # how the secret was checked, never the secret
+
+    def text(self) -> str:
+        return "\n".join(
+            [
+                f"{self.config}: valid",
+                f"  input {self.input}: {self.blocks} blocks pass every input rule",
+                "  nodes: " + ", ".join(f"{lv} {n}" for lv, n in self.nodes.items()),
+                f"  budget: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
+                f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
+                f"  secret: {self.secret}",
+            ]
+        )
+
+
+def _check_secret(config: RunConfig, secret_file: Path | None) -> str:
+    """Read the secret the release would read, if it is already fixed; create nothing."""
+    env = config.run.secret_env
+    if env is not None and env in os.environ:
+        load_or_create_secret(None, env, config.run.private_dir)
+        return f"from environment variable {env}: well formed"
+    path = secret_file or config.run.secret_file
+    if path is None:
+        return "none given: a fresh run generates one in the private folder"
+    if not path.exists():
+        raise ValueError(f"{path}: secret file not found")
+    try:
+        load_or_create_secret(path, None, config.run.private_dir)
+    except PermissionError as err:  # a group- or world-readable secret: a user error, one line
+        raise ValueError(str(err)) from None
+    return f"{path}: owner-only, well formed"
+
+
+def validate_release(
+    spark: SparkSession,
+    config: RunConfig,
+    input_path: Path | None = None,
+    secret_file: Path | None = None,
+) -> ValidationReport:
+    """Run every check; raise ``ConfigError``, ``InputError`` or ``ValueError`` at the first
+    broken rule."""
+    spec = config.input
+    if spec is None:
+        raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
+    if input_path is not None:
+        spec = replace(spec, path=input_path)
+    secret = _check_secret(config, secret_file)
+    blocks = read_blocks(spark, spec, config.schema, config.hierarchy.leaf.digits)
+    geocode = F.col("geocode")
+    counts = blocks.agg(
+        *[
+            F.countDistinct(F.substring(geocode, 1, lv.digits)).alias(lv.name)
+            for lv in config.hierarchy.levels
+        ]
+    ).first()
+    assert counts is not None
+    nodes = {lv.name: int(counts[lv.name]) for lv in config.hierarchy.levels}
+    rho = config.budget.total_rho
+    return ValidationReport(
+        config=config.source,
+        input=spec.path,
+        blocks=nodes[config.hierarchy.leaf.name],
+        nodes=nodes,
+        rho=str(rho),
+        epsilon=zcdp_to_approx_dp(rho, config.run.delta),
+        delta=config.run.delta,
+        secret=secret,
+    )
+
+
+def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``validate --config CONF [--input PATH] [--secret-file PATH] [--master M]``."""
+    parser = subparsers.add_parser(
+        "validate", help="check a TopDown config, its input and secret; writes nothing"
+    )
+    _add_arguments(parser)
+    return parser
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--input", type=Path, help="override [input].path")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
+    parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
+
+
+def run_validate_from_args(args: argparse.Namespace) -> int:
+    """``censusdp validate``: user errors propagate to the CLI, which prints one line, exit 2."""
+    from censusdp_spark.engine.session import spark_session
+
+    config = load_config(args.config)
+    spark = spark_session(f"censusdp-validate-{config.run.name}", args.master)
+    spark.sparkContext.setLogLevel("WARN")
+    print(validate_release(spark, config, args.input, args.secret_file).text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``spark-submit censusdp_spark/topdown/validate.py ...``)."""
+    from censusdp_spark.model.errors import ConfigError, InputError
+
+    parser = argparse.ArgumentParser(prog="censusdp validate", description=__doc__.splitlines()[0])
+    _add_arguments(parser)
+    try:
+        return run_validate_from_args(parser.parse_args(argv))
+    except (ConfigError, InputError, ValueError) as err:
+        print(f"censusdp: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The secret rule of the one release runner, for TopDown, group sizes and synth alike: a fresh
+run without a secret draws new noise; a user secret makes one release of its stream family; the
+run lock, resume and overwrite guards; the secret is made only after the input validated."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from pathlib import Path
+
+import pytest
+
+from censusdp_spark.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDown input
+
+
+@pytest.fixture(scope="module")
+def tract_csv(tmp_path_factory) -> Path:
+    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
+    path = tmp_path_factory.mktemp("tract") / "tract.csv"
+    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(TRACT)]]) + "\n")
+    return path
+
+
+def changed_copy(source: Path, folder: Path) -> Path:
+    """``source`` with one count of its first data row raised by one (a neighbouring input)."""
+    lines = source.read_text().splitlines()
+    header = lines[0].split(",")
+    column = next(i for i, name in enumerate(header) if name in ("pop_white", "HHSIZE1"))
+    fields = lines[1].split(",")
+    fields[column] = str(int(fields[column]) + 1)
+    if "pop_white" in header:  # keep the block file's own totals consistent
+        for name in ("pop", "vap_white", "vap"):
+            i = header.index(name)
+            fields[i] = str(int(fields[i]) + 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / source.name
+    target.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    return target
+
+
+def release_args(kind: str, tract_csv: Path) -> list[str]:
+    """The command of a quick release of each kind (input and output added by the caller)."""
+    if kind == "topdown":
+        return ["topdown", "--config", str(ROOT / "conf" / "ri_2010_demo.toml")]
+    if kind == "pgsr":
+        return ["pgsr", "--config", str(ROOT / "conf" / "pgsr_calm.toml"), "--mechanism", "dp"]
+    return [
+        "synth",
+        *("--config", str(ROOT / "conf" / "synth_pums_reduced.toml")),
+        *("--method", "independent", "--rho", "1/2"),
+    ]
+
+
+def default_input(kind: str, tract_csv: Path) -> Path:
+    if kind == "topdown":
+        return tract_csv
+    return ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
+
+
+def run(kind: str, tract_csv: Path, out: Path, *extra: str, input: Path | None = None) -> int:
+    args = [*release_args(kind, tract_csv), "--output", str(out), *extra]
+    if kind != "synth":
+        args += ["--input", str(input or default_input(kind, tract_csv))]
+    return main(args)
+
+
+def noisy_rows(spark, out: Path) -> set:
+    """Every noisy measurement vector with its key (synth stores one row per cell: regrouped)."""
+    frame = spark.read.format("delta").load(str(out / "noisy_measurements")).toPandas()
+    if "cell" in frame.columns:
+        frame = frame.sort_values("cell").groupby(["round", "workload"], as_index=False)
+        frame = frame["noisy"].agg(tuple)
+    return {tuple(str(v) for v in row) for row in frame.itertuples(index=False)}
+
+
+def fingerprint(out: Path) -> str:
+    return json.loads((out / "manifest.json").read_text())["secret_fingerprint"]
+
+
+def make_secret(folder: Path, byte: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "secret.hex"
+    path.write_text(byte * 32 + "\n")
+    path.chmod(0o600)
+    return path
+
+
+KINDS = ["topdown", "pgsr", "synth"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_fresh_runs_without_a_secret_never_share_noise(spark, kind, tract_csv, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert run(kind, tract_csv, first) == 0
+    assert run(kind, tract_csv, second) == 0
+    assert fingerprint(first) != fingerprint(second)
+    shared = noisy_rows(spark, first) & noisy_rows(spark, second)
+    assert len(shared) < 0.5 * len(noisy_rows(spark, first)), kind  # only chance equalities
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_overwriting_without_a_secret_draws_new_noise(spark, kind, tract_csv, tmp_path):
+    out = tmp_path / "out"
+    assert run(kind, tract_csv, out) == 0
+    before = fingerprint(out)
+    assert run(kind, tract_csv, out, "--overwrite") == 0
+    assert fingerprint(out) != before
+
+
+@pytest.mark.parametrize("kind", ["topdown", "pgsr"])
+def test_a_user_secret_is_refused_for_a_second_release_on_changed_data(
+    spark, kind, tract_csv, tmp_path, capsys
+):
+    secret = make_secret(tmp_path / "s", "7a" if kind == "topdown" else "7b")
+    assert run(kind, tract_csv, tmp_path / "first", "--secret-file", str(secret)) == 0
+    changed = changed_copy(default_input(kind, tract_csv), tmp_path / "changed")
+    capsys.readouterr()
+    second = tmp_path / "second"
+    code = run(kind, tract_csv, second, "--secret-file", str(secret), input=changed)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "already made" in err[0] and "new secret" in err[0], err
+    assert not second.exists() or not any(second.iterdir())
+
+
+def test_a_user_secret_is_refused_for_synth_at_another_budget(spark, tract_csv, tmp_path, capsys):
+    secret = make_secret(tmp_path / "s", "7c")
+    assert run("synth", tract_csv, tmp_path / "first", "--secret-file", str(secret)) == 0
+    capsys.readouterr()
+    args = [*release_args("synth", tract_csv), "--output", str(tmp_path / "second")]
+    args[args.index("1/2")] = "1/3"
+    assert main([*args, "--secret-file", str(secret)]) == 2
+    assert "already made a synth/independent release" in capsys.readouterr().err
+    assert not (tmp_path / "second").exists()
+
+
+def test_the_same_measurement_again_and_another_estimation_reuse_a_user_secret(
+    spark, tract_csv, tmp_path
+):
+    """Same data, same noise: a second identical release (or another estimation of the same
+    noisy measurements) reveals nothing new and is allowed."""
+    secret = make_secret(tmp_path / "s", "7d")
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert run("topdown", tract_csv, first, "--secret-file", str(secret)) == 0
+    assert run("topdown", tract_csv, again, "--secret-file", str(secret)) == 0
+    assert noisy_rows(spark, first) == noisy_rows(spark, again)
+
+
+def test_reuse_secret_is_an_experiment_marked_not_for_release(spark, tract_csv, tmp_path, capsys):
+    secret = make_secret(tmp_path / "s", "7e")
+    assert run("topdown", tract_csv, tmp_path / "first", "--secret-file", str(secret)) == 0
+    changed = changed_copy(tract_csv, tmp_path / "changed")
+    out = tmp_path / "experiment"
+    code = run(
+        "topdown", tract_csv, out, "--secret-file", str(secret), "--reuse-secret", input=changed
+    )
+    assert code == 0
+    assert json.loads((out / "manifest.json").read_text())["for_release"] is False
+    assert "NOT FOR RELEASE" in capsys.readouterr().out
+
+
+def test_resume_refuses_an_input_changed_at_the_same_path(spark, tract_csv, tmp_path, capsys):
+    data = tmp_path / "data" / "tract.csv"
+    data.parent.mkdir()
+    data.write_text(tract_csv.read_text())
+    out = tmp_path / "out"
+    assert run("topdown", tract_csv, out, input=data) == 0
+    data.write_text(changed_copy(tract_csv, tmp_path / "changed").read_text())
+    capsys.readouterr()
+    assert run("topdown", tract_csv, out, "--resume", input=data) == 2
+    assert "input or config changed" in capsys.readouterr().err
+
+
+def test_a_run_holding_the_lock_keeps_a_second_run_out(spark, tract_csv, tmp_path, capsys):
+    out = tmp_path / "out"
+    private = tmp_path / "out.private"
+    private.mkdir(mode=0o700)
+    with open(private / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert run("topdown", tract_csv, out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds this run's lock" in err[0]
+    assert not out.exists()
+    assert sorted(p.name for p in private.iterdir()) == ["lock"]  # no secret, no state
+
+
+def test_overwrite_replaces_only_a_folder_this_system_wrote(spark, tract_csv, tmp_path, capsys):
+    out = tmp_path / "somebody_elses"
+    out.mkdir()
+    (out / "thesis.tex").write_text("keep me")
+    assert run("topdown", tract_csv, out, "--overwrite") == 2
+    assert "written by censusdp" in capsys.readouterr().err
+    assert (out / "thesis.tex").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("kind", ["topdown", "pgsr"])
+def test_bad_input_leaves_no_secret_behind(spark, kind, tract_csv, tmp_path):
+    bad = tmp_path / "bad" / "input.csv"
+    bad.parent.mkdir()
+    source = default_input(kind, tract_csv).read_text().splitlines()
+    bad.write_text("\n".join([source[0], source[1].replace(",", ",-", 5)]) + "\n")
+    out = tmp_path / "out"
+    assert run(kind, tract_csv, out, input=bad) == 2
+    private = tmp_path / "out.private"
+    assert not (private / "run_secret").exists() and not (private / "state.json").exists()
+    assert not out.exists()

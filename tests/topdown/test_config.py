@@ -1,0 +1,87 @@
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from censusdp_spark.model.errors import ConfigError
+from censusdp_spark.topdown.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "conf" / "ri_2010_demo.toml"
+
+
+def edited(tmp_path: Path, old: str, new: str, source: Path = DEMO) -> Path:
+    text = source.read_text()
+    assert old in text
+    path = tmp_path / "edited.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_demo_config_loads_into_typed_objects():
+    config = load_config(DEMO, ROOT)
+    assert config.schema.n_cells == 16
+    assert config.hierarchy.names == ("nation", "state", "county", "tract", "block_group", "block")
+    assert config.budget.total_rho == Fraction(293764, 114921)
+    assert [q.name for q in config.queries["block"]] == ["total", "detailed"]
+    assert config.input is not None and len(config.input.cells) == 16
+
+
+def test_pl94_config_has_2016_cells_and_one_structural_zero_block_of_cells():
+    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    assert config.schema.n_cells == 2016
+    assert len(config.structural_zero_cells) == 2 * 63  # nursing x under 18 x hispanic x cenrace
+    assert config.query("nation", "hhinstlevels").size == 3
+
+
+def test_unknown_key_is_an_error_naming_it(tmp_path):
+    path = edited(tmp_path, "[estimation]\n", "[estimation]\nsmoothing = true\n")
+    with pytest.raises(ConfigError, match=r"\[estimation\] unknown key\(s\) \['smoothing'\]"):
+        load_config(path, ROOT)
+
+
+def test_query_shares_not_summing_to_one_name_the_level(tmp_path):
+    path = edited(
+        tmp_path, '"total" = "1/10", "detailed" = "9/10"', '"total" = "1/10", "detailed" = "8/10"'
+    )
+    with pytest.raises(
+        ConfigError, match=r"budget.levels.block.queries: shares sum to 9/10, not 1"
+    ):
+        load_config(path, ROOT)
+
+
+def test_level_shares_not_summing_to_one_are_refused(tmp_path):
+    path = edited(tmp_path, 'share = "165/4099"', 'share = "166/4099"')
+    with pytest.raises(ConfigError, match="level shares sum to 4100/4099"):
+        load_config(path, ROOT)
+
+
+@pytest.mark.parametrize(
+    "value, message", [('"0"', "must be > 0"), ('"-1/2"', "must be > 0"), ("0.5", "is a float")]
+)
+def test_bad_rho_is_refused(tmp_path, value, message):
+    path = edited(tmp_path, 'rho = "293764/114921"', f"rho = {value}")
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, ROOT)
+
+
+def test_a_level_without_query_shares_is_refused(tmp_path):
+    path = edited(
+        tmp_path, 'queries = { "total" = "1/10", "detailed" = "9/10" }\n', "queries = {}\n"
+    )
+    with pytest.raises(ConfigError, match="budget.levels.block.queries: missing query shares"):
+        load_config(path, ROOT)
+
+
+def test_a_cell_level_outside_the_schema_is_refused(tmp_path):
+    path = edited(
+        tmp_path, 'hisprace = "nhpi", expr = "vap_nhpi"', 'hisprace = "pacific", expr = "vap_nhpi"'
+    )
+    with pytest.raises(ConfigError, match=r"input.cells\[\d+\].hisprace.*'pacific' is not a level"):
+        load_config(path, ROOT)
+
+
+def test_unknown_query_attribute_names_the_level(tmp_path):
+    path = edited(tmp_path, '"total" = "1/10", "detailed"', '"total" = "1/10", "sex * detailed"')
+    with pytest.raises(ConfigError, match="budget.levels.block.queries.*unknown attribute"):
+        load_config(path, ROOT)

@@ -1,0 +1,432 @@
+"""solve_children: optimality against Clarabel, a KKT certificate, constraints, edge cases;
+the first-order path for large families against the exact one."""
+
+from __future__ import annotations
+
+import clarabel
+import numpy as np
+import pytest
+import scipy.sparse as sparse
+from scipy.optimize import linprog
+
+from censusdp_spark.topdown.solvers import (
+    ChildrenProblem,
+    least_squares,
+    solve_children,
+    weighted_squared_error,
+)
+
+
+def marginal_queries(dims: tuple[int, ...], subsets: list[tuple[int, ...]]):
+    """``(cell_to_marginal, sizes)`` of the marginals over ``subsets`` of a product of ``dims``."""
+    digits = np.indices(dims).reshape(len(dims), -1)
+    maps, sizes = [], []
+    for axes in subsets:
+        shape = [dims[a] for a in axes]
+        index = np.zeros(digits.shape[1], dtype=np.int64)
+        for axis in axes:
+            index = index * dims[axis] + digits[axis]
+        maps.append(index)
+        sizes.append(int(np.prod(shape)))
+    return tuple(maps), tuple(sizes)
+
+
+def random_problem(
+    rng: np.random.Generator,
+    n_children: int,
+    dims: tuple[int, ...] = (2, 3),
+    subsets: list[tuple[int, ...]] | None = None,
+    with_totals: bool = False,
+    root: bool = False,
+    scale: int = 20,
+) -> ChildrenProblem:
+    """Children split from a random parent, measured with Gaussian noise."""
+    subsets = subsets if subsets is not None else [(), (0,), tuple(range(len(dims)))]
+    maps, sizes = marginal_queries(dims, subsets)
+    n = maps[0].shape[0]
+    parent = rng.poisson(scale * rng.dirichlet(np.full(n, 0.7))).astype(np.int64)
+    share = rng.dirichlet(np.full(n_children, 1.5))
+    children = np.stack([rng.multinomial(count, share) for count in parent], axis=1)
+    sigmas = rng.uniform(0.5, 3.0, len(subsets))
+    noisy = tuple(
+        np.stack([np.bincount(m, child, minlength=s) for child in children])
+        + rng.normal(0.0, sigma, (n_children, s))
+        for m, s, sigma in zip(maps, sizes, sigmas, strict=True)
+    )
+    return ChildrenProblem(
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=1.0 / sigmas**2,
+        noisy=noisy,
+        parent=None if root else parent,
+        child_totals=children.sum(axis=1).astype(np.int64) if with_totals else None,
+    )
+
+
+def clarabel_optimum(problem: ChildrenProblem) -> float:
+    """The optimum by Clarabel, on the QP with residuals r = Q x - y as extra variables.
+
+    Variables ``[x (k*n), r (sum k*m_q)]``; objective ``sum w_q ||r_q||^2``; equality rows
+    ``r - Q x = -y``, the column and row sums; and ``x >= 0``. Writing the objective in the
+    residuals keeps its value small, which Clarabel's relative gap test needs to be accurate.
+    """
+    k, n = problem.n_children, problem.n_cells
+    n_x = k * n
+    stacked = sparse.vstack(
+        [
+            sparse.kron(
+                sparse.identity(k),
+                sparse.csr_matrix((np.ones(n), (m, np.arange(n))), shape=(s, n)),
+            )
+            for m, s in zip(problem.marginals, problem.marginal_sizes, strict=True)
+        ]
+    )
+    n_r = stacked.shape[0]
+    weights = np.concatenate(
+        [np.full(k * s, w) for s, w in zip(problem.marginal_sizes, problem.weights, strict=True)]
+    )
+    hessian = sparse.diags(np.concatenate([np.zeros(n_x), 2.0 * weights])).tocsc()
+    no_r = sparse.csr_matrix((n, n_r))
+    equality_rows = [sparse.hstack([-stacked, sparse.identity(n_r)])]
+    equality_rhs = [-np.concatenate([y.ravel() for y in problem.noisy])]
+    if problem.parent is not None:
+        equality_rows.append(sparse.hstack([sparse.hstack([sparse.identity(n)] * k), no_r]))
+        equality_rhs.append(problem.parent.astype(float))
+    if problem.child_totals is not None:
+        row_sum = sparse.kron(sparse.identity(k), np.ones((1, n)))
+        equality_rows.append(sparse.hstack([row_sum, sparse.csr_matrix((k, n_r))]))
+        equality_rhs.append(problem.child_totals.astype(float))
+    n_eq = sum(rhs.size for rhs in equality_rhs)
+    matrix = sparse.vstack(
+        equality_rows + [sparse.hstack([-sparse.identity(n_x), sparse.csr_matrix((n_x, n_r))])],
+        format="csc",
+    )
+    rhs = np.concatenate(equality_rhs + [np.zeros(n_x)])
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = 1e-11
+    solver = clarabel.DefaultSolver(
+        hessian,
+        np.zeros(n_x + n_r),
+        matrix,
+        rhs,
+        [clarabel.ZeroConeT(n_eq), clarabel.NonnegativeConeT(n_x)],
+        settings,
+    )
+    solution = solver.solve()
+    assert str(solution.status) == "Solved"
+    return float(solution.obj_val)
+
+
+def assert_feasible(problem: ChildrenProblem, x: np.ndarray) -> None:
+    assert x.shape == (problem.n_children, problem.n_cells)
+    assert np.all(x >= 0)
+    if problem.parent is not None:
+        np.testing.assert_allclose(x.sum(axis=0), problem.parent, rtol=0, atol=1e-9)
+    if problem.child_totals is not None:
+        np.testing.assert_allclose(x.sum(axis=1), problem.child_totals, rtol=0, atol=1e-9)
+
+
+def kkt_violation(problem: ChildrenProblem, x: np.ndarray) -> float:
+    """Largest KKT violation at the feasible ``x``, relative to the gradient's size.
+
+    Builds the gradient from explicit query matrices, then finds by linear programming the
+    equality multipliers (one per cell with a parent, one per child with a total) that make
+    the smallest ``t`` with ``|grad + multipliers| <= t`` where ``x > 0`` and
+    ``grad + multipliers >= -t`` where ``x = 0``; returns that ``t`` over the gradient's size.
+    A cell with parent 0 or a child with total 0 is left out: it is all zeros whatever its free
+    multiplier.
+    """
+    k, n = x.shape
+    gradient = np.zeros((k, n))
+    for m, s, w, y in zip(
+        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy, strict=True
+    ):
+        query = np.zeros((s, n))
+        query[m, np.arange(n)] = 1.0
+        gradient += 2.0 * w * (x @ query.T - y) @ query
+    checked = np.ones((k, n), dtype=bool)
+    blocks = []
+    if problem.parent is not None:
+        checked[:, problem.parent == 0] = False
+        blocks.append(np.tile(np.eye(n), (k, 1)))
+    if problem.child_totals is not None:
+        checked[problem.child_totals == 0, :] = False
+        blocks.append(np.repeat(np.eye(k), n, axis=0))
+    size = max(1.0, float(np.abs(gradient).max()))
+    positive = (x > 1e-9 * max(1.0, float(x.max()))).ravel()[checked.ravel()]
+    grad = gradient.ravel()[checked.ravel()] / size
+    multipliers = np.hstack(blocks)[checked.ravel()] if blocks else np.zeros((grad.size, 0))
+    n_mult = multipliers.shape[1]
+    t_column = -np.ones((grad.size, 1))
+    # rows: (grad + M l) <= t on positive entries, -(grad + M l) <= t everywhere checked
+    upper = np.hstack([multipliers, t_column])[positive]
+    lower = np.hstack([-multipliers, t_column])
+    result = linprog(
+        np.concatenate([np.zeros(n_mult), [1.0]]),
+        A_ub=np.vstack([upper, lower]),
+        b_ub=np.concatenate([-grad[positive], grad]),
+        bounds=[(None, None)] * n_mult + [(0, None)],
+    )
+    assert result.status == 0
+    return float(result.x[-1])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_objective_matches_clarabel_with_parent(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    problem = random_problem(rng, n_children=int(rng.integers(2, 7)), dims=(2, 2, 3))
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    reference = clarabel_optimum(problem)
+    assert weighted_squared_error(problem, x) == pytest.approx(reference, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_objective_matches_clarabel_with_child_totals(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    problem = random_problem(
+        rng, n_children=int(rng.integers(2, 7)), dims=(2, 2, 3), with_totals=True
+    )
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    reference = clarabel_optimum(problem)
+    assert weighted_squared_error(problem, x) == pytest.approx(reference, rel=1e-6)
+
+
+@pytest.mark.parametrize("with_total", [False, True])
+def test_root_matches_clarabel(with_total: bool) -> None:
+    rng = np.random.default_rng(7)
+    problem = random_problem(rng, 1, dims=(3, 4), with_totals=with_total, root=True, scale=5)
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert weighted_squared_error(problem, x) == pytest.approx(clarabel_optimum(problem), rel=1e-6)
+
+
+def test_larger_problem_matches_clarabel_and_is_a_kkt_point() -> None:
+    rng = np.random.default_rng(11)
+    subsets = [(), (0,), (2,), (0, 1), (1, 2), (0, 1, 2)]
+    problem = random_problem(rng, 12, dims=(2, 3, 6), subsets=subsets, with_totals=True, scale=300)
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert kkt_violation(problem, x) < 1e-8
+    assert weighted_squared_error(problem, x) == pytest.approx(clarabel_optimum(problem), rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_solution_satisfies_kkt_conditions(seed: int, with_totals: bool) -> None:
+    rng = np.random.default_rng(200 + seed)
+    problem = random_problem(
+        rng, int(rng.integers(2, 9)), dims=(2, 2, 4), with_totals=with_totals, scale=8
+    )
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert kkt_violation(problem, x) < 1e-8
+
+
+def test_kkt_check_rejects_a_feasible_suboptimal_point() -> None:
+    rng = np.random.default_rng(3)
+    problem = random_problem(rng, 4, dims=(2, 2, 4))
+    assert problem.parent is not None
+    even_split = np.broadcast_to(problem.parent / 4.0, (4, problem.n_cells))
+    assert kkt_violation(problem, even_split) > 1e-3
+
+
+def test_zero_parent_cell_gives_zero_children() -> None:
+    rng = np.random.default_rng(5)
+    problem = random_problem(rng, 3, dims=(2, 3))
+    assert problem.parent is not None
+    parent = problem.parent.copy()
+    parent[[0, 4]] = 0
+    zeroed = ChildrenProblem(
+        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy, parent, None
+    )
+    x = solve_children(zeroed)
+    assert np.all(x[:, [0, 4]] == 0)
+    assert_feasible(zeroed, x)
+    assert kkt_violation(zeroed, x) < 1e-8
+
+
+def test_single_child_equals_parent() -> None:
+    rng = np.random.default_rng(6)
+    problem = random_problem(rng, 1, dims=(2, 3), with_totals=True)
+    assert problem.parent is not None
+    np.testing.assert_array_equal(solve_children(problem), problem.parent[None, :])
+
+
+def test_child_with_zero_total_is_all_zero() -> None:
+    rng = np.random.default_rng(8)
+    problem = random_problem(rng, 3, dims=(2, 3))
+    assert problem.parent is not None
+    totals = np.array([0, problem.parent.sum() - 5, 5], dtype=np.int64)
+    constrained = ChildrenProblem(
+        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy,
+        problem.parent, totals,
+    )  # fmt: skip
+    x = solve_children(constrained)
+    assert np.all(x[0] == 0)
+    assert_feasible(constrained, x)
+    assert kkt_violation(constrained, x) < 1e-8
+
+
+def test_marginal_cells_without_active_cells_are_harmless() -> None:
+    rng = np.random.default_rng(9)
+    problem = random_problem(rng, 4, dims=(2, 3))
+    # Widen every query by two marginal cells that no active cell maps to.
+    sizes = tuple(s + 2 for s in problem.marginal_sizes)
+    noisy = tuple(np.hstack([y, rng.normal(5.0, 1.0, (4, 2))]) for y in problem.noisy)
+    widened = ChildrenProblem(
+        problem.marginals, sizes, problem.weights, noisy, problem.parent, None
+    )
+    x = solve_children(widened)
+    np.testing.assert_allclose(x, solve_children(problem), atol=1e-9)
+
+
+def test_all_zero_noisy_input_splits_the_parent_evenly() -> None:
+    rng = np.random.default_rng(10)
+    problem = random_problem(rng, 5, dims=(2, 3))
+    assert problem.parent is not None
+    zeros = tuple(np.zeros_like(y) for y in problem.noisy)
+    blank = ChildrenProblem(
+        problem.marginals, problem.marginal_sizes, problem.weights, zeros, problem.parent, None
+    )
+    np.testing.assert_allclose(solve_children(blank), np.tile(problem.parent / 5.0, (5, 1)))
+
+
+def test_queries_that_do_not_identify_cells_still_reach_the_optimum() -> None:
+    rng = np.random.default_rng(12)
+    # Only the total and one margin: the Hessian is singular.
+    problem = random_problem(rng, 4, dims=(3, 4), subsets=[(), (0,)], with_totals=True)
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert weighted_squared_error(problem, x) == pytest.approx(clarabel_optimum(problem), rel=1e-6)
+
+
+def _replace(problem: ChildrenProblem, **changes: object) -> ChildrenProblem:
+    fields = {
+        "marginals": problem.marginals,
+        "marginal_sizes": problem.marginal_sizes,
+        "weights": problem.weights,
+        "noisy": problem.noisy,
+        "parent": problem.parent,
+        "child_totals": problem.child_totals,
+    }
+    fields.update(changes)
+    return ChildrenProblem(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("noisy", lambda p: (p.noisy[0][:, :-1],) + p.noisy[1:]),
+        ("marginals", lambda p: (p.marginals[0][:-1],) + p.marginals[1:]),
+        ("marginals", lambda p: (p.marginals[0] + 99,) + p.marginals[1:]),
+        ("weights", lambda p: -p.weights),
+        ("parent", lambda p: p.parent - 100),
+        ("parent", lambda p: p.parent.astype(float)),
+        ("child_totals", lambda p: p.child_totals + 1),
+    ],
+)
+def test_bad_problem_raises_naming_the_field(field: str, change) -> None:
+    problem = random_problem(np.random.default_rng(1), 3, with_totals=True)
+    with pytest.raises(ValueError, match=field):
+        _replace(problem, **{field: change(problem)})
+
+
+def test_root_with_several_children_is_rejected() -> None:
+    problem = random_problem(np.random.default_rng(1), 3)
+    with pytest.raises(ValueError, match="parent"):
+        _replace(problem, parent=None)
+
+
+# The first-order path (used above least_squares.EXACT_SIZE_LIMIT).
+
+MEDIUM_SUBSETS = [(), (0,), (2,), (0, 1), (1, 2), (0, 1, 2)]
+
+
+def frank_wolfe_gap(problem: ChildrenProblem, x: np.ndarray) -> float:
+    """``<grad, x> - min <grad, s>`` over ``s >= 0`` with the parent's column sums: an upper
+    bound on how far the feasible ``x`` is above the optimum (parent, no child totals)."""
+    assert problem.parent is not None and problem.child_totals is None
+    gradient = np.zeros_like(x)
+    for m, s, w, y in zip(
+        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy, strict=True
+    ):
+        fitted = np.stack([np.bincount(m, row, minlength=s) for row in x])
+        gradient += 2.0 * w * (fitted - y)[:, m]
+    return float(np.sum(gradient * x) - problem.parent @ gradient.min(axis=0))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_first_order_matches_the_exact_method(seed: int, with_totals: bool) -> None:
+    rng = np.random.default_rng(300 + seed)
+    problem = random_problem(
+        rng, 20, dims=(5, 5, 6), subsets=MEDIUM_SUBSETS, with_totals=with_totals, scale=200
+    )
+    x = solve_children(problem, method="first_order")
+    assert_feasible(problem, x)
+    exact = weighted_squared_error(problem, solve_children(problem, method="exact"))
+    assert weighted_squared_error(problem, x) == pytest.approx(exact, rel=1e-6)
+
+
+@pytest.mark.parametrize("with_total", [False, True])
+def test_first_order_root_matches_the_exact_method(with_total: bool) -> None:
+    rng = np.random.default_rng(13)
+    problem = random_problem(
+        rng, 1, dims=(5, 5, 6), subsets=MEDIUM_SUBSETS, with_totals=with_total, root=True
+    )
+    x = solve_children(problem, method="first_order")
+    assert_feasible(problem, x)
+    exact = weighted_squared_error(problem, solve_children(problem, method="exact"))
+    assert weighted_squared_error(problem, x) == pytest.approx(exact, rel=1e-6)
+
+
+def test_first_order_handles_zero_cells_and_zero_children() -> None:
+    rng = np.random.default_rng(14)
+    problem = random_problem(rng, 5, dims=(3, 4), with_totals=True)
+    assert problem.parent is not None and problem.child_totals is not None
+    parent = problem.parent.copy()
+    parent[[1, 6]] = 0
+    totals = problem.child_totals.copy()
+    totals[0] = 0
+    totals[1] = parent.sum() - totals[2:].sum()
+    degenerate = _replace(problem, parent=parent, child_totals=totals)
+    x = solve_children(degenerate, method="first_order")
+    assert np.all(x[:, [1, 6]] == 0) and np.all(x[0] == 0)
+    assert_feasible(degenerate, x)
+    exact = weighted_squared_error(degenerate, solve_children(degenerate, method="exact"))
+    assert weighted_squared_error(degenerate, x) == pytest.approx(exact, rel=1e-6)
+
+
+def test_families_above_the_size_limit_use_the_first_order_method(monkeypatch) -> None:
+    problem = random_problem(np.random.default_rng(15), 4, dims=(2, 2, 4))
+    assert problem.parent is not None
+    size = 4 * int(np.count_nonzero(problem.parent)) ** 2  # k * n**2 over the active cells
+    calls = []
+    monkeypatch.setattr(
+        least_squares, "solve_children_first_order", lambda p: calls.append(p) or p.noisy[0]
+    )
+    monkeypatch.setattr(least_squares, "EXACT_SIZE_LIMIT", size)
+    solve_children(problem)
+    assert calls == []
+    monkeypatch.setattr(least_squares, "EXACT_SIZE_LIMIT", size - 1)
+    solve_children(problem)
+    assert calls == [problem]
+
+
+def test_unknown_method_is_rejected() -> None:
+    problem = random_problem(np.random.default_rng(16), 3)
+    with pytest.raises(ValueError, match="method"):
+        solve_children(problem, method="newton")  # type: ignore[arg-type]
+
+
+def test_large_family_is_solved_with_a_certified_gap() -> None:
+    # k = 100 children over n = 1000 cells with 8 queries: far beyond the exact method.
+    rng = np.random.default_rng(17)
+    subsets = [(), (0,), (1,), (3,), (0, 1), (2, 3), (0, 1, 2), (0, 1, 2, 3)]
+    problem = random_problem(rng, 100, dims=(2, 4, 5, 25), subsets=subsets, scale=100_000)
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert frank_wolfe_gap(problem, x) <= 1e-6 * weighted_squared_error(problem, x)

@@ -1,0 +1,132 @@
+"""Bad input gets a one-line error naming the file, row/column and rule (real Spark reads)."""
+
+from pathlib import Path
+
+import pytest
+
+from censusdp_spark.model.errors import InputError
+from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.readers import read_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADER = "GEOID,state,county,vtd,pop,pop_white,pop_black,pop_hisp,pop_aian,pop_asian,pop_nhpi,pop_other,pop_two,vap,vap_white,vap_black,vap_hisp,vap_aian,vap_asian,vap_nhpi,vap_other,vap_two"
+GOOD = [
+    "440010301001000,44,001,,23,19,0,4,0,0,0,0,0,12,8,0,4,0,0,0,0,0",
+    "440010301001001,44,001,,17,17,0,0,0,0,0,0,0,14,14,0,0,0,0,0,0,0",
+    "440010301001002,44,001,,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0",
+]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT)
+
+
+def read(spark, demo, path: Path):
+    from dataclasses import replace
+
+    spec = replace(demo.input, path=path)
+    return read_blocks(spark, spec, demo.schema, 15)
+
+
+def csv(tmp_path: Path, rows: list[str], header: str = HEADER) -> Path:
+    path = tmp_path / "blocks.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_good_rows_become_sparse_histograms(spark, demo, tmp_path):
+    rows = {r["geocode"]: r for r in read(spark, demo, csv(tmp_path, GOOD)).collect()}
+    assert set(rows) == {"440010301001000", "440010301001001", "440010301001002"}
+    first = rows["440010301001000"]
+    # cells: votingage (under18, 18plus) x hisprace; white = 1, hispanic = 0 -> cell = va*8 + race
+    # cell = votingage * 8 + hisprace; white (1): 19 - 8 under 18 and 8 adults; hispanic (0): 4 adults
+    assert dict(zip(first["cells"], first["counts"], strict=True)) == {1: 11, 9: 8, 8: 4}
+    assert sum(first["counts"]) == 23
+    assert rows["440010301001002"]["cells"] == []
+
+
+def bad_row(field: int, value: str) -> list[str]:
+    parts = GOOD[1].split(",")
+    parts[field] = value
+    return [GOOD[0], ",".join(parts), GOOD[2]]
+
+
+@pytest.mark.parametrize(
+    "rows, where, rule",
+    [
+        (bad_row(5, "1.5"), "row 2, column pop_white", "non-negative integer"),
+        (bad_row(5, "-3"), "row 2, column pop_white", "non-negative integer"),
+        (bad_row(5, "x"), "row 2, column pop_white", "non-negative integer"),
+        (bad_row(14, "18"), "row 2, column pop_white - vap_white", "is negative"),
+        (bad_row(0, "44001030100100"), "row 2, column GEOID", "exactly 15 digits"),
+        (bad_row(0, "4400103010010A1"), "row 2, column GEOID", "exactly 15 digits"),
+        ([GOOD[0], GOOD[1], GOOD[1]], "row 2, column GEOID", "duplicate geocode 440010301001001"),
+        ([], "rows", "the input is empty"),
+    ],
+)
+def test_bad_rows_are_named(spark, demo, tmp_path, rows, where, rule):
+    path = csv(tmp_path, rows)
+    with pytest.raises(InputError) as err:
+        read(spark, demo, path)
+    message = str(err.value)
+    assert message.startswith(str(path)) and where in message and rule in message
+
+
+def test_missing_column_is_named(spark, demo, tmp_path):
+    path = csv(tmp_path, [r.rsplit(",", 1)[0] for r in GOOD], HEADER.rsplit(",", 1)[0])
+    with pytest.raises(InputError, match="column vap_two: missing"):
+        read(spark, demo, path)
+
+
+def test_extra_column_is_named(spark, demo, tmp_path):
+    path = csv(tmp_path, [r + ",1" for r in GOOD], HEADER + ",surprise")
+    with pytest.raises(InputError, match="column surprise: not used by the config"):
+        read(spark, demo, path)
+
+
+def test_missing_file_is_named(spark, demo, tmp_path):
+    with pytest.raises(InputError, match=r"nope.csv: file: not found"):
+        read(spark, demo, tmp_path / "nope.csv")
+
+
+def test_corrupt_parquet_is_named(spark, demo, tmp_path):
+    from dataclasses import replace
+
+    path = tmp_path / "blocks.parquet"
+    path.write_bytes(b"PAR1 this is not parquet")
+    spec = replace(demo.input, path=path, format="parquet")
+    with pytest.raises(InputError, match=r"blocks.parquet: file: unreadable as parquet"):
+        read_blocks(spark, spec, demo.schema, 15).collect()
+
+
+def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
+    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    lines = (
+        (ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv").read_text().splitlines()[:6]
+    )
+    parts = lines[3].split(",")
+    parts[-1] = "64"  # CENRACE has 63 categories
+    lines[3] = ",".join(parts)
+    path = tmp_path / "ppmf.csv"
+    path.write_text("\n".join(lines) + "\n")
+    from dataclasses import replace
+
+    assert config.input is not None
+    with pytest.raises(
+        InputError, match=r"ppmf.csv: row 3, column CENRACE: value outside the schema of cenrace"
+    ):
+        read_blocks(spark, replace(config.input, path=path), config.schema, 15)
+
+
+def test_microdata_is_aggregated_to_block_histograms(spark):
+    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    assert config.input is not None
+    blocks = read_blocks(spark, config.input, config.schema, 15)
+    total = (
+        blocks.selectExpr("aggregate(counts, 0L, (a, b) -> a + b) AS t")
+        .groupBy()
+        .sum("t")
+        .first()[0]
+    )
+    assert total == 10588 and blocks.count() == 511
