@@ -14,7 +14,7 @@ Mechanisms:
   solved per family top-down (the parent's real-valued solution fixed; Clarabel), then rounded
   cell by cell. Rounding may break consistency and faithfulness: the violations are counted
   and reported, not raised. (Per-family, not one QP over the whole tree: the whole-tree QP is
-  ``solvers.group_sizes.relaxed_qp`` on one machine, as in the benchmark.)
+  ``group_sizes.solvers.relaxed.relaxed_qp`` on one machine, as in the benchmark.)
 * ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
 
 Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node

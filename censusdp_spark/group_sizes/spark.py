@@ -40,7 +40,7 @@ release's rows also carry the cell's ``noisy`` value until the write, ``DP_RELEA
 Every family's children rows meet their parent's row in one shuffle (the parent's row
 travels with them, ``engine.families.map_children``) and are handed to the solvers many
 families per Python call; under l2 and level faithfulness (the default) a task's whole families go
-to the vectorised solvers of ``solvers.group_sizes_batch`` in one call. Nothing per node is
+to the vectorised solvers of ``group_sizes.solvers.batch`` in one call. Nothing per node is
 collected to the driver except the root's own row.
 
 The dp release under l2 and level faithfulness is certified exact in rounds: windows of
@@ -78,6 +78,7 @@ from censusdp_spark.group_sizes.solvers.batch import (
     family_order,
 )
 from censusdp_spark.group_sizes.solvers.cost_tables import (
+    WINDOW_WIDENING,
     CostTable,
     cell_bounds,
     merge_family,
@@ -281,7 +282,7 @@ class DpPlan:
     @property
     def batched(self) -> bool:
         """l2 under level faithfulness runs vectorised over a batch's families
-        (``solvers.group_sizes_batch``); l1 and node faithfulness family by family."""
+        (``group_sizes.solvers.batch``); l1 and node faithfulness family by family."""
         return self.norm == "l2" and self.faithfulness == "level"
 
     def bounds(
@@ -569,7 +570,7 @@ def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
 
 def bound_cells(released: DataFrame, plan: DpPlan, widened: DataFrame | None) -> DataFrame:
     """Released cells (``DP_RELEASE_SCHEMA``) on an l2 window bound other than 0 and G (module
-    docstring of ``solvers.group_sizes``), each with a window eight times wider for the next
+    docstring of ``group_sizes.solvers.cost_tables``), each with a window ``WINDOW_WIDENING`` times wider for the next
     round (``WIDENED_SCHEMA``): none certifies that the windowed optimum is the exact one."""
     widths = {lv: w for lv, w in plan.widths.items() if w is not None}
     if not widths:
@@ -584,7 +585,9 @@ def bound_cells(released: DataFrame, plan: DpPlan, widened: DataFrame | None) ->
     lo = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") - w))
     hi = F.greatest(F.lit(0), F.least(F.lit(plan.total), F.col("noisy") + w))
     hit = ((F.col("count") <= lo) & (lo > 0)) | ((F.col("count") >= hi) & (hi < plan.total))
-    return cells.filter(hit).select("level", "geocode", "size", (8 * w).alias("width"))
+    return cells.filter(hit).select(
+        "level", "geocode", "size", (WINDOW_WIDENING * w).alias("width")
+    )
 
 
 # --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------

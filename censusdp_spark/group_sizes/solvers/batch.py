@@ -1,7 +1,7 @@
 """The group-size dynamic program for l2 under level faithfulness, vectorised over many families.
 
 Same problem, same cost tables and same tie-breaking as the per-family functions of
-``solvers.group_sizes`` (read its module docstring first); what changes is that one call
+``group_sizes.solvers.cost_tables`` (read its module docstring first); what changes is that one call
 handles every family of a batch (a Spark task's share of a level, or a whole level of a tree)
 with a handful of numpy passes instead of Python loops per node and size, so the work per cell
 is a few array operations whatever the counts. A large batch is cut into runs of whole
@@ -165,7 +165,7 @@ def compress(lo: int, base: int, slopes: np.ndarray) -> CostTable:
 def _meet(lo: np.ndarray, hi: np.ndarray, low: np.ndarray, high: np.ndarray):
     """Each parent's domain: its bounds met with its children's merged domain ``low..high``;
     if they miss, a window as wide as the bounds slid to the near end of the merged domain
-    (any windows keep the solve exact: only the certificate of ``solvers.group_sizes`` reads
+    (any windows keep the solve exact: only the certificate of ``group_sizes.solvers.cost_tables`` reads
     them)."""
     a, b = np.maximum(lo, low), np.minimum(hi, high)
     apart = a > b

@@ -40,7 +40,7 @@ trees. ``dp_release`` solves it **exactly**:
   it is held explicitly only on a window (below); an l2 *leaf* is never listed: its slopes are
   the odd numbers ``2(v - c~) + 1``, and a family of leaves is merged in closed form, so a leaf
   costs the same whatever its domain ``0..G``. The l2 case runs vectorised over many families
-  at once in ``solvers.group_sizes_batch`` (same tables, same ties); the functions here list
+  at once in ``group_sizes.solvers.batch`` (same tables, same ties); the functions here list
   every table and serve l1 and node faithfulness, family by family.
 * Root: ``x^root = argmin sum_j phi^root_j(v_j) s.t. sum_j v_j = G``, the greedy merge of the N
   root tables (T^dp's dummy root). Its value is the optimum of P_level.
@@ -278,6 +278,14 @@ def split_by_slopes(tables: Sequence[CostTable], total: int) -> np.ndarray:
     Ties go to the lower index, so the split is deterministic.
     """
     return _Pooled.of(tables).split(total)
+
+
+WINDOW_WIDENING = 8
+"""A cell found on its l2 window bound (or a window too narrow to hold its children's merged
+domain) is solved again with a window this many times wider: the in-process driver
+(``tree.dp_release``) and the Spark driver (``group_sizes.spark.bound_cells``) share it. Any
+factor > 1 gives the same exact optimum (the certificate holds for any windows); 8 needed the
+fewest rounds on the national trees."""
 
 
 class WindowTooNarrow(ValueError):

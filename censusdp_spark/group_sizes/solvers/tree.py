@@ -10,6 +10,7 @@ import numpy as np
 
 from censusdp_spark.group_sizes.config import FAITHFULNESS
 from censusdp_spark.group_sizes.solvers.cost_tables import (
+    WINDOW_WIDENING,
     CostTable,
     WindowTooNarrow,
     cell_bounds,
@@ -87,7 +88,7 @@ def dp_release(
 
     Under level faithfulness with l2, the cells of internal nodes below the root get windows of
     half-width ``width`` around ``window_centres`` (a non-negative least-squares estimate); every cell whose
-    optimum sits on its window bound gets a window four times wider, until the certificate
+    optimum sits on its window bound gets a window ``WINDOW_WIDENING`` times wider, until the certificate
     holds (module docstring; it holds for any windows). The returned ``width`` is the widest.
     """
     check_faithfulness(faithfulness)
@@ -104,14 +105,14 @@ def dp_release(
         try:
             counts, lower = problem.solve(lo, hi)
         except WindowTooNarrow:
-            widths *= 4
+            widths *= WINDOW_WIDENING
             continue
         bound = window_bound(counts[:, problem.windowed], lo, hi, total)
         if not bound.any():
             counts = problem.levels.by_node(counts)
             widest = int(widths.max(initial=width))
             return DpRelease(counts, objective(tree, counts, norm), lower, widest)
-        widths[bound] *= 4
+        widths[bound] *= WINDOW_WIDENING
 
 
 def _dp_listed(tree: GroupTree, norm: str, faithfulness: str) -> DpRelease:
