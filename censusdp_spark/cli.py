@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from censusdp_spark.engine.session import add_remote_flag
 from censusdp_spark.generate.cli import add_generate_parser, run_generate
 from censusdp_spark.group_sizes.job import add_pgsr_parser, run_pgsr_from_args
 from censusdp_spark.model.errors import ConfigError, InputError
@@ -50,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     topdown.add_argument(
         "--master", default="local[*]", help="Spark master when not launched by spark-submit"
     )
+    add_remote_flag(topdown)
     add_generate_parser(sub)
     add_synth_parser(sub)
     add_pgsr_parser(sub)
@@ -78,8 +80,7 @@ def _topdown(args: argparse.Namespace) -> int:
         args.resume,
         args.reuse_secret,
     )
-    spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master)
-    spark.sparkContext.setLogLevel("WARN")
+    spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options)
     print(summary.text())
     return 0

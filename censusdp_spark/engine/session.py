@@ -1,34 +1,78 @@
-"""A SparkSession with Delta Lake, for local runs, tests and spark-submit alike.
+"""A SparkSession with Delta Lake, for local runs, tests, spark-submit and Spark Connect alike.
 
 Delta's jars come from the project's ``jars/`` folder (filled from Maven Central by
 ``scripts/setup.sh``) or from ``$CENSUSDP_JARS``. Under spark-submit, pass them with ``--jars``;
 an existing session is reused as it is.
+
+With ``remote`` (``--remote sc://HOST:PORT``) or ``$SPARK_REMOTE``, the session is a Spark Connect
+client: no JVM starts here, and the server must have Delta (its jars, extension and catalog; see
+README "Run over Spark Connect"). The releases use only the DataFrame API (no RDD, no
+``sparkContext``), so they run unchanged over either kind of session.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from censusdp_spark.model.errors import SetupError
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+CONNECT_DEFAULT_PORT = 15002
+# A missing server is reported within seconds: a TCP connect with this timeout, then one RPC
+# with a few quick retries (the client's default policy retries for about ten minutes).
+CONNECT_TIMEOUT_S = 10.0
+CONNECT_PROBE_RETRIES = 3
+# More rows than any cluster has cores, so every slice of the probe range holds at least one.
+PARALLELISM_PROBE_ROWS = 1 << 20
+# What a user with no jars must run; the image's Dockerfile runs the same script.
+NO_JARS_HINT = (
+    "run scripts/setup.sh (in a container: build the project image, `docker compose build`,"
+    " whose Dockerfile fetches them)"
+)
 
 
 def delta_jars() -> list[Path]:
+    """The jars a classic session needs for Delta (delta-spark and delta-storage)."""
     folder = Path(os.environ.get("CENSUSDP_JARS", PROJECT_ROOT / "jars"))
-    jars = sorted(folder.glob("delta-*.jar"))
+    jars = sorted([*folder.glob("delta-spark_*.jar"), *folder.glob("delta-storage-*.jar")])
     if not jars:
-        raise RuntimeError(f"no Delta Lake jars in {folder}: run scripts/setup.sh first")
+        raise SetupError(f"no Delta Lake jars in {folder}: {NO_JARS_HINT}")
     return jars
 
 
-def spark_session(app_name: str, master: str | None = None) -> SparkSession:
-    """Get or create the session; a new one is configured for Delta and Arrow."""
+def remote_url(remote: str | None = None) -> str | None:
+    """The Spark Connect address to use: ``remote``, else ``$SPARK_REMOTE``, else none."""
+    return remote or os.environ.get("SPARK_REMOTE") or None
+
+
+def add_remote_flag(parser: argparse.ArgumentParser) -> None:
+    """``--remote sc://HOST:PORT``: run on a Spark Connect server instead of a local JVM."""
+    parser.add_argument(
+        "--remote",
+        help="Spark Connect server, sc://HOST:PORT (default $SPARK_REMOTE; unset: no server)",
+    )
+
+
+def spark_session(
+    app_name: str, master: str | None = None, remote: str | None = None
+) -> SparkSession:
+    """Get or create the session; a new one is configured for Delta and Arrow. With ``remote``
+    (or ``$SPARK_REMOTE``) it is a Spark Connect session, refused with a :class:`SetupError` when
+    no server answers there."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    url = remote_url(remote)
+    if url is not None:
+        return _connect_session(app_name, url)
     builder = SparkSession.builder.appName(app_name)
     # Under spark-submit the master and --jars come from the command line; leave them alone.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
@@ -45,19 +89,65 @@ def spark_session(app_name: str, master: str | None = None) -> SparkSession:
         builder = builder.master(master).config(
             "spark.jars", ",".join(str(j) for j in delta_jars())
         )
-    return (
+    return _with_release_conf(
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", "WARN")
+    ).getOrCreate()
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The session's default parallelism (what ``sparkContext.defaultParallelism`` gives: total
+    executor cores, or ``spark.default.parallelism``), read without ``sparkContext`` so it works
+    over Spark Connect: ``spark.range`` without a partition count is split that many ways."""
+    from pyspark.sql import functions as F
+
+    slices = spark.range(0, PARALLELISM_PROBE_ROWS).select(F.spark_partition_id().alias("slice"))
+    row = slices.agg(F.max("slice")).first()
+    assert row is not None
+    return int(row[0]) + 1
+
+
+def _with_release_conf(builder: SparkSession.Builder) -> SparkSession.Builder:
+    """The session settings the releases rely on; all are runtime SQL settings, so a Spark
+    Connect client can set them on its server session too."""
+    return (
+        builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
         # Let adaptive execution size shuffles by the data, also under persisted DataFrames.
         .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-        .config("spark.ui.showConsoleProgress", "false")
         # Tables are partitioned by level and a task holds few levels: write each level's file
         # as its rows come instead of sorting the task's rows by level first.
         .config("spark.sql.maxConcurrentOutputFileWriters", "16")
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        .getOrCreate()
     )
+
+
+def _connect_session(app_name: str, url: str) -> SparkSession:
+    """A Spark Connect session at ``url``, checked to answer before any release step runs."""
+    parsed = urlparse(url)
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise SetupError(f"--remote {url}: a Spark Connect address is sc://HOST[:PORT]")
+    host, port = parsed.hostname, parsed.port or CONNECT_DEFAULT_PORT
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise SetupError(f"no Spark Connect server at {url}: {err}") from None
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    session = _with_release_conf(SparkSession.builder.remote(url).appName(app_name)).getOrCreate()
+    client = cast(Any, session).client  # a Connect session's gRPC client
+    policies = client.get_retry_policies()
+    client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_PROBE_RETRIES)])
+    try:
+        session.version  # noqa: B018 - one RPC: is a Spark Connect server answering?
+    except Exception as err:
+        session.stop()
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise SetupError(f"no Spark Connect server answers at {url}: {first}") from None
+    finally:
+        client.set_retry_policies(policies)
+    return session

@@ -40,6 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
+from censusdp_spark.engine.session import add_remote_flag, default_parallelism
 from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import MECHANISMS, PgsrConfig, load_pgsr_config
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
@@ -393,7 +394,7 @@ def _run_pgsr(
     leaves = read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
     leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
     # Few, larger partitions: every pandas task has a fixed start-up cost.
-    parallelism = spark.sparkContext.defaultParallelism
+    parallelism = default_parallelism(spark)
     nodes = (
         node_histograms(leaves, hierarchy)
         .coalesce(parallelism)
@@ -509,6 +510,7 @@ def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     add_reuse_secret_flag(parser)
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    add_remote_flag(parser)
     return parser
 
 
@@ -526,8 +528,7 @@ def run_pgsr_from_args(args: argparse.Namespace) -> int:
         args.overwrite,
         args.reuse_secret,
     )
-    spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master)
-    spark.sparkContext.setLogLevel("WARN")
+    spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
     summary = run_pgsr(spark, config, options)
     print(summary.text())
     return 0

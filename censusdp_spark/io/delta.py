@@ -14,7 +14,8 @@ EVALUATION = "evaluation"
 
 
 def table_path(output: Path, name: str) -> str:
-    return str(output / name)
+    """Absolute: a Spark Connect server resolves a relative path from its own folder."""
+    return str((output / name).absolute())
 
 
 def write_table(df: DataFrame, output: Path, name: str, partition_by: str | None = None) -> None:

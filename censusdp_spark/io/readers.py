@@ -45,18 +45,19 @@ def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
     source = str(path)
     if not path.exists():
         raise InputError(source, "file", "not found")
+    where = str(path.absolute())  # a Spark Connect server resolves paths from its own folder
     try:
         if fmt == "csv":
             df = (
                 spark.read.option("header", True)
                 .option("inferSchema", False)
                 .option("mode", "FAILFAST")
-                .csv(source)
+                .csv(where)
             )
         elif fmt == "parquet":
-            df = spark.read.parquet(source)
+            df = spark.read.parquet(where)
         else:
-            df = spark.read.format("delta").load(source)
+            df = spark.read.format("delta").load(where)
         df.schema  # noqa: B018 - forces the footer/log read so corrupt files fail here
     except AnalysisException as err:
         raise InputError(
@@ -69,11 +70,33 @@ def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
     return df
 
 
+# ``monotonically_increasing_id`` puts the partition index above this bit and the row's place
+# within its partition below it (documented in pyspark.sql.functions).
+PARTITION_SHIFT = 33
+
+
 def row_number_of(df: DataFrame, condition: Column) -> int:
-    """1-based data-row position, in file order, of the first row matching ``condition``."""
-    flagged = df.select(condition.alias("bad")).rdd.zipWithIndex()
-    hit = flagged.filter(lambda pair: bool(pair[0]["bad"])).map(lambda pair: pair[1]).take(1)
-    return int(hit[0]) + 1
+    """1-based data-row position, in file order, of the first row matching ``condition``.
+
+    One Spark job and DataFrame functions only (it runs over Spark Connect): per partition of the
+    read, its row count and the place of its first match; the rows of earlier partitions come
+    first in the file."""
+    pos = F.monotonically_increasing_id()
+    per_partition = (
+        df.select(pos.alias("pos"), condition.alias("bad"))
+        .groupBy(F.shiftright("pos", PARTITION_SHIFT).alias("partition"))
+        .agg(
+            F.count("*").alias("rows"),
+            F.min(F.when(F.col("bad"), F.col("pos"))).alias("first"),
+        )
+        .collect()
+    )
+    before = 0
+    for part in sorted(per_partition, key=lambda r: r["partition"]):
+        if part["first"] is not None:
+            return before + (int(part["first"]) - (int(part["partition"]) << PARTITION_SHIFT)) + 1
+        before += int(part["rows"])
+    raise RuntimeError("row_number_of: no row matches the condition")
 
 
 @dataclass(frozen=True)

@@ -25,3 +25,9 @@ class InputError(ValueError):
 
 class GuaranteeViolation(RuntimeError):
     """The released estimates break a guarantee; the run must not be published."""
+
+
+class SetupError(ValueError):
+    """The environment cannot run a release (no Delta jars, no Spark Connect server at the given
+    address); the message says what to run. A ``ValueError`` so every entry point prints it as one
+    line."""

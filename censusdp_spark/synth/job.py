@@ -316,6 +316,8 @@ def _run_synth(
 
 def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``synth`` to the CLI's subparsers."""
+    from censusdp_spark.engine.session import add_remote_flag  # pyspark only when a CLI is built
+
     p = subparsers.add_parser("synth", help="hierarchical synthetic households and persons (zCDP)")
     p.add_argument("--config", required=True, type=Path)
     p.add_argument("--method", required=True, choices=METHODS)
@@ -338,6 +340,7 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     add_reuse_secret_flag(p)
     p.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    add_remote_flag(p)
     return p
 
 
@@ -361,7 +364,7 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
             args.overwrite,
             args.reuse_secret,
         )
-        spark = spark_session(f"censusdp-synth-{config.run.name}", args.master)
+        spark = spark_session(f"censusdp-synth-{config.run.name}", args.master, args.remote)
         summary = run_synth(spark, config, options)
     except (
         ConfigError,

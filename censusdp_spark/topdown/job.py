@@ -223,7 +223,7 @@ def _run_topdown(
         )
         eval_dir = output / "evaluation"
         shutil.rmtree(eval_dir, ignore_errors=True)
-        evaluation.coalesce(1).write.format("delta").save(str(eval_dir / "table"))
+        evaluation.coalesce(1).write.format("delta").save(str((eval_dir / "table").absolute()))
         table: pd.DataFrame = evaluation.toPandas()
         table.to_csv(eval_dir / "errors.csv", index=False)
         plot_errors(

@@ -26,6 +26,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.session import add_remote_flag
 from censusdp_spark.privacy import load_or_create_secret, zcdp_to_approx_dp
 from censusdp_spark.topdown.config import RunConfig, load_config
 from censusdp_spark.topdown.readers import read_blocks
@@ -126,6 +127,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
     )
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
+    add_remote_flag(parser)
 
 
 def run_validate_from_args(args: argparse.Namespace) -> int:
@@ -133,8 +135,7 @@ def run_validate_from_args(args: argparse.Namespace) -> int:
     from censusdp_spark.engine.session import spark_session
 
     config = load_config(args.config)
-    spark = spark_session(f"censusdp-validate-{config.run.name}", args.master)
-    spark.sparkContext.setLogLevel("WARN")
+    spark = spark_session(f"censusdp-validate-{config.run.name}", args.master, args.remote)
     print(validate_release(spark, config, args.input, args.secret_file).text())
     return 0
 
