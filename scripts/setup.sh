@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Idempotent environment setup: a project virtualenv with pinned packages, and the Delta Lake
 # jars from Maven Central (copied into ./jars by Maven, so Spark never downloads at run time).
+# `scripts/setup.sh jars` fetches the jars only (the project image's Dockerfile runs that).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 DELTA_VERSION=4.0.0
 SCALA=2.13
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[dev]"
-  touch "$stamp"
+if [ "${1:-}" != "jars" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e ".[dev]"
+    touch "$stamp"
+  fi
 fi
 mkdir -p jars
 for artifact in "io.delta:delta-spark_${SCALA}:${DELTA_VERSION}" "io.delta:delta-storage:${DELTA_VERSION}"; do

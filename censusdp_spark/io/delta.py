@@ -20,7 +20,7 @@ def table_path(output: Path, name: str) -> str:
 
 def write_table(df: DataFrame, output: Path, name: str, partition_by: str | None = None) -> None:
     """Create a table in one Delta transaction; an existing table is an error."""
-    writer = df.write.format("delta").mode("errorifexists")
+    writer = df.write.format("delta").mode("error")  # "errorifexists"; Connect knows this name
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.save(table_path(output, name))

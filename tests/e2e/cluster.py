@@ -17,8 +17,67 @@ import urllib.request
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from censusdp_spark.engine.session import delta_jars
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+
+
+# The commands of a cluster's daemons and of a job's submission, as the project image runs them
+# (docker-compose.yml; tests/e2e/test_container.py holds it to these) and as this module runs them
+# from the virtualenv (``on_path``).
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def master_command(host: str, port: int, ui_port: int) -> list[str]:
+    return [
+        "spark-class",
+        MASTER_CLASS,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--webui-port",
+        str(ui_port),
+    ]
+
+
+def worker_command(master: str, host: str, cores: int, memory: str, ui_port: int) -> list[str]:
+    return [
+        "spark-class",
+        WORKER_CLASS,
+        master,
+        "--host",
+        host,
+        "--cores",
+        str(cores),
+        "--memory",
+        memory,
+        "--webui-port",
+        str(ui_port),
+    ]
+
+
+def submit_command(master: str, jars: list[str], script: str, *args: str) -> list[str]:
+    return [
+        "spark-submit",
+        "--master",
+        master,
+        "--jars",
+        ",".join(jars),
+        "--conf",
+        "spark.sql.shuffle.partitions=4",
+        "--conf",
+        "spark.ui.enabled=false",
+        script,
+        *args,
+    ]
+
+
+def on_path(command: list[str]) -> list[str]:
+    """The command with its program taken from this virtualenv."""
+    return [str(BIN / command[0]), *command[1:]]
 
 
 def free_port() -> int:
@@ -56,11 +115,11 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
     env = cluster_env()
     procs: list[subprocess.Popen] = []
 
-    def start(name: str, *args: str) -> None:
+    def start(name: str, command: list[str]) -> None:
         log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         procs.append(
             subprocess.Popen(
-                [str(BIN / "spark-class"), *args],
+                on_path(command),
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -69,32 +128,13 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
         )
 
     try:
-        start(
-            "master",
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(ui),
-        )
+        start("master", master_command("127.0.0.1", port, ui))
         url = f"spark://127.0.0.1:{port}"
         for i in range(workers):
             start(
                 f"worker{i}",
-                "org.apache.spark.deploy.worker.Worker",
-                url,
-                "--host",
-                "127.0.0.1",
-                "--cores",
-                str(cores),
-                "--memory",
-                memory,
-                "--webui-port",
-                str(free_port()),
-                "--work-dir",
-                str(log_dir / f"work{i}"),
+                worker_command(url, "127.0.0.1", cores, memory, free_port())
+                + ["--work-dir", str(log_dir / f"work{i}")],
             )
         deadline = time.time() + 120
         while _alive_workers(ui) < workers:
@@ -114,20 +154,8 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
 
 
 def spark_submit(master: str, script: str, *args: str, log: Path) -> subprocess.CompletedProcess:
-    jars = ",".join(str(p) for p in sorted((ROOT / "jars").glob("delta-*.jar")))
-    cmd = [
-        str(BIN / "spark-submit"),
-        "--master",
-        master,
-        "--jars",
-        jars,
-        "--conf",
-        "spark.sql.shuffle.partitions=4",
-        "--conf",
-        "spark.ui.enabled=false",
-        str(ROOT / script),
-        *args,
-    ]
+    jars = [str(j) for j in delta_jars()]
+    cmd = on_path(submit_command(master, jars, str(ROOT / script), *args))
     with open(log, "w") as out:
         return subprocess.run(
             cmd, env=cluster_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=900
