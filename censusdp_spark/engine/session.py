@@ -136,7 +136,21 @@ def _connect_session(app_name: str, url: str) -> SparkSession:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as err:
         raise SetupError(f"no Spark Connect server at {url}: {err}") from None
+    import grpc
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
     from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    # Something listens; the gRPC client would wait without end for one that never answers.
+    channel = DefaultChannelBuilder(url).toChannel()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
+    except grpc.FutureTimeoutError:
+        raise SetupError(
+            f"no Spark Connect server at {url}: {host}:{port} accepts connections but does not"
+            f" answer gRPC within {CONNECT_TIMEOUT_S:g} s"
+        ) from None
+    finally:
+        channel.close()
 
     session = _with_release_conf(SparkSession.builder.remote(url).appName(app_name)).getOrCreate()
     client = cast(Any, session).client  # a Connect session's gRPC client

@@ -21,7 +21,11 @@ Paths in params are relative to the project root (``$CENSUSDP_ROOT``, default tw
 from this file); Spark jobs run from there with the project's ``.venv`` (``spark_binary``), so the
 Airflow environment needs neither pyspark nor the project (``scripts/setup_airflow.sh``).
 The Spark connection is ``$CENSUSDP_SPARK_CONN_ID`` (default ``censusdp_spark_local``: local mode,
-defined below); the ``spark_conf`` param adds Spark settings to every job.
+defined below); the ``spark_conf`` param adds Spark settings to every job. With the
+``spark_remote`` param (default ``$CENSUSDP_SPARK_REMOTE``), ``sc://HOST:PORT``, the Spark tasks run
+their job with the project's Python and ``--remote`` against that Spark Connect server instead:
+no spark-submit, no JVM on the Airflow worker; the server's own settings apply (``spark_conf`` does
+not), and it must see the same paths (README "Run over Spark Connect").
 One release runs at a time (``max_active_runs=1``).
 """
 
@@ -33,12 +37,14 @@ import os
 import secrets
 import stat
 import string
+import subprocess
 import tomllib
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pendulum
+from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, Param, task
@@ -49,6 +55,7 @@ DELTA_JARS = ",".join(
     str(ROOT / "jars" / j) for j in ("delta-spark_2.13-4.0.0.jar", "delta-storage-4.0.0.jar")
 )
 CONN_ID = os.environ.get("CENSUSDP_SPARK_CONN_ID", "censusdp_spark_local")
+SPARK_REMOTE = os.environ.get("CENSUSDP_SPARK_REMOTE", "")  # sc://HOST:PORT: Spark Connect
 # The default connection: local mode on the Airflow worker, unless the worker's environment defines
 # it. For a cluster, set CENSUSDP_SPARK_CONN_ID to a connection made in the UI or a secrets backend.
 os.environ.setdefault(
@@ -112,10 +119,15 @@ def resumable(config: Path, output: str | None) -> bool:
     return output is None or recorded == str(Path(output))
 
 
+def connect_command(python: str, application: str, args: list[str], remote: str) -> list[str]:
+    """The job run as a Spark Connect client: the project's Python, ``--remote`` appended."""
+    return [python, application, *args, "--remote", remote]
+
+
 class ReleaseSubmitOperator(SparkSubmitOperator):
     """spark-submit from the project's virtualenv, run from the project root (config paths are
     relative to it), with the DAG's ``spark_conf`` param added to ``conf`` and empty optional
-    flags dropped."""
+    flags dropped; with the ``spark_remote`` param, the job as a Spark Connect client instead."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("conn_id", CONN_ID)
@@ -148,9 +160,30 @@ class ReleaseSubmitOperator(SparkSubmitOperator):
             self.application_args = self.prepare_args(
                 without_empty_options(list(self.application_args or [])), context
             )
-            super().execute(context)
+            remote = str(context["params"].get("spark_remote") or "").strip()
+            if remote:
+                self.run_over_connect(python, remote)
+            else:
+                super().execute(context)
         finally:
             os.chdir(previous)
+
+    def run_over_connect(self, python: str, remote: str) -> None:
+        """Run the job with ``--remote``; its output goes to the task log as it comes."""
+        command = connect_command(python, self.application, list(self.application_args), remote)
+        self.log.info("running %s over Spark Connect at %s", self.application, remote)
+        with subprocess.Popen(
+            command,
+            env={**os.environ, **self.env_vars},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as job:
+            assert job.stdout is not None
+            for line in job.stdout:
+                self.log.info("%s", line.rstrip())
+        if job.returncode != 0:
+            raise AirflowException(f"{self.application} exited with {job.returncode}")
 
 
 class TopDownSubmitOperator(ReleaseSubmitOperator):
@@ -249,6 +282,11 @@ with DAG(
         "spark_conf": Param(
             {}, type="object", description="extra Spark settings, e.g. spark.executor.memory"
         ),
+        "spark_remote": Param(
+            SPARK_REMOTE,
+            type="string",
+            description="Spark Connect server sc://HOST:PORT; empty: spark-submit on the connection",
+        ),
     },
     tags=["censusdp"],
 ) as dag:
@@ -288,7 +326,7 @@ with DAG(
 
     validate_input = ReleaseSubmitOperator(
         task_id="validate_input",
-        application=str(ROOT / "censusdp_spark" / "release" / "validate.py"),
+        application=str(ROOT / "censusdp_spark" / "topdown" / "validate.py"),
         application_args=[
             "--config", "{{ params.topdown_config }}",
             "--input", "{{ params.input }}",

@@ -135,6 +135,7 @@ def test_params_name_both_configs_and_the_run_date(dag_facts: dict) -> None:
     assert params["topdown_config"] == "conf/ri_2010_demo.toml"
     assert params["pgsr_config"] == "conf/pgsr_calm.toml"
     assert {"input", "output_root", "run_date", "secret_file", "spark_conf"} <= set(params)
+    assert params["spark_remote"] == ""  # spark-submit on the Spark connection unless set
 
 
 OPERATOR_RULES = """
@@ -184,6 +185,7 @@ OPERATOR_RULES = """
         (tmp / name).mkdir()
         (tmp / name / "manifest.json").write_text(json.dumps(manifest))
     facts["report"] = release.report.function(str(tmp / "td"), str(tmp / "gs"))
+    facts["connect"] = release.connect_command("py", "a.py", ["--config", "c"], "sc://h:1")
     print(json.dumps(facts))
 """
 
@@ -227,6 +229,12 @@ def test_the_report_summarises_manifests_without_secret_or_config_text(
     assert report["topdown"]["privacy"]["rho"] == "1/2"
     assert report["topdown"]["timings_s"] == {"measure": 1.2}
     assert "FINGERPRINT" not in json.dumps(report) and "CONFIG_TEXT" not in json.dumps(report)
+
+
+def test_a_spark_connect_run_is_the_job_with_remote_and_no_spark_submit(
+    operator_rules: dict,
+) -> None:
+    assert operator_rules["connect"] == ["py", "a.py", "--config", "c", "--remote", "sc://h:1"]
 
 
 def kent_county_blocks(folder: Path) -> Path:
