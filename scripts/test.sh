@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, step 2: set up (idempotent), lint, type-check and run every test suite
-# (fast ones, statistical power tests, and the standalone-cluster suite). Pass pytest options
-# through, e.g. `scripts/test.sh -m "not slow and not cluster"` for the fast suites only.
+# (fast ones, statistical power tests, the standalone-cluster and Spark Connect suites). Pass
+# pytest options through, e.g. `scripts/test.sh -m "not slow and not cluster and not connect"`
+# for the fast suites only.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -26,8 +26,9 @@ from censusdp_spark.model.errors import SetupError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONNECT_DEFAULT_PORT = 15002
-# A missing server is reported within seconds: a TCP connect with this timeout, then one RPC
-# with a few quick retries (the client's default policy retries for about ten minutes).
+# A missing server is reported within seconds: a TCP connect, then a gRPC handshake, each
+# within this timeout, then one RPC with a few quick retries (the client's default policy would
+# retry for about ten minutes).
 CONNECT_TIMEOUT_S = 10.0
 CONNECT_PROBE_RETRIES = 3
 # More rows than any cluster has cores, so every slice of the probe range holds at least one.

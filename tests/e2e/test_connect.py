@@ -38,6 +38,7 @@ def test_topdown_over_spark_connect_is_identical_to_local(
         )  # fmt: skip
     assert run.returncode == 0, log.read_text()[-3000:]
     assert "TopDown release written to" in log.read_text()
+    assert "log4j" not in log.read_text()  # no JVM started in the client
     assert (out / "manifest.json").exists()
     assert_same_tables(spark, reference_release, out)
 
