@@ -75,6 +75,8 @@ def spark_session(
     if url is not None:
         return _connect_session(app_name, url)
     builder = SparkSession.builder.appName(app_name)
+    if "CENSUSDP_JARS" in os.environ:
+        delta_jars()  # a folder named on purpose (the image names its own) must hold the jars
     # Under spark-submit the master and --jars come from the command line; leave them alone.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers use this interpreter

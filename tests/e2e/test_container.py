@@ -85,9 +85,14 @@ def test_no_delta_jars_is_one_line_saying_how_to_build_the_image(tmp_path, monke
     assert str(tmp_path) in message and "docker compose build" in message
 
 
-def test_the_cli_without_delta_jars_prints_that_line_and_starts_no_spark(tmp_path):
+@pytest.mark.parametrize("launch", ["local", "spark-submit"])
+def test_the_cli_without_delta_jars_prints_that_line_and_starts_no_spark(tmp_path, launch):
+    """As the image's services run it: ``CENSUSDP_JARS`` names the image's jar folder, which is
+    empty; under spark-submit (its gateway variable set) the job stops before using Spark."""
     env = {**os.environ, "CENSUSDP_JARS": str(tmp_path / "none")}
     env.pop("SPARK_REMOTE", None)
+    if launch == "spark-submit":
+        env["PYSPARK_GATEWAY_PORT"] = "1"  # nothing listens: Spark must not be reached
     run = subprocess.run(
         [sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config"]
         + [str(ROOT / "conf" / "ri_2010_demo.toml"), "--output", str(tmp_path / "out")],
