@@ -85,11 +85,18 @@ def _topdown(args: argparse.Namespace) -> int:
     return 0
 
 
+class _StageLines(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced, e.g. by pytest)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
 def _log_stages_to_stderr() -> None:
     """Stage lines (``[censusdp] measure: 3.1 s``) on stderr, once per process."""
     log = logging.getLogger("censusdp")
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StageLines()
         handler.setFormatter(logging.Formatter("[censusdp] %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
