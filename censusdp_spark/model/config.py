@@ -29,6 +29,7 @@ from censusdp_spark.privacy.accounting import (
 )
 
 INPUT_FORMATS = ("csv", "parquet", "delta")
+SPINE_FORMATS = ("csv", "parquet", "delta", "pipe")  # pipe: '|'-delimited text with a header
 INPUT_LAYOUTS = ("block_counts", "microdata")
 _TERM = re.compile(r"\s*([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)\s*")
 
@@ -71,6 +72,20 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class SpineSpec:
+    """The public list of leaves (blocks), fixed before any response is read.
+
+    Every level's node set is derived from it alone: a record off the spine is refused and a
+    spine leaf without records is a node with zero counts (``io.spine``). The leaf geocode is
+    ``geocode_columns`` concatenated in order; the file's other columns are not read.
+    """
+
+    path: Path
+    format: str
+    geocode_columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RunOptions:
     name: str
     output: Path
@@ -91,6 +106,7 @@ class RunConfig:
     invariant_levels: tuple[str, ...]  # node totals held exact at these levels and above
     structural_zero_cells: tuple[int, ...]
     input: InputSpec | None
+    spine: SpineSpec | None = None
 
     def query(self, level: str, name: str) -> MarginalQuery:
         for q in self.queries[level]:
@@ -198,7 +214,7 @@ def schema_section(r: ConfigReader, doc: Any) -> Schema:
 
 
 def hierarchy_section(r: ConfigReader, doc: Any) -> Hierarchy:
-    doc = r.table(doc, "geography", {"levels"}, {"levels"})
+    doc = r.table(doc, "geography", {"levels", "spine"}, {"levels"})
     levels = []
     for i, lv in enumerate(doc["levels"]):
         key = f"geography.levels[{i}]"
@@ -210,6 +226,50 @@ def hierarchy_section(r: ConfigReader, doc: Any) -> Hierarchy:
         return Hierarchy(tuple(levels))
     except ValueError as err:
         raise r.fail("geography.levels", str(err)) from None
+
+
+def column_names(r: ConfigReader, value: Any, key: str) -> tuple[str, ...]:
+    """A column name or a non-empty list of them (concatenated, in order, into a geocode)."""
+    if isinstance(value, str):
+        return (r.string(value, key),)
+    if not isinstance(value, list) or not value:
+        raise r.fail(key, "must be a column name or a non-empty list of them")
+    return tuple(r.string(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+
+def spine_option(r: ConfigReader, geography: dict, base: Path) -> SpineSpec | None:
+    """``[geography] spine = { path, format, geocode }``, if given (``hierarchy_section`` has
+    checked that ``geography`` is a table)."""
+    if "spine" not in geography:
+        return None
+    doc = r.table(geography["spine"], "geography.spine", {"path", "format", "geocode"})
+    missing = {"path", "geocode"} - set(doc)
+    if missing:
+        raise r.fail(
+            "geography.spine",
+            f"missing required key(s) {sorted(missing)}: "
+            "spine = { path = <block list>, geocode = <column or [columns]> }",
+        )
+    fmt = doc.get("format", "csv")
+    if fmt not in SPINE_FORMATS:
+        raise r.fail("geography.spine.format", f"{fmt!r} must be one of {SPINE_FORMATS}")
+    path = Path(r.string(doc["path"], "geography.spine.path"))
+    return SpineSpec(
+        path if path.is_absolute() else base / path,
+        fmt,
+        column_names(r, doc["geocode"], "geography.spine.geocode"),
+    )
+
+
+def require_spine(r: ConfigReader, spine: SpineSpec | None, layout: str) -> None:
+    """Record-level layouts make a node of a leaf only if it holds a record, so the released
+    geography would tell which leaves are populated: they need the spine."""
+    if spine is None:
+        raise r.fail(
+            "geography.spine",
+            f"required with input.layout = '{layout}' (otherwise the released leaves reveal "
+            "which are populated): add [geography] spine = { path = ..., geocode = ... }",
+        )
 
 
 def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> ZcdpAllocation:
@@ -299,12 +359,7 @@ def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     layout = doc["layout"]
     if layout not in INPUT_LAYOUTS:
         raise r.fail("input.layout", f"{layout!r} must be one of {INPUT_LAYOUTS}")
-    geo = doc["geocode"]
-    geocode = (
-        (r.string(geo, "input.geocode"),)
-        if isinstance(geo, str)
-        else tuple(r.string(g, f"input.geocode[{i}]") for i, g in enumerate(geo))
-    )
+    geocode = column_names(r, doc["geocode"], "input.geocode")
     path = Path(r.string(doc["path"], "input.path"))
     spec = InputSpec(path if path.is_absolute() else base / path, fmt, layout, geocode)
     if layout == "block_counts":
@@ -410,6 +465,7 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
     run = run_options(r, doc.get("run", {}), base, path.stem)
     schema = schema_section(r, doc["schema"])
     hierarchy = hierarchy_section(r, doc["geography"])
+    spine = spine_option(r, doc["geography"], base)
     budget = _budget(r, doc["budget"], hierarchy)
     queries = {}
     for level in hierarchy.names:
@@ -422,4 +478,8 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
         queries[level] = tuple(built)
     invariants, zeros = _estimation(r, doc.get("estimation", {}), schema, hierarchy)
     spec = _input(r, doc["input"], schema, base) if "input" in doc else None
-    return RunConfig(source, run, schema, hierarchy, budget, queries, invariants, zeros, spec)
+    if spec is not None and spec.layout == "microdata":
+        require_spine(r, spine, spec.layout)
+    return RunConfig(
+        source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine
+    )

@@ -367,7 +367,9 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
         config.run.secret_file, config.run.secret_env, config.run.private_dir
     )
 
-    leaves = read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
+    leaves = read_leaf_histograms(
+        spark, config.input, config.groups, hierarchy.leaf.digits, config.spine
+    )
     leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
     # Few, larger partitions: every pandas task has a fixed start-up cost.
     parallelism = spark.sparkContext.defaultParallelism
@@ -450,6 +452,7 @@ def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> P
             "config_file": config.source,
             "config_text": Path(config.source).read_text(),
             "input": str(config.input.path),
+            "spine": str(config.spine.path) if config.spine else None,
             "groups": {"max_size": config.groups.max_size, "topcode": config.groups.topcode},
             "privacy": _privacy(config),
             "secret_fingerprint": secret_fingerprint(secret),

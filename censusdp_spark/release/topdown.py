@@ -166,9 +166,9 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     secret = _run_secret(config, fresh=not options.resume)
 
     t = time.perf_counter()
-    blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    blocks = read_blocks(
+        spark, config.input, config.schema, hierarchy.leaf.digits, config.spine
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
     t = lap("read_and_validate", t)
@@ -267,6 +267,7 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
             "config_file": config.source,
             "config_text": Path(config.source).read_text(),
             "input": str(config.input.path),
+            "spine": str(config.spine.path) if config.spine else None,
             "privacy": privacy,
             "budget": budget_rows(config),
             "secret_fingerprint": secret_fingerprint(secret),
