@@ -470,3 +470,23 @@ def test_pgsr_on_a_spine_releases_the_same_geocodes_without_one_regions_househol
     assert a.keys() == b.keys() and {(level, geocode) for level, geocode, _ in a} == nodes
     moved = {key[1] for key in a if a[key] != b[key]}
     assert moved and all(EMPTIED.startswith(g) or g.startswith(EMPTIED) for g in moved)
+
+
+def test_a_block_count_input_on_a_spine_gains_its_empty_blocks_and_loses_none(spark, tmp_path):
+    demo = load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT)
+    assert demo.input is not None
+    header, *rows = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()[:4]
+    blocks_csv = tmp_path / "blocks.csv"
+    blocks_csv.write_text("\n".join([header, *rows]) + "\n")
+    codes = [r.split(",")[0] for r in rows]
+    spine = tmp_path / "spine.csv"
+    spine.write_text("\n".join(["GEOID", *codes, "440010301009999"]) + "\n")
+    spec = replace(demo.input, path=blocks_csv)
+    read = read_blocks(spark, spec, demo.schema, 15, SpineSpec(spine, "csv", ("GEOID",)))
+    leaves = {r["geocode"]: list(r["counts"]) for r in read.collect()}
+    assert set(leaves) == {*codes, "440010301009999"} and leaves["440010301009999"] == []
+    short = tmp_path / "short.csv"
+    short.write_text("\n".join(["GEOID", *codes[:2]]) + "\n")
+    with pytest.raises(InputError) as err:
+        read_blocks(spark, spec, demo.schema, 15, SpineSpec(short, "csv", ("GEOID",)))
+    assert str(err.value).startswith(f"{blocks_csv}: row 3, column GEOID: geocode {codes[2]}")
