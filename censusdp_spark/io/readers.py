@@ -293,7 +293,7 @@ def _off_spine(
         str(spec.path),
         f"row {first['row']}, column {'+'.join(spec.geocode_columns)}",
         f"geocode {first['geocode']} is not on the spine {spine.path}"
-        " (every record must fall in a spine block)",
+        " (every record must fall in a leaf of the spine)",
     )
 
 
