@@ -17,9 +17,13 @@ from censusdp_spark.model.config import (
     INPUT_FORMATS,
     ConfigReader,
     RunOptions,
+    SpineSpec,
+    column_names,
     hierarchy_section,
     parse_toml,
+    require_spine,
     run_options,
+    spine_option,
 )
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
@@ -86,6 +90,7 @@ class RunConfig:
     invariant_levels: tuple[str, ...]  # node totals held exact at these levels and above
     structural_zero_cells: tuple[int, ...]
     input: InputSpec | None
+    spine: SpineSpec | None = None
 
     def query(self, level: str, name: str) -> MarginalQuery:
         for q in self.queries[level]:
@@ -233,12 +238,7 @@ def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     layout = doc["layout"]
     if layout not in INPUT_LAYOUTS:
         raise r.fail("input.layout", f"{layout!r} must be one of {INPUT_LAYOUTS}")
-    geo = doc["geocode"]
-    geocode = (
-        (r.string(geo, "input.geocode"),)
-        if isinstance(geo, str)
-        else tuple(r.string(g, f"input.geocode[{i}]") for i, g in enumerate(geo))
-    )
+    geocode = column_names(r, doc["geocode"], "input.geocode")
     path = Path(r.string(doc["path"], "input.path"))
     spec = InputSpec(path if path.is_absolute() else base / path, fmt, layout, geocode)
     if layout == "block_counts":
@@ -304,6 +304,7 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
     run = run_options(r, doc.get("run", {}), base, path.stem)
     schema = schema_section(r, doc["schema"])
     hierarchy = hierarchy_section(r, doc["geography"])
+    spine = spine_option(r, doc["geography"], base)
     budget = _budget(r, doc["budget"], hierarchy)
     queries = {}
     for level in hierarchy.names:
@@ -316,4 +317,8 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
         queries[level] = tuple(built)
     invariants, zeros = _estimation(r, doc.get("estimation", {}), schema, hierarchy)
     spec = _input(r, doc["input"], schema, base) if "input" in doc else None
-    return RunConfig(source, run, schema, hierarchy, budget, queries, invariants, zeros, spec)
+    if spec is not None and spec.layout == "microdata":
+        require_spine(r, spine, spec.layout)
+    return RunConfig(
+        source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine
+    )

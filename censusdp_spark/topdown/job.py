@@ -115,7 +115,7 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     measured = measurement_fingerprint(
         TOPDOWN,
         Path(config.source).read_text(),
-        input_fingerprint([config.input.path]),
+        input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
     )
     return ReleaseRun(
@@ -157,9 +157,9 @@ def _run_topdown(
     output = config.run.output
     hierarchy = config.hierarchy
     clock = run.clock
-    blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    blocks = read_blocks(
+        spark, config.input, config.schema, hierarchy.leaf.digits, config.spine
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
     clock.lap("read_and_validate")
@@ -255,6 +255,7 @@ def _run_topdown(
             "config_file": config.source,
             "config_text": Path(config.source).read_text(),
             "input": str(config.input.path),
+            "spine": str(config.spine.path) if config.spine else None,
             "privacy": privacy,
             "budget": budget_rows(config),
             "nodes": summary.nodes,
