@@ -145,6 +145,7 @@ def topdown(config: Path, secret: Path, out: Path) -> int:
             str(out),
             "--secret-file",
             str(secret),
+            "--reuse-secret",  # an experiment: one secret on neighbouring inputs, by design
             "--master",
             "local[2]",
         ]
@@ -455,6 +456,7 @@ def test_pgsr_on_a_spine_releases_the_same_geocodes_without_one_regions_househol
             str(config),
             "--secret-file",
             str(fixed_secret),
+            "--reuse-secret",  # an experiment: one secret on neighbouring inputs, by design
             "--output",
             str(folder / "out"),
         ]
