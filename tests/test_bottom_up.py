@@ -15,6 +15,8 @@ from censusdp_spark.solvers.bottom_up import (
     leaf_estimates,
     node_estimate,
 )
+from censusdp_spark.solvers.least_squares import solve_to_targets
+from censusdp_spark.solvers.subproblem import PrecisionProblem
 from tests.test_least_squares import marginal_queries
 
 
@@ -201,3 +203,31 @@ def test_precision_with_an_exact_total_is_the_inverse_on_the_constrained_set():
     expected = basis @ np.linalg.inv(basis.T @ covariance @ basis) @ basis.T
     d = basis @ rng.normal(size=3)
     assert d @ estimate.precision() @ d == pytest.approx(d @ expected @ d, rel=1e-10)
+
+
+def test_a_lone_child_is_released_as_the_roots_blue():
+    """Root with one child: the root is fitted to its BLUE (from both levels' measurements)
+    and the child takes the root's value, so no level's budget is lost."""
+    rng = np.random.default_rng(2)
+    maps, sizes = marginal_queries((2, 2), [(), (0, 1)])
+    child = LevelDesign("child", maps, sizes, np.array([0.5, 2.0]))
+    root = LevelDesign("root", maps, sizes, np.array([4.0, 1.0]))
+    truth = np.array([40.0, 25.0, 30.0, 55.0])
+    answers = {
+        d.level: [
+            np.bincount(m, truth, minlength=s) + rng.normal(0, 1, s)
+            for m, s in zip(maps, sizes, strict=True)
+        ]
+        for d in (child, root)
+    }
+    means, covariance = leaf_estimates(child, [a[None, :] for a in answers["child"]], None)
+    blue = node_estimate([Gaussian(means[0], covariance)], root, answers["root"], None)
+    fitted_root = solve_to_targets(
+        PrecisionProblem(blue.mean[None, :], blue.precision()[None], None, None)
+    )
+    np.testing.assert_allclose(fitted_root[0], blue.mean, rtol=1e-10)
+    released_root = np.round(fitted_root[0]).astype(np.int64)
+    child_fit = solve_to_targets(
+        PrecisionProblem(means, np.linalg.inv(covariance)[None], released_root, None)
+    )
+    np.testing.assert_array_equal(child_fit[0], released_root)

@@ -28,6 +28,7 @@ class RunState:
     output: str
     measured: bool = False
     levels_done: list[str] = field(default_factory=list)
+    bottom_up_done: list[str] = field(default_factory=list)  # full_information's first pass
 
     @staticmethod
     def path(private_dir: Path) -> Path:

@@ -27,6 +27,11 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.bottom_up import (
+    BOTTOM_UP,
+    estimate_level_from_bottom_up,
+    write_bottom_up,
+)
 from censusdp_spark.engine.checks import check_estimates
 from censusdp_spark.engine.estimate import estimate_level, level_plan
 from censusdp_spark.engine.evaluate import baseline_errors, plot_errors, topdown_errors
@@ -194,18 +199,41 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
     ).persist(StorageLevel.MEMORY_AND_DISK)
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
     fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
+    full_information = config.estimation_method == "full_information"
+    if full_information:
+
+        def committed(level: str) -> None:
+            nonlocal t
+            state.bottom_up_done.append(level)
+            state.save(private)
+            t = lap(f"bottom_up_{level}", t, f"{node_counts.get(level, 0)} nodes")
+            _driver_fault(f"bottom_up_{level}")
+
+        write_bottom_up(spark, config, noisy, invariants, output, state.bottom_up_done, committed)
     parent_estimates = None
     for i, level in enumerate(hierarchy.levels):
         if level.name not in state.levels_done:
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
-            estimates = estimate_level(
-                level_plan(config, level.name),
-                noisy.filter(F.col("level") == level.name),
-                invariants.filter(F.col("level") == level.name).select("geocode", "inv_total"),
-                parent_estimates,
-                parent_digits,
-                fault_marker,
-            )
+            level_invariants = invariants.filter(F.col("level") == level.name)
+            if full_information:
+                estimates = estimate_level_from_bottom_up(
+                    level_plan(config, level.name),
+                    i == len(hierarchy.levels) - 1,
+                    delta.read_table(spark, output, BOTTOM_UP).filter(F.col("level") == level.name),
+                    level_invariants.select("geocode", "inv_total"),
+                    parent_estimates,
+                    parent_digits,
+                    fault_marker,
+                )
+            else:
+                estimates = estimate_level(
+                    level_plan(config, level.name),
+                    noisy.filter(F.col("level") == level.name),
+                    level_invariants.select("geocode", "inv_total"),
+                    parent_estimates,
+                    parent_digits,
+                    fault_marker,
+                )
             delta.write_level(delta.long_cells(estimates), output, delta.ESTIMATES, level.name)
             state.levels_done.append(level.name)
             state.save(private)
@@ -275,7 +303,8 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
             "timings_s": timings,
             "elapsed_s": summary.elapsed_s,
             "versions": versions(),
-            "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA],
+            "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
+            + ([BOTTOM_UP] if full_information else []),
         },
     )
     blocks.unpersist()
