@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue a killed run from its last complete step"
     )
     topdown.add_argument(
+        "--variances",
+        action="store_true",
+        help="also write total_variances: the bottom-up variance of every node's total"
+        ' (needs [estimation] method = "full_information")',
+    )
+    topdown.add_argument(
         "--master", default="local[*]", help="Spark master when not launched by spark-submit"
     )
     add_generate_parser(sub)
@@ -61,8 +67,20 @@ def _topdown(args: argparse.Namespace) -> int:
     from censusdp_spark.release.topdown import TopDownOptions, run_topdown
 
     config = load_config(args.config)
+    if args.variances and config.estimation_method != "full_information":
+        raise ConfigError(
+            str(args.config),
+            "estimation.method",
+            f'--variances needs "full_information", not {config.estimation_method!r}',
+        )
     options = TopDownOptions(
-        args.input, args.output, args.secret_file, args.evaluate, args.overwrite, args.resume
+        args.input,
+        args.output,
+        args.secret_file,
+        args.evaluate,
+        args.overwrite,
+        args.resume,
+        args.variances,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master)
     spark.sparkContext.setLogLevel("WARN")

@@ -49,7 +49,8 @@ def fi_args(config: Path, county_csv: Path, secret: Path, output: Path) -> list[
 @pytest.fixture(scope="module")
 def fi_release(spark, fi_config, county_csv, fixed_secret, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fi") / "out"
-    assert main([*fi_args(fi_config, county_csv, fixed_secret, out), "--evaluate"]) == 0
+    args = [*fi_args(fi_config, county_csv, fixed_secret, out), "--evaluate", "--variances"]
+    assert main(args) == 0
     return out
 
 
@@ -74,6 +75,31 @@ def test_guarantees_hold_and_the_bottom_up_table_is_written(spark, fi_release):
     assert (inner.covariance.map(len) == 16 * 17 // 2).all()
     exact = dict(zip(rows.level, rows.exact_total, strict=True))
     assert exact["nation"] and exact["state"] and not exact["county"] and not exact["block"]
+
+
+def test_total_variances_are_the_bottom_up_variances(spark, fi_release):
+    config = load_config(DEMO, ROOT)
+    variances = table(spark, fi_release / "total_variances").toPandas()
+    by_level = variances.groupby("level")["variance"]
+    assert (by_level.max()[["nation", "state"]] == 0.0).all()
+    # A block measured by "total" and "detailed": 1^T (w_t 1 1^T + w_d I)^{-1} 1 = n / (w_d + n w_t).
+    w_total, w_detailed = (
+        1.0 / float(config.budget.sigma2_for("block", q)) for q in ("total", "detailed")
+    )
+    blocks = variances[variances.level == "block"]["variance"]
+    assert np.allclose(blocks, 16 / (w_detailed + 16 * w_total), rtol=1e-12)
+    # Everything measured below a node only adds information: a county's total is known better
+    # than from its own total query.
+    county = float(by_level.max()["county"])
+    assert 0 < county < float(config.budget.sigma2_for("county", "total"))
+    assert len(variances) == table(spark, fi_release / "bottom_up").count()
+
+
+def test_variances_need_full_information(county_csv, fixed_secret, tmp_path, capsys):
+    args = fi_args(DEMO, county_csv, fixed_secret, tmp_path / "out")
+    assert main([*args, "--variances"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "[estimation.method] --variances needs" in err
 
 
 def whole_tree_gls_totals(spark, release: Path, digits: int) -> dict[str, float]:

@@ -15,6 +15,9 @@ whether its totals are invariant), which ``solvers.bottom_up.leaf_covariance`` r
 the config, so 8 M blocks do not store 8 M copies. ``exact_total`` marks nodes whose total is
 invariant (the mean meets it exactly and the covariance is singular along all-ones).
 
+``total_variances`` turns the table into the variance of every node's bottom-up total (the
+``--variances`` table).
+
 Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
 ``engine.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
 (``solve_to_targets``), then the exact controlled rounding; a lone child takes its parent.
@@ -23,6 +26,8 @@ Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from functools import reduce
+from operator import add
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +62,7 @@ from censusdp_spark.solvers.rounding import round_children
 from censusdp_spark.solvers.subproblem import ChildrenProblem, PrecisionProblem
 
 BOTTOM_UP = "bottom_up"
+TOTAL_VARIANCES = "total_variances"
 BOTTOM_UP_SCHEMA = (
     "level string, geocode string, mean array<double>, covariance array<double>,"
     " exact_total boolean"
@@ -89,12 +95,25 @@ def unpack(packed: np.ndarray, n: int) -> np.ndarray:
 
 class _Children:
     """Reads a family's child rows of ``bottom_up`` back into ``Gaussian`` estimates; the
-    shared leaf covariance is computed once per task (per exactness of the totals)."""
+    shared leaf covariance and its precision are computed once per task (per exactness of the
+    totals)."""
 
     def __init__(self, design: LevelDesign, is_leaf: bool) -> None:
         self.design = design
         self.is_leaf = is_leaf
         self._leaf: dict[bool, np.ndarray] = {}
+        self._leaf_precision: dict[bool, np.ndarray] = {}
+
+    def precisions(self, rows: pd.DataFrame, estimates: list[Gaussian]) -> np.ndarray:
+        """``(k, n, n)``: each child's ``Gaussian.precision``."""
+        if not self.is_leaf:
+            return np.stack([e.precision() for e in estimates])
+        out = []
+        for exact, estimate in zip(rows["exact_total"], estimates, strict=True):
+            if bool(exact) not in self._leaf_precision:
+                self._leaf_precision[bool(exact)] = estimate.precision()
+            out.append(self._leaf_precision[bool(exact)])
+        return np.stack(out)
 
     def estimates(self, rows: pd.DataFrame) -> list[Gaussian]:
         n = self.design.n_cells
@@ -278,9 +297,10 @@ def solve_family_from_bottom_up(
         x[0] = parent[active]
     elif active.size:
         estimates = below.estimates(children)
-        full = [e.precision() for e in estimates]
-        precisions = np.stack([p[np.ix_(free, free)] for p in full])
-        linear = np.stack([(p @ e.mean)[free] for p, e in zip(full, estimates, strict=True)])
+        full = below.precisions(children, estimates)
+        means = np.stack([e.mean for e in estimates])
+        precisions = full[:, free][:, :, free]
+        linear = (full @ means[:, :, None])[:, free, 0]
         targets = np.linalg.solve(precisions, linear[:, :, None])[:, :, 0]
         parent_active = None if parent is None else parent[active].astype(np.int64)
         x_hat = solve_to_targets(PrecisionProblem(targets, precisions, parent_active, totals))
@@ -341,3 +361,26 @@ def estimate_level_from_bottom_up(
         schema=ESTIMATE_SCHEMA,
         on_task_start=lambda: worker_fault(fault),
     )
+
+
+def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
+    """``level, geocode, variance`` (lazy): the variance ``1^T C 1`` of every node's bottom-up
+    total, 0 where the total is invariant.
+
+    It is the uncertainty of the BLUE of the node's total from everything measured at and
+    below the node, computed from the noise variances alone (no data): a reference for the
+    released total, which the top-down pass then fits to its parent and rounds, not that
+    released value's own variance."""
+    leaf = config.hierarchy.leaf.name
+    design = level_design(level_plan(config, leaf))
+    leaf_variance = float(leaf_covariance(design, with_totals=False).sum())
+    n = design.n_cells
+    # Row i of the packed upper triangle starts, with its diagonal entry, at i n - i (i - 1) / 2.
+    diagonal = [F.element_at("covariance", i * n - i * (i - 1) // 2 + 1) for i in range(n)]
+    packed = F.aggregate("covariance", F.lit(0.0), lambda a, b: a + b)
+    variance = (
+        F.when(F.col("exact_total"), F.lit(0.0))
+        .when(F.col("level") == leaf, F.lit(leaf_variance))
+        .otherwise(2.0 * packed - reduce(add, diagonal))
+    )
+    return bottom_up.select("level", "geocode", variance.alias("variance"))

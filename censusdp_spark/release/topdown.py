@@ -29,7 +29,9 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.bottom_up import (
     BOTTOM_UP,
+    TOTAL_VARIANCES,
     estimate_level_from_bottom_up,
+    total_variances,
     write_bottom_up,
 )
 from censusdp_spark.engine.checks import check_estimates
@@ -60,6 +62,7 @@ class TopDownOptions:
     evaluate: bool = False
     overwrite: bool = False
     resume: bool = False
+    variances: bool = False  # write total_variances (full_information only)
 
 
 @dataclass
@@ -255,6 +258,11 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
         delta.MICRODATA,
     )
     t = lap("microdata", t)
+    if options.variances:
+        shutil.rmtree(output / TOTAL_VARIANCES, ignore_errors=True)  # an uncommitted leftover
+        bottom_up = delta.read_table(spark, output, BOTTOM_UP)
+        delta.write_table(total_variances(bottom_up, config), output, TOTAL_VARIANCES)
+        t = lap("total_variances", t)
 
     evaluation_rows: list[dict[str, Any]] = []
     if options.evaluate:
@@ -304,7 +312,8 @@ def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions)
             "elapsed_s": summary.elapsed_s,
             "versions": versions(),
             "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
-            + ([BOTTOM_UP] if full_information else []),
+            + ([BOTTOM_UP] if full_information else [])
+            + ([TOTAL_VARIANCES] if options.variances else []),
         },
     )
     blocks.unpersist()
