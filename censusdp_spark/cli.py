@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_reuse_secret_flag(topdown)
     topdown.add_argument(
+        "--variances",
+        action="store_true",
+        help="also write total_variances: the bottom-up variance of every node's total"
+        ' (needs [estimation] method = "full_information")',
+    )
+    topdown.add_argument(
         "--master", default="local[*]", help="Spark master when not launched by spark-submit"
     )
     add_generate_parser(sub)
@@ -69,6 +75,12 @@ def _topdown(args: argparse.Namespace) -> int:
     from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 
     config = load_config(args.config)
+    if args.variances and config.estimation_method != "full_information":
+        raise ConfigError(
+            str(args.config),
+            "estimation.method",
+            f'--variances needs "full_information", not {config.estimation_method!r}',
+        )
     options = TopDownOptions(
         args.input,
         args.output,
@@ -77,6 +89,7 @@ def _topdown(args: argparse.Namespace) -> int:
         args.overwrite,
         args.resume,
         args.reuse_secret,
+        args.variances,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master)
     spark.sparkContext.setLogLevel("WARN")
