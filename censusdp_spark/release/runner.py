@@ -251,12 +251,16 @@ class ReleaseRun:
     def __enter__(self) -> ReleaseRun:
         self._check_output_folder()
         self._take_lock()
-        if self.resume:
-            self.state = self._resumable_state()
-        elif _holds_anything(self.output) and not self.overwrite:
-            raise OutputExistsError(
-                f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
-            )
+        try:
+            if self.resume:
+                self.state = self._resumable_state()
+            elif _holds_anything(self.output) and not self.overwrite:
+                raise OutputExistsError(
+                    f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
+                )
+        except BaseException as error:
+            self.__exit__(type(error), error, error.__traceback__)
+            raise
         return self
 
     def __exit__(
