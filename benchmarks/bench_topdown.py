@@ -3,7 +3,7 @@ linear unbiased) estimate from the same noisy measurements (benchmarks/gls_refer
 the block-by-block baseline at the same rho and secret. Writes benchmarks/results/topdown.md
 (and the per-secret figures to benchmarks/results/topdown.json).
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_topdown.py [--states ri hi]
+    PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/bench_topdown.py [--states ri hi]
         [--rhos 1/2 293764/114921 10] [--secrets 2] [--methods topdown,full_information]
 
 Each (state, rho, secret, method) is a separate ``censusdp topdown`` process (its own JVM),
@@ -409,8 +409,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_topdown.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:]
+    niceness = os.nice(0)
+    command = (
+        "PYTHONPATH=$PWD "
+        + (f"nice -n {niceness} " if niceness else "")
+        + ".venv/bin/python benchmarks/bench_topdown.py "
+        + " ".join(shlex.quote(a) for a in sys.argv[1:])
     )
     levels = list(load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT).hierarchy.names)
     cases = []
