@@ -212,7 +212,9 @@ def read_delta(path: Path) -> pd.DataFrame:
         raise FileNotFoundError(f"{path}: not a Delta table (no _delta_log)")
     active: dict[str, dict[str, str]] = {}
     start = -1
-    checkpoints = sorted(log.glob("*.checkpoint.parquet"))
+    checkpoints = sorted(log.glob("*.checkpoint*.parquet"))
+    if checkpoints and not checkpoints[-1].name.endswith(".checkpoint.parquet"):
+        raise NotImplementedError(f"{checkpoints[-1]}: only single-file checkpoints are read")
     if checkpoints:
         start = int(checkpoints[-1].name.split(".")[0])
         table = pq.read_table(checkpoints[-1], columns=["add"]).to_pylist()

@@ -283,3 +283,37 @@ def test_a_release_folder_gives_the_dense_gls_and_the_truth(tmp_path):
         assert (lv.gls[:, 1] == 0).all()
     mid = ref.level("mid")
     np.testing.assert_allclose(mid.gls.sum(axis=1), mid.truth.sum(axis=1), atol=1e-9)
+
+
+def test_read_delta_replays_a_checkpoint_then_the_commits_after_it(tmp_path):
+    table = tmp_path / "t"
+    (table / "_delta_log").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        pq.write_table(pa.table({"x": [name]}), table / f"{name}.parquet")
+    add = pa.struct([("path", pa.string()), ("partitionValues", pa.map_(pa.string(), pa.string()))])
+    checkpoint = pa.table(
+        {
+            "add": pa.array(
+                [{"path": "a.parquet", "partitionValues": [("level", "l0")]}, None], type=add
+            ),
+            "remove": pa.array(
+                [None, {"path": "old.parquet"}], type=pa.struct([("path", pa.string())])
+            ),
+        }
+    )
+    pq.write_table(checkpoint, table / "_delta_log" / "00000000000000000010.checkpoint.parquet")
+    # commits up to the checkpoint are ignored (their file is gone); later ones apply
+    (table / "_delta_log" / "00000000000000000009.json").write_text(
+        json.dumps({"add": {"path": "gone.parquet", "partitionValues": {}}})
+    )
+    (table / "_delta_log" / "00000000000000000011.json").write_text(
+        json.dumps({"add": {"path": "b.parquet", "partitionValues": {"level": "l1"}}})
+        + "\n"
+        + json.dumps({"add": {"path": "c.parquet", "partitionValues": {"level": "l1"}}})
+    )
+    (table / "_delta_log" / "00000000000000000012.json").write_text(
+        json.dumps({"remove": {"path": "c.parquet"}})
+    )
+    frame = read_delta(table).sort_values("x")
+    assert frame["x"].tolist() == ["a", "b"]
+    assert frame["level"].tolist() == ["l0", "l1"]
