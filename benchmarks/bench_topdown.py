@@ -4,7 +4,7 @@ the block-by-block baseline at the same rho and secret. Writes benchmarks/result
 (and the per-secret figures to benchmarks/results/topdown.json).
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/bench_topdown.py [--states ri hi]
-        [--rhos 1/2 293764/114921 10] [--secrets 2] [--methods topdown,full_information]
+        [--rhos 1/2 293764/114921 10] [--secrets 2] [--methods topdown,full_information] [--append]
 
 Each (state, rho, secret, method) is a separate ``censusdp topdown`` process (its own JVM),
 local[2], run on this worktree's code. A method other than ``topdown`` is written into the
@@ -347,13 +347,15 @@ def timing_table(cases: list[dict], methods: list[str]) -> list[str]:
     return lines
 
 
-def report(cases: list[dict], methods: list[str], command: str, levels: list[str]) -> str:
-    n_secrets = len({c["secret"] for c in cases})
+def report(cases: list[dict], methods: list[str], commands: list[str], levels: list[str]) -> str:
+    secrets = [len(g) for _, _, g in _groups(cases)]
+    counts = f"{min(secrets)}" if min(secrets) == max(secrets) else f"{min(secrets)}-{max(secrets)}"
+    quoted = "; then ".join(f"`{c}`" for c in commands)
     lines = [
         "## TopDown vs the exact GLS and the block-by-block baseline (real RI/HI 2010 blocks, 16 cells)",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, local[2] on 2 shared cores,"
-        f" {n_secrets} secret(s) per state and rho; figures are means over the secrets).",
+        f"Command: {quoted} ({time.strftime('%Y-%m-%d')}, local[2] on 2 shared cores,"
+        f" {counts} secret(s) per state and rho; figures are means over the secrets).",
         "",
         "`gls` is the exact generalised-least-squares (best linear unbiased) estimate of every",
         "node's histogram from all the run's `noisy_measurements`, with the invariant (state)",
@@ -405,6 +407,11 @@ def main() -> None:
     )
     parser.add_argument("--keep", type=Path, help="keep the releases in this folder")
     parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add to the cases saved beside --results (those already there are not rerun)",
+    )
+    parser.add_argument(
         "--results", type=Path, default=ROOT / "benchmarks" / "results" / "topdown.md"
     )
     args = parser.parse_args()
@@ -417,7 +424,15 @@ def main() -> None:
         + " ".join(shlex.quote(a) for a in sys.argv[1:])
     )
     levels = list(load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT).hierarchy.names)
-    cases = []
+    saved = args.results.with_suffix(".json")
+    commands, cases = [command], []
+    if args.append and saved.exists():
+        earlier = json.loads(saved.read_text())
+        commands, cases = [*earlier["commands"], command], earlier["cases"]
+        if any(list(c["runs"]) != methods for c in cases):
+            sys.exit(f"{saved}: the earlier cases ran other methods than {methods}")
+    done = {(c["state"], c["rho"], c["secret"]) for c in cases}
+    text = report(cases, methods, commands, levels) if cases else ""
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -425,13 +440,14 @@ def main() -> None:
         for state in args.states:
             for rho in args.rhos:
                 for i in range(args.secrets):
+                    if (state, rho, i) in done:
+                        continue
                     cases.append(measure_case(state, rho, i, methods, work, args.keep is not None))
-                    text = report(cases, methods, command, levels)
+                    text = report(cases, methods, commands, levels)
+                    # Rewritten after every case, so a run cut short keeps its figures.
                     args.results.parent.mkdir(exist_ok=True)
-                    args.results.write_text(
-                        text
-                    )  # rewritten after every case: a cut run keeps its figures
-                    args.results.with_suffix(".json").write_text(json.dumps(cases, indent=1))
+                    args.results.write_text(text)
+                    saved.write_text(json.dumps({"commands": commands, "cases": cases}, indent=1))
     print(text)
 
 
