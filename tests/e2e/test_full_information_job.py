@@ -15,7 +15,7 @@ from scipy.sparse.linalg import LinearOperator, cg
 from censusdp_spark.cli import main
 from censusdp_spark.topdown.config import load_config
 from tests.conftest import assert_same_tables
-from tests.test_faults import censusdp
+from tests.e2e.test_faults import censusdp
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"

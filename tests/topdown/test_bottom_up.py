@@ -17,7 +17,7 @@ from censusdp_spark.topdown.solvers.bottom_up import (
 )
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.subproblem import PrecisionProblem
-from tests.test_least_squares import marginal_queries
+from tests.topdown.test_least_squares import marginal_queries
 
 
 @dataclass
