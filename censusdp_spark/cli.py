@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_reuse_secret_flag(topdown)
     topdown.add_argument(
+        "--variances",
+        action="store_true",
+        help="also write total_variances: the bottom-up variance of every node's total"
+        ' (needs [estimation] method = "full_information")',
+    )
+    topdown.add_argument(
         "--master", default="local[*]", help="Spark master when not launched by spark-submit"
     )
     add_remote_flag(topdown)
@@ -71,6 +77,12 @@ def _topdown(args: argparse.Namespace) -> int:
     from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 
     config = load_config(args.config)
+    if args.variances and config.estimation_method != "full_information":
+        raise ConfigError(
+            str(args.config),
+            "estimation.method",
+            f'--variances needs "full_information", not {config.estimation_method!r}',
+        )
     options = TopDownOptions(
         args.input,
         args.output,
@@ -79,6 +91,7 @@ def _topdown(args: argparse.Namespace) -> int:
         args.overwrite,
         args.resume,
         args.reuse_secret,
+        args.variances,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options)
@@ -86,11 +99,18 @@ def _topdown(args: argparse.Namespace) -> int:
     return 0
 
 
+class _StageLines(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced, e.g. by pytest)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
 def _log_stages_to_stderr() -> None:
     """Stage lines (``[censusdp] measure: 3.1 s``) on stderr, once per process."""
     log = logging.getLogger("censusdp")
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StageLines()
         handler.setFormatter(logging.Formatter("[censusdp] %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

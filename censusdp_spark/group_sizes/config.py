@@ -19,9 +19,13 @@ from censusdp_spark.model.config import (
     INPUT_FORMATS,
     ConfigReader,
     RunOptions,
+    SpineSpec,
+    column_names,
     hierarchy_section,
     parse_toml,
+    require_spine,
     run_options,
+    spine_option,
 )
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
@@ -49,7 +53,8 @@ class GroupInputSpec:
     ``size_counts``: one row per leaf, ``size_columns[i]`` holding the number of groups of size
     ``i + 1``; every row is a leaf of the public spine, empty ones included. ``households``: one
     row per household with its ``size_column``, or one row per member with a ``member_column``
-    quantity summed per ``household_column``; the leaves are those holding a household.
+    quantity summed per ``household_column``; the leaves are those holding a household, so
+    this layout needs ``[geography] spine``, from which the leaves are then taken.
     """
 
     path: Path
@@ -79,6 +84,7 @@ class PgsrConfig:
     norm: str  # objective of the dp and cumulative post-processing ("l2" as in the paper)
     faithfulness: str  # "level" (sums per level = G) or "node" (sums per node = G^r)
     input: GroupInputSpec | None
+    spine: SpineSpec | None = None
 
 
 def _groups(r: ConfigReader, doc: Any) -> GroupSizes:
@@ -90,14 +96,6 @@ def _groups(r: ConfigReader, doc: Any) -> GroupSizes:
     if not isinstance(topcode, bool):
         raise r.fail("groups.topcode", f"must be true or false, got {topcode!r}")
     return GroupSizes(size, topcode)
-
-
-def _names(r: ConfigReader, value: Any, key: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (r.string(value, key),)
-    if not isinstance(value, list) or not value:
-        raise r.fail(key, "must be a column name or a non-empty list of them")
-    return tuple(r.string(v, f"{key}[{i}]") for i, v in enumerate(value))
 
 
 def _input(r: ConfigReader, doc: Any, groups: GroupSizes, base: Path) -> GroupInputSpec:
@@ -124,7 +122,7 @@ def _input(r: ConfigReader, doc: Any, groups: GroupSizes, base: Path) -> GroupIn
         "path": path if path.is_absolute() else base / path,
         "format": fmt,
         "layout": layout,
-        "geocode_columns": _names(r, doc["geocode"], "input.geocode"),
+        "geocode_columns": column_names(r, doc["geocode"], "input.geocode"),
         "ignore": tuple(r.string(c, "input.ignore") for c in doc.get("ignore", [])),
     }
     if layout == "size_counts":
@@ -133,7 +131,7 @@ def _input(r: ConfigReader, doc: Any, groups: GroupSizes, base: Path) -> GroupIn
                 raise r.fail(f"input.{key}", "only for layout = 'households'")
         if "size_columns" not in doc:
             raise r.fail("input", "missing required key 'size_columns' (layout = 'size_counts')")
-        columns = _names(r, doc["size_columns"], "input.size_columns")
+        columns = column_names(r, doc["size_columns"], "input.size_columns")
         if len(columns) != groups.max_size or len(set(columns)) != len(columns):
             raise r.fail(
                 "input.size_columns",
@@ -204,8 +202,13 @@ def load_pgsr_config(path: Path | str, project_root: Path | None = None) -> Pgsr
     base = project_root or Path.cwd()
     run = run_options(r, run_doc, base, path.stem)
     hierarchy = hierarchy_section(r, doc["geography"])
+    spine = spine_option(r, doc["geography"], base)
     groups = _groups(r, doc["groups"])
     budget = _budget(r, doc["budget"], hierarchy)
     mechanism, norm, faithfulness = _mechanism(r, doc.get("mechanism", {}))
     spec = _input(r, doc["input"], groups, base) if "input" in doc else None
-    return PgsrConfig(r.source, run, hierarchy, groups, budget, mechanism, norm, faithfulness, spec)
+    if spec is not None and spec.layout == "households":
+        require_spine(r, spine, spec.layout)
+    return PgsrConfig(
+        r.source, run, hierarchy, groups, budget, mechanism, norm, faithfulness, spec, spine
+    )

@@ -159,7 +159,7 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
     measured = measurement_fingerprint(
         GROUP_SIZES,
         Path(config.source).read_text(),
-        input_fingerprint([config.input.path]),
+        input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
         {"noise": noise},
     )
@@ -391,7 +391,9 @@ def _run_pgsr(
     assert config.input is not None
     clock = run.clock
     output, hierarchy = config.run.output, config.hierarchy
-    leaves = read_leaf_histograms(spark, config.input, config.groups, hierarchy.leaf.digits)
+    leaves = read_leaf_histograms(
+        spark, config.input, config.groups, hierarchy.leaf.digits, config.spine
+    )
     leaves = leaves.persist(StorageLevel.MEMORY_AND_DISK)
     # Few, larger partitions: every pandas task has a fixed start-up cost.
     parallelism = default_parallelism(spark)
@@ -477,6 +479,7 @@ def _run_pgsr(
             "config_file": config.source,
             "config_text": Path(config.source).read_text(),
             "input": str(config.input.path),
+            "spine": str(config.spine.path) if config.spine else None,
             "groups": {"max_size": config.groups.max_size, "topcode": config.groups.topcode},
             "privacy": _privacy(config),
             "nodes": summary.nodes,

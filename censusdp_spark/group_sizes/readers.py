@@ -25,9 +25,11 @@ from censusdp_spark.io.readers import (
     geocode_of,
     geocode_rule,
     nonzero_cells,
+    on_spine,
     read_checked,
     row_number_of,
 )
+from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
 
 
@@ -137,18 +139,26 @@ def _households(df: DataFrame, spec: GroupInputSpec, groups: GroupSizes, digits:
 
 
 def read_leaf_histograms(
-    spark: SparkSession, spec: GroupInputSpec, groups: GroupSizes, digits: int
+    spark: SparkSession,
+    spec: GroupInputSpec,
+    groups: GroupSizes,
+    digits: int,
+    spine: SpineSpec | None,
 ) -> DataFrame:
-    """Per-leaf size histograms ``geocode, cells, counts``; every input rule is checked first."""
+    """Per-leaf size histograms ``geocode, cells, counts``; every input rule is checked first.
+    With a spine, exactly the spine's leaves (``io.readers.on_spine``: a leaf without groups
+    has zero counts in every size; a record off the spine is refused)."""
     raw = read_checked(spark, spec)
     df = raw.withColumn("geocode", geocode_of(spec))
     if spec.layout == "size_counts":
-        return _size_counts(df, spec, digits)
-    households = _households(df, spec, groups, digits)
-    cell = F.least(F.col("size"), F.lit(groups.max_size)) - 1
-    return _sparse(
-        households.groupBy("geocode", cell.alias("cell")).agg(F.count("*").alias("count"))
-    )
+        leaves = _size_counts(df, spec, digits)
+    else:
+        households = _households(df, spec, groups, digits)
+        cell = F.least(F.col("size"), F.lit(groups.max_size)) - 1
+        leaves = _sparse(
+            households.groupBy("geocode", cell.alias("cell")).agg(F.count("*").alias("count"))
+        )
+    return leaves if spine is None else on_spine(spark, leaves, spec, spine, digits)
 
 
 def _refuse_first(

@@ -4,6 +4,16 @@ Output: one row per leaf (block) ``geocode: string, cells: array<int>, counts: a
 holding the non-zero cells in increasing order; zero-population blocks have empty arrays.
 Every violation raises ``InputError`` naming the file, the row (1-based data row, in file
 order) or column, and the rule; nothing is written before the input has passed.
+
+With a spine (``[geography] spine``, :func:`on_spine`) the rows are exactly the spine's blocks.
+Privacy claim: the released geography (every level's node set, hence every noise group and the
+order of its nodes in their keyed stream, ``engine.measure``) is then a function of the public
+spine alone. Without one, record-level input makes a node of a block only if someone lives
+there, so the released block list would tell which blocks are populated (outside the DP
+guarantee), and one block gaining or losing its only resident would shift the noise of every
+other node of its noise group. On neighbouring inputs (one record more or less) on a spine the
+node sets are equal, every node draws its noise at the same place in the same stream, and the
+measurement's sensitivity argument holds unchanged.
 """
 
 from __future__ import annotations
@@ -17,13 +27,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.utils import AnalysisException
 
+from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
 
 INTEGER = r"^\s*[0-9]+\s*$"  # a non-negative integer, as text
 
 
-class ColumnSpec(Protocol):
-    """What the shared column and geocode checks need of an input spec."""
+class GeocodeSpec(Protocol):
+    """What the geocode checks need of a table's spec (an input's or the spine's)."""
 
     @property
     def path(self) -> Path: ...
@@ -34,6 +45,10 @@ class ColumnSpec(Protocol):
     @property
     def geocode_columns(self) -> tuple[str, ...]: ...
 
+
+class ColumnSpec(GeocodeSpec, Protocol):
+    """What the shared column checks need of an input spec."""
+
     @property
     def ignore(self) -> tuple[str, ...]: ...
 
@@ -41,15 +56,17 @@ class ColumnSpec(Protocol):
 
 
 def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
-    """Read CSV (header, every column as a string), Parquet or Delta; clear errors if unreadable."""
+    """Read CSV or pipe-delimited text (header, every column as a string), Parquet or Delta;
+    clear errors if unreadable."""
     source = str(path)
     if not path.exists():
         raise InputError(source, "file", "not found")
     where = str(path.absolute())  # a Spark Connect server resolves paths from its own folder
     try:
-        if fmt == "csv":
+        if fmt in ("csv", "pipe"):
             df = (
                 spark.read.option("header", True)
+                .option("sep", "|" if fmt == "pipe" else ",")
                 .option("inferSchema", False)
                 .option("mode", "FAILFAST")
                 .csv(where)
@@ -135,12 +152,12 @@ def check_columns(df: DataFrame, spec: ColumnSpec) -> None:
         )
 
 
-def geocode_of(spec: ColumnSpec) -> Column:
+def geocode_of(spec: GeocodeSpec) -> Column:
     parts = [F.trim(F.col(c).cast("string")) for c in spec.geocode_columns]
     return F.concat(*parts) if len(parts) > 1 else parts[0]
 
 
-def geocode_rule(spec: ColumnSpec, digits: int) -> RowRule:
+def geocode_rule(spec: GeocodeSpec, digits: int) -> RowRule:
     geo = F.col("geocode")
     return RowRule(
         geo.isNull() | ~geo.rlike(rf"^[0-9]{{{digits}}}$"),
@@ -149,7 +166,7 @@ def geocode_rule(spec: ColumnSpec, digits: int) -> RowRule:
     )
 
 
-def check_unique_geocodes(df: DataFrame, spec: ColumnSpec) -> None:
+def check_unique_geocodes(df: DataFrame, spec: GeocodeSpec) -> None:
     source = str(spec.path)
     name = "+".join(spec.geocode_columns)
     dup = df.groupBy("geocode").count().filter("count > 1").limit(1).collect()
@@ -177,3 +194,58 @@ def nonzero_cells(values: Sequence[tuple[int, Column]]) -> list[Column]:
         F.transform(nonzero, lambda s: s["cell"]).alias("cells"),
         F.transform(nonzero, lambda s: s["count"]).alias("counts"),
     ]
+
+
+def read_spine(spark: SparkSession, spine: SpineSpec, digits: int) -> DataFrame:
+    """``geocode``, one row per spine leaf. Refused, naming the spine file and its row, if a
+    geocode is not exactly ``digits`` digits or is listed twice; or if a geocode column is
+    missing or the spine is empty. The file's other columns are not read."""
+    source = str(spine.path)
+    raw = read_table(spark, spine.path, spine.format)
+    for col in spine.geocode_columns:
+        if col not in raw.columns:
+            raise InputError(
+                source, f"column {col}", "missing (named in [geography] spine.geocode)"
+            )
+    df = raw.select(geocode_of(spine).alias("geocode"))
+    if not df.limit(1).collect():
+        raise InputError(source, "rows", "the spine is empty")
+    enforce_rules(df, source, [geocode_rule(spine, digits)])
+    check_unique_geocodes(df, spine)
+    return df
+
+
+def on_spine(
+    spark: SparkSession, leaves: DataFrame, spec: GeocodeSpec, spine: SpineSpec, digits: int
+) -> DataFrame:
+    """``leaves`` (``geocode, cells, counts``) completed to the spine: one row per spine leaf,
+    empty arrays where no record falls. A record whose leaf is not on the spine is refused at
+    its first row in the input file (in file order)."""
+    blocks = read_spine(spark, spine, digits)
+    if leaves.join(blocks, "geocode", "left_anti").limit(1).collect():
+        raise _off_spine(spark, spec, blocks, spine)
+    empty = {c: F.array().cast(leaves.schema[c].dataType) for c in ("cells", "counts")}
+    return blocks.join(leaves, "geocode", "left").select(
+        "geocode", *[F.coalesce(F.col(c), e).alias(c) for c, e in empty.items()]
+    )
+
+
+def _off_spine(
+    spark: SparkSession, spec: GeocodeSpec, blocks: DataFrame, spine: SpineSpec
+) -> InputError:
+    """The error for the first input row (in file order) whose leaf is not on the spine."""
+    rows = read_table(spark, spec.path, spec.format).select(geocode_of(spec).alias("geocode"))
+    numbered = rows.rdd.zipWithIndex().map(lambda pair: (pair[0]["geocode"], pair[1] + 1))
+    first = (
+        spark.createDataFrame(numbered, "geocode string, row long")
+        .join(blocks, "geocode", "left_anti")
+        .orderBy("row")
+        .first()
+    )
+    assert first is not None
+    return InputError(
+        str(spec.path),
+        f"row {first['row']}, column {'+'.join(spec.geocode_columns)}",
+        f"geocode {first['geocode']} is not on the spine {spine.path}"
+        " (every record must fall in a leaf of the spine)",
+    )

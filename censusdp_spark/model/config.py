@@ -19,6 +19,23 @@ from censusdp_spark.model.geography import Hierarchy, Level
 INPUT_FORMATS = ("csv", "parquet", "delta")
 
 
+SPINE_FORMATS = ("csv", "parquet", "delta", "pipe")  # pipe: '|'-delimited text with a header
+
+
+@dataclass(frozen=True)
+class SpineSpec:
+    """The public list of leaves (blocks), fixed before any response is read.
+
+    Every level's node set is derived from it alone: a record off the spine is refused and a
+    spine leaf without records is a node with zero counts (``io.spine``). The leaf geocode is
+    ``geocode_columns`` concatenated in order; the file's other columns are not read.
+    """
+
+    path: Path
+    format: str
+    geocode_columns: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class RunOptions:
     name: str
@@ -76,7 +93,7 @@ class ConfigReader:
 
 
 def hierarchy_section(r: ConfigReader, doc: Any) -> Hierarchy:
-    doc = r.table(doc, "geography", {"levels"}, {"levels"})
+    doc = r.table(doc, "geography", {"levels", "spine"}, {"levels"})
     levels = []
     for i, lv in enumerate(doc["levels"]):
         key = f"geography.levels[{i}]"
@@ -88,6 +105,50 @@ def hierarchy_section(r: ConfigReader, doc: Any) -> Hierarchy:
         return Hierarchy(tuple(levels))
     except ValueError as err:
         raise r.fail("geography.levels", str(err)) from None
+
+
+def column_names(r: ConfigReader, value: Any, key: str) -> tuple[str, ...]:
+    """A column name or a non-empty list of them (concatenated, in order, into a geocode)."""
+    if isinstance(value, str):
+        return (r.string(value, key),)
+    if not isinstance(value, list) or not value:
+        raise r.fail(key, "must be a column name or a non-empty list of them")
+    return tuple(r.string(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+
+def spine_option(r: ConfigReader, geography: dict, base: Path) -> SpineSpec | None:
+    """``[geography] spine = { path, format, geocode }``, if given (``hierarchy_section`` has
+    checked that ``geography`` is a table)."""
+    if "spine" not in geography:
+        return None
+    doc = r.table(geography["spine"], "geography.spine", {"path", "format", "geocode"})
+    missing = {"path", "geocode"} - set(doc)
+    if missing:
+        raise r.fail(
+            "geography.spine",
+            f"missing required key(s) {sorted(missing)}: "
+            "spine = { path = <block list>, geocode = <column or [columns]> }",
+        )
+    fmt = doc.get("format", "csv")
+    if fmt not in SPINE_FORMATS:
+        raise r.fail("geography.spine.format", f"{fmt!r} must be one of {SPINE_FORMATS}")
+    path = Path(r.string(doc["path"], "geography.spine.path"))
+    return SpineSpec(
+        path if path.is_absolute() else base / path,
+        fmt,
+        column_names(r, doc["geocode"], "geography.spine.geocode"),
+    )
+
+
+def require_spine(r: ConfigReader, spine: SpineSpec | None, layout: str) -> None:
+    """Record-level layouts make a node of a leaf only if it holds a record, so the released
+    geography would tell which leaves are populated: they need the spine."""
+    if spine is None:
+        raise r.fail(
+            "geography.spine",
+            f"required with input.layout = '{layout}' (otherwise the released leaves reveal "
+            "which are populated): add [geography] spine = { path = ..., geocode = ... }",
+        )
 
 
 def run_options(r: ConfigReader, doc: Any, base: Path, default_name: str) -> RunOptions:

@@ -2,8 +2,10 @@
 
 The root (e.g. the nation) has the empty geocode; every other level keeps the first ``digits``
 characters of the leaf geocode, so each leaf has exactly one chain of ancestors and the parent
-of a node is the prefix of its geocode at the level above. The set of leaves given as input
-(zero-population leaves included) is the public spine.
+of a node is the prefix of its geocode at the level above. The set of leaves is the public
+spine: the ``[geography] spine`` file when one is configured (``config.SpineSpec``), else the
+leaves of a block-count input (zero-population leaves included); the node set of every level
+is the set of its prefixes.
 """
 
 from __future__ import annotations

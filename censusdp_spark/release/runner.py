@@ -246,16 +246,21 @@ class ReleaseRun:
         self.state: RunState | None = None
         self._secret: bytes | None = None
         self._lock: IO[str] | None = None
+        self._made_private_dir = False
 
     def __enter__(self) -> ReleaseRun:
         self._check_output_folder()
         self._take_lock()
-        if self.resume:
-            self.state = self._resumable_state()
-        elif _holds_anything(self.output) and not self.overwrite:
-            raise OutputExistsError(
-                f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
-            )
+        try:
+            if self.resume:
+                self.state = self._resumable_state()
+            elif _holds_anything(self.output) and not self.overwrite:
+                raise OutputExistsError(
+                    f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
+                )
+        except BaseException as error:
+            self.__exit__(type(error), error, error.__traceback__)
+            raise
         return self
 
     def __exit__(
@@ -267,6 +272,11 @@ class ReleaseRun:
         if self._lock is not None:
             self._lock.close()  # closing the descriptor releases the lock
             self._lock = None
+        # A failed run that made its private folder leaves none behind (nothing but the lock).
+        if error is not None and self._made_private_dir and self.state is None:
+            leftovers = {p.name for p in self.private_dir.iterdir()}
+            if leftovers <= {"lock"}:
+                shutil.rmtree(self.private_dir)
 
     # -- the secret ---------------------------------------------------------------------------
 
@@ -393,6 +403,7 @@ class ReleaseRun:
             raise OutputExistsError(f"{parent}: not writable; choose another --output")
 
     def _take_lock(self) -> None:
+        self._made_private_dir = not self.private_dir.exists()
         self.private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         handle = open(self.private_dir / "lock", "a")  # noqa: SIM115 - held for the whole run
         try:

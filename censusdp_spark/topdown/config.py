@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -17,9 +17,13 @@ from censusdp_spark.model.config import (
     INPUT_FORMATS,
     ConfigReader,
     RunOptions,
+    SpineSpec,
+    column_names,
     hierarchy_section,
     parse_toml,
+    require_spine,
     run_options,
+    spine_option,
 )
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
@@ -33,6 +37,11 @@ from censusdp_spark.topdown.queries import MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
 
 INPUT_LAYOUTS = ("block_counts", "microdata")
+EstimationMethod = Literal["topdown", "full_information"]
+"""``topdown``: each level fitted to its own measurements under its parent (the Census method);
+``full_information``: each child fitted to its bottom-up BLUE from its own and all its
+descendants' measurements, weighted by that estimate's precision."""
+ESTIMATION_METHODS: tuple[str, ...] = get_args(EstimationMethod)
 
 
 _TERM = re.compile(r"\s*([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)\s*")
@@ -86,6 +95,8 @@ class RunConfig:
     invariant_levels: tuple[str, ...]  # node totals held exact at these levels and above
     structural_zero_cells: tuple[int, ...]
     input: InputSpec | None
+    spine: SpineSpec | None = None
+    estimation_method: EstimationMethod = "topdown"
 
     def query(self, level: str, name: str) -> MarginalQuery:
         for q in self.queries[level]:
@@ -233,12 +244,7 @@ def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     layout = doc["layout"]
     if layout not in INPUT_LAYOUTS:
         raise r.fail("input.layout", f"{layout!r} must be one of {INPUT_LAYOUTS}")
-    geo = doc["geocode"]
-    geocode = (
-        (r.string(geo, "input.geocode"),)
-        if isinstance(geo, str)
-        else tuple(r.string(g, f"input.geocode[{i}]") for i, g in enumerate(geo))
-    )
+    geocode = column_names(r, doc["geocode"], "input.geocode")
     path = Path(r.string(doc["path"], "input.path"))
     spec = InputSpec(path if path.is_absolute() else base / path, fmt, layout, geocode)
     if layout == "block_counts":
@@ -265,10 +271,40 @@ def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
     return InputSpec(spec.path, fmt, layout, geocode, attributes=tuple(columns), ignore=ignore)
 
 
+def _estimation_method(
+    r: ConfigReader,
+    doc: dict,
+    leaf: str,
+    leaf_queries: tuple[MarginalQuery, ...],
+    structural_zeros: tuple[int, ...],
+    n_cells: int,
+) -> EstimationMethod:
+    """The method; ``full_information`` also needs the leaf level's queries to determine every
+    cell that is not a structural zero (its leaves are estimated from their own measurements)."""
+    method = doc.get("method", "topdown")
+    if method == "topdown":
+        return "topdown"
+    if method != "full_information":
+        raise r.fail("estimation.method", f"{method!r} must be one of {list(ESTIMATION_METHODS)}")
+    active = np.setdiff1d(np.arange(n_cells), structural_zeros)
+    stacked = np.vstack(
+        [np.eye(q.size)[q.cell_to_marginal[active]].T for q in leaf_queries]
+        or [np.zeros((0, active.size))]
+    )
+    if np.linalg.matrix_rank(stacked) < active.size:
+        raise r.fail(
+            "estimation.method",
+            f'"full_information" needs the leaf level\'s queries to determine every cell;'
+            f" those of [budget.levels.{leaf}.queries] ({[q.name for q in leaf_queries]}) do"
+            ' not: add "detailed" there',
+        )
+    return "full_information"
+
+
 def _estimation(
     r: ConfigReader, doc: Any, schema: Schema, hierarchy: Hierarchy
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    doc = r.table(doc, "estimation", {"invariants", "structural_zeros"})
+    doc = r.table(doc, "estimation", {"invariants", "structural_zeros", "method"})
     invariants = tuple(r.string(v, "estimation.invariants") for v in doc.get("invariants", []))
     for lv in invariants:
         if lv not in hierarchy.names:
@@ -304,6 +340,7 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
     run = run_options(r, doc.get("run", {}), base, path.stem)
     schema = schema_section(r, doc["schema"])
     hierarchy = hierarchy_section(r, doc["geography"])
+    spine = spine_option(r, doc["geography"], base)
     budget = _budget(r, doc["budget"], hierarchy)
     queries = {}
     for level in hierarchy.names:
@@ -314,6 +351,14 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
             except ValueError as err:
                 raise r.fail(f"budget.levels.{level}.queries", str(err)) from None
         queries[level] = tuple(built)
-    invariants, zeros = _estimation(r, doc.get("estimation", {}), schema, hierarchy)
+    estimation = doc.get("estimation", {})
+    invariants, zeros = _estimation(r, estimation, schema, hierarchy)
     spec = _input(r, doc["input"], schema, base) if "input" in doc else None
-    return RunConfig(source, run, schema, hierarchy, budget, queries, invariants, zeros, spec)
+    if spec is not None and spec.layout == "microdata":
+        require_spine(r, spine, spec.layout)
+    method = _estimation_method(
+        r, estimation, hierarchy.leaf.name, queries[hierarchy.leaf.name], zeros, schema.n_cells
+    )
+    return RunConfig(
+        source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine, method
+    )

@@ -74,7 +74,7 @@ def solve_family(
     ``map_families`` delivers them), with the ``noisy`` answer and the child's invariant total
     ``inv_total`` (null where the level has none).
     """
-    geocodes, noisy, totals = _family_arrays(plan, children)
+    geocodes, noisy, totals = family_arrays(plan, children)
     k = len(geocodes)
     if parent is None:
         active = np.flatnonzero(~plan.structural_zero)
@@ -93,17 +93,23 @@ def solve_family(
             child_totals=totals,
         )
         x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
+    return estimate_rows(plan.level, geocodes, active, x)
+
+
+def estimate_rows(
+    level: str, geocodes: np.ndarray, active: np.ndarray, x: np.ndarray
+) -> pd.DataFrame:
+    """Rows of ``ESTIMATE_SCHEMA`` for integer histograms ``x`` (``(k, active.size)``) over the
+    cells ``active``: the non-zero cells of each child, sparse."""
     cells, counts = [], []
     for row in x:
         keep = row > 0
         cells.append(active[keep].astype(np.int32))
         counts.append(row[keep].astype(np.int64))
-    return pd.DataFrame(
-        {"level": plan.level, "geocode": geocodes, "cells": cells, "counts": counts}
-    )
+    return pd.DataFrame({"level": level, "geocode": geocodes, "cells": cells, "counts": counts})
 
 
-def _family_arrays(
+def family_arrays(
     plan: LevelPlan, children: pd.DataFrame
 ) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
     """Child geocodes, the noisy answers per query (plan order, ``(k, size)`` floats) and the
@@ -130,13 +136,19 @@ def _family_arrays(
     return geocode[::q], noisy, None if totals.isna().any() else totals.to_numpy(dtype=np.int64)
 
 
-def _dense(cells: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(n, dtype=np.int64)
-    out[np.asarray(cells, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
+def parent_histogram(family: pd.DataFrame, n_cells: int) -> np.ndarray:
+    """The dense integer estimate of a family's parent from its ``parent_cells`` and
+    ``parent_counts`` columns (zeros for a zero-population parent, which has no row)."""
+    out = np.zeros(n_cells, dtype=np.int64)
+    cells = family["parent_cells"].iat[0]
+    if cells is not None:
+        out[np.asarray(cells, dtype=np.int64)] = np.asarray(
+            family["parent_counts"].iat[0], dtype=np.int64
+        )
     return out
 
 
-def _worker_fault(fault: str) -> None:
+def worker_fault(fault: str) -> None:
     """Test hook: ``python_worker_once:<marker path>`` kills this Python worker the first time."""
     if fault.startswith("python_worker_once:"):
         marker = Path(fault.split(":", 1)[1])
@@ -149,14 +161,28 @@ def _family_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
     def task(family: pd.DataFrame) -> pd.DataFrame:
         if plan.is_root:
             return solve_family(plan, None, family)
-        cells = family["parent_cells"].iat[0]
-        if cells is None:  # a zero-population parent has no estimate rows
-            dense = np.zeros(plan.n_cells, dtype=np.int64)
-        else:
-            dense = _dense(cells, family["parent_counts"].iat[0], plan.n_cells)
-        return solve_family(plan, dense, family)
+        return solve_family(plan, parent_histogram(family, plan.n_cells), family)
 
     return task
+
+
+def with_parent_estimates(
+    children: DataFrame, parent_estimates: DataFrame | None, parent_digits: int
+) -> DataFrame:
+    """``children`` rows with their ``parent`` geocode and, below the root, the parent's
+    estimate as ``parent_cells, parent_counts`` (a left join on the parent geocode)."""
+    children = children.withColumn("parent", geocode_prefix(parent_digits))
+    if parent_estimates is None:
+        return children
+    return children.join(
+        parent_estimates.select(
+            F.col("geocode").alias("parent"),
+            F.col("cells").alias("parent_cells"),
+            F.col("counts").alias("parent_counts"),
+        ),
+        "parent",
+        "left",
+    )
 
 
 def estimate_level(
@@ -174,29 +200,18 @@ def estimate_level(
     above as ``geocode, cells, counts`` (None at the root). The children's rows meet their
     parent's estimate by a join on the parent geocode, then every family is solved by
     ``map_families`` (many families per Python call). ``fault`` is a test hook (see
-    ``_worker_fault``), empty in normal runs.
+    ``worker_fault``), empty in normal runs.
     """
-    parent_key = geocode_prefix(parent_digits)
-    children = (
-        noisy.select("geocode", "query", "noisy")
-        .join(invariant_totals, "geocode", "left")
-        .withColumn("parent", parent_key)
+    children = with_parent_estimates(
+        noisy.select("geocode", "query", "noisy").join(invariant_totals, "geocode", "left"),
+        parent_estimates,
+        parent_digits,
     )
-    if parent_estimates is not None:
-        children = children.join(
-            parent_estimates.select(
-                F.col("geocode").alias("parent"),
-                F.col("cells").alias("parent_cells"),
-                F.col("counts").alias("parent_counts"),
-            ),
-            "parent",
-            "left",
-        )
     return map_families(
         children,
         family=["parent"],
         order=["geocode", "query"],
         solve=_family_task(plan),
         schema=ESTIMATE_SCHEMA,
-        on_task_start=lambda: _worker_fault(fault),
+        on_task_start=lambda: worker_fault(fault),
     )

@@ -35,6 +35,13 @@ from censusdp_spark.release.runner import (
     measurement_fingerprint,
     private_dir_for,
 )
+from censusdp_spark.topdown.bottom_up import (
+    BOTTOM_UP,
+    TOTAL_VARIANCES,
+    estimate_level_from_bottom_up,
+    total_variances,
+    write_bottom_up,
+)
 from censusdp_spark.topdown.checks import check_estimates
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.estimate import estimate_level, level_plan
@@ -56,6 +63,7 @@ class TopDownOptions:
     overwrite: bool = False
     resume: bool = False
     reuse_secret: bool = False
+    variances: bool = False  # write total_variances (full_information only)
 
 
 @dataclass
@@ -115,7 +123,7 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     measured = measurement_fingerprint(
         TOPDOWN,
         Path(config.source).read_text(),
-        input_fingerprint([config.input.path]),
+        input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
     )
     return ReleaseRun(
@@ -157,9 +165,9 @@ def _run_topdown(
     output = config.run.output
     hierarchy = config.hierarchy
     clock = run.clock
-    blocks = read_blocks(spark, config.input, config.schema, hierarchy.leaf.digits).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    blocks = read_blocks(
+        spark, config.input, config.schema, hierarchy.leaf.digits, config.spine
+    ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
     clock.lap("read_and_validate")
@@ -182,18 +190,40 @@ def _run_topdown(
     ).persist(StorageLevel.MEMORY_AND_DISK)
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
     fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
+    full_information = config.estimation_method == "full_information"
+    if full_information:
+
+        def committed(level: str) -> None:
+            run.commit(f"bottom_up_{level}")
+            clock.lap(f"bottom_up_{level}", f"{node_counts.get(level, 0)} nodes")
+            _driver_fault(f"bottom_up_{level}")
+
+        done = [lv for lv in hierarchy.names if run.done(f"bottom_up_{lv}")]
+        write_bottom_up(spark, config, noisy, invariants, output, done, committed)
     parent_estimates = None
     for i, level in enumerate(hierarchy.levels):
         if not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
-            estimates = estimate_level(
-                level_plan(config, level.name),
-                noisy.filter(F.col("level") == level.name),
-                invariants.filter(F.col("level") == level.name).select("geocode", "inv_total"),
-                parent_estimates,
-                parent_digits,
-                fault_marker,
-            )
+            level_invariants = invariants.filter(F.col("level") == level.name)
+            if full_information:
+                estimates = estimate_level_from_bottom_up(
+                    level_plan(config, level.name),
+                    i == len(hierarchy.levels) - 1,
+                    delta.read_table(spark, output, BOTTOM_UP).filter(F.col("level") == level.name),
+                    level_invariants.select("geocode", "inv_total"),
+                    parent_estimates,
+                    parent_digits,
+                    fault_marker,
+                )
+            else:
+                estimates = estimate_level(
+                    level_plan(config, level.name),
+                    noisy.filter(F.col("level") == level.name),
+                    level_invariants.select("geocode", "inv_total"),
+                    parent_estimates,
+                    parent_digits,
+                    fault_marker,
+                )
             delta.write_level(delta.long_cells(estimates), output, delta.ESTIMATES, level.name)
             run.commit(level.name)
             clock.lap(f"estimate_{level.name}", f"{node_counts.get(level.name, 0)} nodes")
@@ -214,6 +244,11 @@ def _run_topdown(
         delta.MICRODATA,
     )
     clock.lap("microdata")
+    if options.variances:
+        shutil.rmtree(output / TOTAL_VARIANCES, ignore_errors=True)  # an uncommitted leftover
+        bottom_up = delta.read_table(spark, output, BOTTOM_UP)
+        delta.write_table(total_variances(bottom_up, config), output, TOTAL_VARIANCES)
+        clock.lap("total_variances")
 
     evaluation_rows: list[dict[str, Any]] = []
     if options.evaluate:
@@ -255,12 +290,15 @@ def _run_topdown(
             "config_file": config.source,
             "config_text": Path(config.source).read_text(),
             "input": str(config.input.path),
+            "spine": str(config.spine.path) if config.spine else None,
             "privacy": privacy,
             "budget": budget_rows(config),
             "nodes": summary.nodes,
             "guarantee_checks": checks,
             **run.manifest_fields(),
-            "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA],
+            "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
+            + ([BOTTOM_UP] if full_information else [])
+            + ([TOTAL_VARIANCES] if options.variances else []),
         },
     )
     blocks.unpersist()

@@ -17,8 +17,10 @@ from censusdp_spark.io.readers import (
     geocode_of,
     geocode_rule,
     nonzero_cells,
+    on_spine,
     read_checked,
 )
+from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.topdown.config import InputSpec
 from censusdp_spark.topdown.schema import Schema
 
@@ -91,8 +93,15 @@ def read_microdata(
 
 
 def read_blocks(
-    spark: SparkSession, spec: InputSpec, schema: Schema, leaf_digits: int
+    spark: SparkSession,
+    spec: InputSpec,
+    schema: Schema,
+    leaf_digits: int,
+    spine: SpineSpec | None,
 ) -> DataFrame:
+    """The input's block histograms; with a spine, exactly the spine's blocks (``on_spine``)."""
     if spec.layout == "block_counts":
-        return read_block_counts(spark, spec, leaf_digits)
-    return read_microdata(spark, spec, schema, leaf_digits)
+        blocks = read_block_counts(spark, spec, leaf_digits)
+    else:
+        blocks = read_microdata(spark, spec, schema, leaf_digits)
+    return blocks if spine is None else on_spine(spark, blocks, spec, spine, leaf_digits)

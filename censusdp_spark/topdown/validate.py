@@ -3,7 +3,8 @@
 What it checks, in the order a release would meet them:
 1. the config (every rule of ``load_config``, the budget included);
 2. the input, through the same reader as the release (``read_blocks``: columns, integer counts,
-   non-negative cells, geocode length, unique geocodes), so an input that passes here passes there;
+   non-negative cells, geocode length, unique geocodes; with ``[geography] spine``, the spine's
+   rows and every record on it), so an input that passes here passes there;
 3. the run secret, if the run is given one (``--secret-file`` or the config's ``secret_env`` set):
    readable, owner-only, 64 hex characters. It is never printed.
 
@@ -36,6 +37,7 @@ from censusdp_spark.topdown.readers import read_blocks
 class ValidationReport:
     config: str
     input: Path
+    spine: Path | None  # the blocks are the spine's when one is configured
     blocks: int
     nodes: dict[str, int]
     rho: str
@@ -47,7 +49,9 @@ class ValidationReport:
         return "\n".join(
             [
                 f"{self.config}: valid",
-                f"  input {self.input}: {self.blocks} blocks pass every input rule",
+                f"  input {self.input}: passes every input rule",
+                f"  blocks: {self.blocks}, "
+                + (f"from the spine {self.spine}" if self.spine else "those of the input"),
                 "  nodes: " + ", ".join(f"{lv} {n}" for lv, n in self.nodes.items()),
                 f"  budget: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
                 f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
@@ -88,7 +92,7 @@ def validate_release(
     if input_path is not None:
         spec = replace(spec, path=input_path)
     secret = _check_secret(config, secret_file)
-    blocks = read_blocks(spark, spec, config.schema, config.hierarchy.leaf.digits)
+    blocks = read_blocks(spark, spec, config.schema, config.hierarchy.leaf.digits, config.spine)
     geocode = F.col("geocode")
     counts = blocks.agg(
         *[
@@ -102,6 +106,7 @@ def validate_release(
     return ValidationReport(
         config=config.source,
         input=spec.path,
+        spine=config.spine.path if config.spine else None,
         blocks=nodes[config.hierarchy.leaf.name],
         nodes=nodes,
         rho=str(rho),

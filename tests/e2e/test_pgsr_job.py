@@ -212,7 +212,7 @@ def test_member_quantities_are_summed_per_household_and_top_coded(spark, tmp_pat
         "block,hh,person\n01,a,1\n01,a,1\n01,b,1\n02,c,1\n02,c,1\n02,c,1\n02,c,1\n02,c,0\n"
     )
     leaves = read_leaf_histograms(
-        spark, households_spec(csv, member_column="person"), GroupSizes(3, True), 2
+        spark, households_spec(csv, member_column="person"), GroupSizes(3, True), 2, None
     )
     assert {r["geocode"]: (list(r["cells"]), list(r["counts"])) for r in leaves.collect()} == {
         "01": ([0, 1], [1, 1]),
@@ -224,7 +224,9 @@ def test_a_size_above_max_without_topcode_names_its_row(spark, tmp_path):
     csv = tmp_path / "households.csv"
     csv.write_text("block,hh,np\n01,a,2\n01,b,5\n")
     with pytest.raises(InputError, match="row 2, column np"):
-        read_leaf_histograms(spark, households_spec(csv, size_column="np"), GroupSizes(4, False), 2)
+        read_leaf_histograms(
+            spark, households_spec(csv, size_column="np"), GroupSizes(4, False), 2, None
+        )
 
 
 BAD_CONFIG = """
@@ -234,6 +236,7 @@ output = "{out}"
 private_dir = "{private}"
 [geography]
 levels = [{{ name = "all", digits = 0 }}, {{ name = "block", digits = 2 }}]
+spine = {{ path = "{spine}", geocode = "block" }}
 [groups]
 max_size = 3
 topcode = {topcode}
@@ -276,10 +279,14 @@ def test_bad_input_names_file_row_and_rule_and_writes_nothing(
 ):
     csv = tmp_path / "households.csv"
     csv.write_text("block,hh,n\n" + rows)
+    spine = tmp_path / "spine.csv"
+    spine.write_text("block\n01\n02\n03\n")
     out, private = tmp_path / "out", tmp_path / "private"
     conf = tmp_path / "bad.toml"
     conf.write_text(
-        BAD_CONFIG.format(out=out, private=private, topcode=topcode, csv=csv, quantity=quantity)
+        BAD_CONFIG.format(
+            out=out, private=private, topcode=topcode, csv=csv, quantity=quantity, spine=spine
+        )
     )
     assert pgsr("--config", str(conf)) == 2
     message = capsys.readouterr().err

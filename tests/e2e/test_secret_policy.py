@@ -80,6 +80,11 @@ def fingerprint(out: Path) -> str:
     return json.loads((out / "manifest.json").read_text())["secret_fingerprint"]
 
 
+def error_lines(captured: str) -> list[str]:
+    """stderr without the stage lines (``[censusdp] read_and_validate: 1.2 s``)."""
+    return [ln for ln in captured.strip().splitlines() if not ln.startswith("[censusdp]")]
+
+
 def make_secret(folder: Path, byte: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "secret.hex"
@@ -120,7 +125,7 @@ def test_a_user_secret_is_refused_for_a_second_release_on_changed_data(
     capsys.readouterr()
     second = tmp_path / "second"
     code = run(kind, tract_csv, second, "--secret-file", str(secret), input=changed)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert code == 2
     assert len(err) == 1 and "already made" in err[0] and "new secret" in err[0], err
     assert not second.exists() or not any(second.iterdir())
@@ -181,7 +186,7 @@ def test_a_run_holding_the_lock_keeps_a_second_run_out(spark, tract_csv, tmp_pat
     with open(private / "lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert run("topdown", tract_csv, out) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and "holds this run's lock" in err[0]
     assert not out.exists()
     assert sorted(p.name for p in private.iterdir()) == ["lock"]  # no secret, no state
@@ -207,3 +212,30 @@ def test_bad_input_leaves_no_secret_behind(spark, kind, tract_csv, tmp_path):
     private = tmp_path / "out.private"
     assert not (private / "run_secret").exists() and not (private / "state.json").exists()
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_output_that_is_a_file_is_refused_in_one_line(spark, kind, tract_csv, tmp_path, capsys):
+    out = tmp_path / "a_file"
+    out.write_text("not a folder")
+    assert run(kind, tract_csv, out) == 2
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "is a file" in err[0], err
+    assert out.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("problem", ["missing", "group_readable"])
+def test_an_unusable_secret_file_is_one_line_and_writes_nothing(
+    spark, kind, problem, tract_csv, tmp_path, capsys
+):
+    secret = make_secret(tmp_path / "s", "6f")
+    if problem == "missing":
+        secret.unlink()
+    else:
+        secret.chmod(0o640)
+    out = tmp_path / "out"
+    assert run(kind, tract_csv, out, "--secret-file", str(secret)) == 2
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and str(secret) in err[0], err
+    assert not out.exists() or not any(out.iterdir())

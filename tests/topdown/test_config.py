@@ -85,3 +85,46 @@ def test_unknown_query_attribute_names_the_level(tmp_path):
     path = edited(tmp_path, '"total" = "1/10", "detailed"', '"total" = "1/10", "sex * detailed"')
     with pytest.raises(ConfigError, match="budget.levels.block.queries.*unknown attribute"):
         load_config(path, ROOT)
+
+
+def test_estimation_method_defaults_to_topdown_and_accepts_full_information(tmp_path):
+    assert load_config(DEMO, ROOT).estimation_method == "topdown"
+    path = edited(tmp_path, "[estimation]\n", '[estimation]\nmethod = "full_information"\n')
+    assert load_config(path, ROOT).estimation_method == "full_information"
+
+
+def test_unknown_estimation_method_names_file_key_and_choices(tmp_path):
+    path = edited(tmp_path, "[estimation]\n", '[estimation]\nmethod = "bluedown"\n')
+    with pytest.raises(
+        ConfigError,
+        match=r"edited\.toml: \[estimation\.method\] 'bluedown' must be one of"
+        r" \['topdown', 'full_information'\]",
+    ):
+        load_config(path, ROOT)
+
+
+def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path):
+    text = DEMO.read_text().replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
+    source = tmp_path / "source.toml"
+    source.write_text(text)
+    path = edited(
+        tmp_path,
+        'queries = { "total" = "1/10", "detailed" = "9/10" }',
+        'queries = { "total" = "1/10", "votingage" = "9/10" }',
+        source=source,
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"\[estimation\.method\] \"full_information\" needs the leaf level's queries to"
+        r" determine every cell; those of \[budget\.levels\.block\.queries\]",
+    ):
+        load_config(path, ROOT)
+    # TopDown fits every level under its parent and has no such rule.
+    load_config(
+        edited(
+            tmp_path,
+            '"total" = "1/10", "detailed" = "9/10"',
+            '"total" = "1/10", "votingage" = "9/10"',
+        ),
+        ROOT,
+    )

@@ -11,8 +11,10 @@ from scipy.optimize import linprog
 
 from censusdp_spark.topdown.solvers import (
     ChildrenProblem,
+    PrecisionProblem,
     least_squares,
     solve_children,
+    solve_to_targets,
     weighted_squared_error,
 )
 
@@ -430,3 +432,86 @@ def test_large_family_is_solved_with_a_certified_gap() -> None:
     x = solve_children(problem)
     assert_feasible(problem, x)
     assert frank_wolfe_gap(problem, x) <= 1e-6 * weighted_squared_error(problem, x)
+
+
+def random_precision_problem(
+    rng: np.random.Generator, k: int, n: int, with_totals: bool, root: bool = False
+) -> PrecisionProblem:
+    """Children with their own random positive definite precisions and noisy targets."""
+    truth = rng.poisson(3.0, (k, n)).astype(np.int64)
+    factors = rng.normal(size=(k, n, n))
+    precisions = factors @ factors.transpose(0, 2, 1) + 0.1 * np.eye(n)
+    return PrecisionProblem(
+        targets=truth + rng.normal(0.0, 2.0, (k, n)),
+        precisions=precisions,
+        parent=None if root else truth.sum(axis=0),
+        child_totals=truth.sum(axis=1) if with_totals else None,
+    )
+
+
+def enumerated_optimum(problem: PrecisionProblem) -> np.ndarray:
+    """The optimum by enumeration: the best feasible minimiser over every set of entries fixed
+    at zero, each an equality-constrained QP solved from its KKT system."""
+    k, n = problem.n_children, problem.n_cells
+    size = k * n
+    hessian = np.zeros((size, size))
+    linear = np.zeros(size)
+    for c in range(k):
+        block = slice(c * n, (c + 1) * n)
+        hessian[block, block] = 2.0 * problem.precisions[c]
+        linear[block] = 2.0 * problem.precisions[c] @ problem.targets[c]
+    rows, rhs = [], []
+    if problem.parent is not None:
+        rows.append(np.kron(np.ones(k), np.eye(n)))
+        rhs.append(problem.parent.astype(float))
+    if problem.child_totals is not None:
+        rows.append(np.kron(np.eye(k), np.ones(n)))
+        rhs.append(problem.child_totals.astype(float))
+    best, best_value = None, np.inf
+    for mask in range(1 << size):
+        fixed = np.array([(mask >> i) & 1 for i in range(size)], dtype=bool)
+        equality = [*rows, np.eye(size)[fixed]]
+        a = np.vstack(equality) if any(e.size for e in equality) else np.zeros((0, size))
+        b = np.concatenate([*rhs, np.zeros(int(fixed.sum()))])
+        kkt = np.block([[hessian, a.T], [a, np.zeros((a.shape[0], a.shape[0]))]])
+        solution = np.linalg.lstsq(kkt, np.concatenate([linear, b]), rcond=None)[0]
+        x = solution[:size]
+        if np.max(np.abs(a @ x - b), initial=0.0) > 1e-8 or x.min() < -1e-9:
+            continue
+        value = 0.5 * x @ hessian @ x - linear @ x
+        if value < best_value:
+            best, best_value = x, value
+    assert best is not None
+    return best.reshape(k, n)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_per_child_precision_solves_equal_the_enumerated_optimum(seed):
+    rng = np.random.default_rng(seed)
+    root = seed % 5 == 0
+    k = 1 if root else int(rng.integers(2, 4))
+    n = int(rng.integers(2, 4)) if k < 3 else 2
+    problem = random_precision_problem(rng, k, n, with_totals=bool(seed % 2), root=root)
+    x = solve_to_targets(problem)
+    np.testing.assert_allclose(x, enumerated_optimum(problem), atol=1e-7)
+
+
+def test_shared_precision_is_the_least_squares_problem():
+    """With every ``P_c`` equal to the least-squares Hessian and targets its unconstrained
+    minimisers, the two objectives differ by a constant: same solution."""
+    rng = np.random.default_rng(11)
+    for with_totals in (False, True):
+        problem = random_problem(rng, 6, dims=(2, 2, 2), with_totals=with_totals, scale=60)
+        hessian, linear = least_squares._quadratic_model(problem)
+        targets = np.linalg.solve(hessian, linear.T).T
+        precisions = np.broadcast_to(hessian / 2.0, (6, *hessian.shape)).copy()
+        targeted = solve_to_targets(
+            PrecisionProblem(targets, precisions, problem.parent, problem.child_totals)
+        )
+        np.testing.assert_allclose(targeted, solve_children(problem), atol=1e-8)
+
+
+def test_a_lone_child_with_a_parent_gets_the_parent():
+    rng = np.random.default_rng(5)
+    problem = random_precision_problem(rng, 1, 4, with_totals=True)
+    np.testing.assert_array_equal(solve_to_targets(problem), problem.parent[None, :])

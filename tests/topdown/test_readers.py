@@ -26,7 +26,7 @@ def read(spark, demo, path: Path):
     from dataclasses import replace
 
     spec = replace(demo.input, path=path)
-    return read_blocks(spark, spec, demo.schema, 15)
+    return read_blocks(spark, spec, demo.schema, 15, None)
 
 
 def csv(tmp_path: Path, rows: list[str], header: str = HEADER) -> Path:
@@ -97,7 +97,7 @@ def test_corrupt_parquet_is_named(spark, demo, tmp_path):
     path.write_bytes(b"PAR1 this is not parquet")
     spec = replace(demo.input, path=path, format="parquet")
     with pytest.raises(InputError, match=r"blocks.parquet: file: unreadable as parquet"):
-        read_blocks(spark, spec, demo.schema, 15).collect()
+        read_blocks(spark, spec, demo.schema, 15, None).collect()
 
 
 def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
@@ -116,13 +116,13 @@ def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
     with pytest.raises(
         InputError, match=r"ppmf.csv: row 3, column CENRACE: value outside the schema of cenrace"
     ):
-        read_blocks(spark, replace(config.input, path=path), config.schema, 15)
+        read_blocks(spark, replace(config.input, path=path), config.schema, 15, config.spine)
 
 
 def test_microdata_is_aggregated_to_block_histograms(spark):
     config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     assert config.input is not None
-    blocks = read_blocks(spark, config.input, config.schema, 15)
+    blocks = read_blocks(spark, config.input, config.schema, 15, config.spine)
     total = (
         blocks.selectExpr("aggregate(counts, 0L, (a, b) -> a + b) AS t")
         .groupBy()

@@ -2,11 +2,23 @@
 
 ``solve_children`` is the weighted non-negative least-squares (L2) stage and
 ``round_children`` the controlled rounding that turns its answer into integers; both take a
-``ChildrenProblem``.
+``ChildrenProblem``. ``solve_to_targets`` is the full-information top-down fit (per-child
+targets and precisions, a ``PrecisionProblem``); ``bottom_up`` computes those targets.
 """
 
-from censusdp_spark.topdown.solvers.least_squares import solve_children, weighted_squared_error
+from censusdp_spark.topdown.solvers.least_squares import (
+    solve_children,
+    solve_to_targets,
+    weighted_squared_error,
+)
 from censusdp_spark.topdown.solvers.rounding import round_children
-from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
+from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem
 
-__all__ = ["ChildrenProblem", "round_children", "solve_children", "weighted_squared_error"]
+__all__ = [
+    "ChildrenProblem",
+    "PrecisionProblem",
+    "round_children",
+    "solve_children",
+    "solve_to_targets",
+    "weighted_squared_error",
+]

@@ -10,6 +10,13 @@ Problem. For children ``c = 1..k`` with histograms ``x_c`` over ``n`` cells,
 Every child has the same Hessian ``H = 2 sum_q w_q Q_q^T Q_q``; only the linear term
 ``g_c = 2 sum_q w_q Q_q^T y_{q,c}`` differs.
 
+``solve_to_targets`` solves the same constrained problem for the full-information top-down pass,
+where child ``c`` is fitted to a target ``b_c`` under its own precision ``P_c``: objective
+``sum_c (x_c - b_c)^T P_c (x_c - b_c)``, so each child has its own Hessian ``H_c = 2 P_c`` and
+``g_c = 2 P_c b_c``. The method below is the same with ``H_c`` in place of ``H`` (per-child
+inverses start from ``H_c^{-1}``, and the bordered updates read ``H_c``'s columns); it always
+uses the exact method (no first-order fallback).
+
 Method: an active-set method with exact face solves.
 
 * A *face* fixes a set of entries ``x_{c,j} = 0`` (the active set) and leaves the others free.
@@ -49,7 +56,7 @@ from typing import Literal
 import numpy as np
 
 from censusdp_spark.topdown.solvers.first_order import solve_children_first_order
-from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, free_block
+from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem, free_block
 
 EXACT_SIZE_LIMIT = 2_000_000
 """``solve_children`` uses the exact method while ``k * n**2`` (after dropping zero cells and
@@ -120,6 +127,31 @@ def solve_children(
     return x
 
 
+def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
+    """The children's histograms closest to their targets, each in its own precision's norm.
+
+    Minimises ``sum_c (x_c - b_c)^T P_c (x_c - b_c)`` subject to ``x >= 0``, the columns summing
+    to the parent (when given) and the rows to the child totals (when given). Returns a float
+    array ``(k, n)`` satisfying the KKT conditions to round-off (the exact method's check);
+    a lone child with a parent is the parent. Raises ``ValueError`` if the constraints cannot
+    all hold.
+    """
+    x, block = free_block(problem)
+    if block is None:
+        return x
+    rows, cols = block.rows, block.cols
+    hessians = 2.0 * problem.precisions
+    linear = 2.0 * _apply(problem.precisions, problem.targets)
+    reduced = _Constraints(
+        column_sums=None if block.parent is None else block.parent[cols],
+        row_sums=None if block.totals is None else block.totals[rows],
+    )
+    x[np.ix_(rows, cols)] = _solve_reduced(
+        hessians[np.ix_(rows, cols, cols)], linear[np.ix_(rows, cols)], reduced
+    )
+    return x
+
+
 @dataclass(frozen=True)
 class _Constraints:
     """Equality constraints of a reduced problem: all listed sums are positive."""
@@ -129,15 +161,17 @@ class _Constraints:
 
 
 def _solve_reduced(hessian: np.ndarray, linear: np.ndarray, sums: _Constraints) -> np.ndarray:
-    """Solve the QP on rows and columns with positive sums, handling a singular Hessian."""
-    scale = float(np.max(np.abs(np.diag(hessian))))
-    eigenvalues = np.linalg.eigvalsh(hessian)
-    if eigenvalues[0] > 1e-10 * scale:
+    """Solve the QP on rows and columns with positive sums, handling a singular Hessian.
+
+    ``hessian`` is ``(n, n)``, shared by every child, or ``(k, n, n)``, one per child."""
+    scale = float(np.max(np.abs(np.diagonal(hessian, axis1=-2, axis2=-1))))
+    smallest = float(np.min(np.linalg.eigvalsh(hessian)[..., 0]))
+    if smallest > 1e-10 * scale:
         return _solve_definite(hessian, linear, sums, start=None)
     # Proximal point: each step solves the problem plus delta/2 ||x - x_prev||^2, which has a
     # definite Hessian; the iterates converge to a minimiser of the original problem.
     delta = 1e-2 * scale
-    shifted = hessian + delta * np.eye(hessian.shape[0])
+    shifted = hessian + delta * np.eye(hessian.shape[-1])
     x = _solve_definite(shifted, linear, sums, start=None)
     for _ in range(_MAX_PROXIMAL_STEPS):
         x_next = _solve_definite(shifted, linear + delta * x, sums, start=x > 0)
@@ -154,21 +188,41 @@ class _Face:
     Per child ``c``: ``B_c``, the inverse of the Hessian restricted to the child's free cells,
     zero-padded to ``n x n``; ``a_c = B_c g_c``; ``b_c = B_c 1``. Over children:
     ``S = sum_c B_c``. Fixing or releasing ``r`` entries of a child changes ``B_c`` by a
-    rank-``r`` term, and the sums by the same term applied to them.
+    rank-``r`` term, and the sums by the same term applied to them. ``hessian`` is ``(n, n)``
+    (shared) or ``(k, n, n)`` (one per child).
     """
 
     def __init__(self, hessian: np.ndarray, linear: np.ndarray, free: np.ndarray) -> None:
         k, n = free.shape
-        inverse = np.linalg.inv(hessian)
-        inverse = 0.5 * (inverse + inverse.T)
         self.hessian = hessian
         self.linear = linear
         self.free = np.ones((k, n), dtype=bool)
-        self.inverses = np.broadcast_to(inverse, (k, n, n)).copy()
-        self.column_sum = k * inverse
-        self.row_vectors = np.broadcast_to(inverse.sum(axis=1), (k, n)).copy()
-        self.fitted = linear @ inverse
+        if hessian.ndim == 2:
+            inverse = np.linalg.inv(hessian)
+            inverse = 0.5 * (inverse + inverse.T)
+            self.inverses = np.broadcast_to(inverse, (k, n, n)).copy()
+            self.column_sum = k * inverse
+            self.row_vectors = np.broadcast_to(inverse.sum(axis=1), (k, n)).copy()
+            self.fitted = linear @ inverse
+        else:
+            inverses = np.linalg.inv(hessian)
+            self.inverses = 0.5 * (inverses + inverses.transpose(0, 2, 1))
+            self.column_sum = self.inverses.sum(axis=0)
+            self.row_vectors = self.inverses.sum(axis=2)
+            self.fitted = _apply(self.inverses, linear)
         self.move_to(free)
+
+    def gradient(self, x: np.ndarray) -> np.ndarray:
+        """``H_c x_c - g_c`` for every child."""
+        if self.hessian.ndim == 2:
+            return x @ self.hessian - self.linear
+        return _apply(self.hessian, x) - self.linear
+
+    def _hessian_columns(self, children: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """``H_c[:, index[i]]`` for each listed child ``c = children[i]``: ``(r, n, width)``."""
+        if self.hessian.ndim == 2:
+            return self.hessian[:, index].transpose(1, 0, 2)
+        return np.take_along_axis(self.hessian[children], index[:, None, :], axis=2)
 
     def refreshed(self) -> _Face:
         """This face, its sums recomputed to drop the round-off that updates accumulated."""
@@ -205,7 +259,7 @@ class _Face:
         """Bordered update ``B_c <- B_c + V T^{-1} V^T`` with ``V = B_c H[:, R] - E_R``."""
         children, index, valid = _padded_indices(entries)
         blocks = self._blocks(children)
-        h_columns = self.hessian[:, index].transpose(1, 0, 2) * valid[:, None, :]
+        h_columns = self._hessian_columns(children, index) * valid[:, None, :]
         border = blocks @ h_columns
         schur = np.take_along_axis(h_columns, index[:, :, None], axis=1) - (
             h_columns.transpose(0, 2, 1) @ border
@@ -286,7 +340,7 @@ def _solve_face(face: _Face, sums: _Constraints) -> _FaceSolution:
         shift = lam[None, :] + mu[:, None]
         x = x - _apply(face.inverses, shift)
     x = np.where(face.free, x, 0.0)
-    dual = x @ face.hessian - face.linear + shift
+    dual = face.gradient(x) + shift
     return _FaceSolution(x=x, dual=np.where(face.free, 0.0, dual))
 
 

@@ -121,6 +121,56 @@ class ChildrenProblem:
         return int(self.marginals[0].shape[0])
 
 
+@dataclass(frozen=True)
+class PrecisionProblem:
+    """Children fitted to per-child targets, each weighted by its own precision matrix.
+
+    The full-information top-down pass: minimise ``sum_c (x_c - b_c)^T P_c (x_c - b_c)``
+    over the children's histograms under the same constraints as ``ChildrenProblem``.
+
+    Attributes:
+        targets: float array ``(k, n)``, the ``b_c`` (the children's bottom-up estimates).
+        precisions: float array ``(k, n, n)``, each symmetric positive definite.
+        parent: as in ``ChildrenProblem`` (None at the root, where ``k`` must be 1).
+        child_totals: as in ``ChildrenProblem``.
+
+    Construction validates shapes and values and raises ``ValueError`` naming the field.
+    """
+
+    targets: np.ndarray
+    precisions: np.ndarray
+    parent: np.ndarray | None
+    child_totals: np.ndarray | None
+
+    def __post_init__(self) -> None:
+        if self.targets.ndim != 2 or 0 in self.targets.shape:
+            raise ValueError("targets: must be a non-empty (k, n) array")
+        k, n = self.targets.shape
+        if self.precisions.shape != (k, n, n):
+            raise ValueError(f"precisions: shape {self.precisions.shape}, expected ({k}, {n}, {n})")
+        if not np.all(np.isfinite(self.targets)) or not np.all(np.isfinite(self.precisions)):
+            raise ValueError("targets, precisions: values must be finite")
+        if self.parent is None and k != 1:
+            raise ValueError(f"parent: None (root) requires one child, got k={k}")
+        if self.parent is not None:
+            _check_counts("parent", self.parent, n)
+        if self.child_totals is not None:
+            _check_counts("child_totals", self.child_totals, k)
+            if self.parent is not None and int(self.child_totals.sum()) != int(self.parent.sum()):
+                raise ValueError(
+                    f"child_totals: sum {int(self.child_totals.sum())} differs from the parent's "
+                    f"total {int(self.parent.sum())}"
+                )
+
+    @property
+    def n_children(self) -> int:
+        return int(self.targets.shape[0])
+
+    @property
+    def n_cells(self) -> int:
+        return int(self.targets.shape[1])
+
+
 def _check_counts(name: str, counts: np.ndarray, length: int) -> None:
     """Raise ``ValueError`` unless ``counts`` is a non-negative integer vector of ``length``."""
     if not isinstance(counts, np.ndarray) or counts.shape != (length,):
@@ -149,7 +199,9 @@ class FreeBlock:
         return int(self.rows.sum()) * int(self.cols.sum()) ** 2
 
 
-def free_block(problem: ChildrenProblem) -> tuple[np.ndarray, FreeBlock | None]:
+def free_block(
+    problem: ChildrenProblem | PrecisionProblem,
+) -> tuple[np.ndarray, FreeBlock | None]:
     """The all-zero ``(k, n)`` start and the block left to solve, or None when the start is
     already the solution (filled in for a lone child, which must equal its parent)."""
     k, n = problem.n_children, problem.n_cells

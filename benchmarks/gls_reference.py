@@ -1,0 +1,455 @@
+"""The exact generalised-least-squares (GLS, best linear unbiased) estimate of every node's
+histogram from all the noisy measurements of a finished TopDown release: the yardstick of
+issue #19, computed independently of the project's estimators.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/gls_reference.py --release OUTPUT_DIR \
+        [--config FILE] [--input FILE] [--write gls.parquet]
+
+The model. The unknowns are the leaf histograms over the cells that are not structural zeros.
+Node ``v`` of level ``l`` and query ``q`` was measured as ``A_q h_v + e`` with ``h_v`` the sum
+of the leaf histograms under ``v`` and ``e`` independent noise of variance
+``sigma2(l, q) = config.budget.sigma2_for(l, q)`` per coordinate (the discrete Gaussian's
+variance is slightly below sigma2: by at most 6e-4 relative on the RI/HI demos at rho <= 10, at
+the state queries at rho = 10, elsewhere below 1e-15; the weights ignore it). The invariant
+totals (``[estimation] invariants``: the configured levels and every level above) hold exactly,
+at their true values from the input, as in the release. GLS minimises
+``sum_{v,q} ||A_q h_v - y_{v,q}||^2 / sigma2(l(v), q)`` under those equalities; with every
+leaf measured in detail the minimiser is unique and is the BLUE of every node's histogram.
+
+The solve. Writing every node's histogram ``h_v`` as a variable tied to its children by
+``h_v = sum_c h_c`` makes the objective block-diagonal (one ``m x m`` block per node, ``m``
+cells), so the KKT system
+
+    [ H  E^T ] [h]   [b]        H = blockdiag(sum_q A_q^T A_q / sigma2(l, q)),
+    [ E   0  ] [l] = [d]        b_v = sum_q A_q^T y_{v,q} / sigma2(l, q)
+
+(E: the parent = sum of children rows and one total row per invariant node of the deepest
+invariant level; the totals above follow from them) is sparse with the tree's shape, and a
+sparse LU (SuperLU, minimum-degree ordering on A^T + A) factors it with fill linear in the
+number of nodes: RI 2010 (25 K blocks x 16 cells, 434 K unknowns) factors in a few seconds.
+The achieved relative residual is measured and reported, and one step of iterative refinement
+is taken. Nothing here imports the project's estimation or solver code: only config, schema and
+query parsing, and the released tables are read from their Delta logs with pyarrow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.parse
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from censusdp_spark.topdown.config import RunConfig, load_config
+
+NOISY_MEASUREMENTS = "noisy_measurements"
+ESTIMATES = "estimates"
+# A factorisation whose refined relative residual is above this is reported as a failure
+# (e.g. a query set that leaves some leaf cell unidentified makes the KKT matrix singular).
+MAX_RELATIVE_RESIDUAL = 1e-8
+# SuperLU takes the diagonal pivot unless it is below this fraction of the column's largest
+# entry; the Hessian blocks are well conditioned, so a small threshold keeps the fill-reducing
+# order and the refinement step recovers any accuracy lost.
+DIAG_PIVOT_THRESHOLD = 0.1
+
+
+# --- the pure problem and its solve ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LevelMeasurements:
+    """One level of the tree: its nodes' parents and what was measured of them.
+
+    ``parent[i]`` is the index, in the level above, of node ``i`` (empty for the root level);
+    ``queries`` pairs each query matrix ``A`` (``r x m``, over the active cells) with its noise
+    variance and the ``k x r`` noisy answers of the level's ``k`` nodes; ``invariant_totals``
+    are the exact node totals where the level is invariant (else None).
+    """
+
+    name: str
+    n_nodes: int
+    parent: np.ndarray
+    queries: tuple[tuple[np.ndarray, float, np.ndarray], ...]
+    invariant_totals: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class TreeProblem:
+    levels: tuple[LevelMeasurements, ...]  # root first, leaves last
+    n_cells: int  # active cells (structural zeros removed)
+
+
+@dataclass
+class SolveStats:
+    unknowns: int
+    constraints: int
+    kkt_nonzeros: int
+    factor_nonzeros: int
+    assemble_s: float
+    factor_s: float
+    solve_s: float
+    relative_residual: float  # ||K s - r||_inf / ||r||_inf after refinement
+    relative_residual_unrefined: float
+    max_constraint_violation: float  # max |E h - d| (children sums and invariant totals)
+
+    def text(self) -> str:
+        return (
+            f"{self.unknowns} unknowns, {self.constraints} constraints, KKT nnz "
+            f"{self.kkt_nonzeros}, LU nnz {self.factor_nonzeros}; assemble {self.assemble_s:.2f} s,"
+            f" factor {self.factor_s:.2f} s, solve {self.solve_s:.2f} s; relative residual "
+            f"{self.relative_residual:.1e} (unrefined {self.relative_residual_unrefined:.1e}), "
+            f"max constraint violation {self.max_constraint_violation:.1e}"
+        )
+
+
+def deepest_invariant_level(problem: TreeProblem) -> int | None:
+    """Only the deepest invariant level's totals are constraints: every total above is the sum
+    of totals below it, and writing it again would make the KKT matrix singular."""
+    found = [i for i, lv in enumerate(problem.levels) if lv.invariant_totals is not None]
+    return max(found) if found else None
+
+
+def solve_gls(problem: TreeProblem) -> tuple[list[np.ndarray], SolveStats]:
+    """The GLS estimate of every node's histogram, a ``(k_l, m)`` float array per level."""
+    started = time.perf_counter()
+    m = problem.n_cells
+    sizes = [lv.n_nodes for lv in problem.levels]
+    offsets = np.concatenate([[0], np.cumsum(np.array(sizes, dtype=np.int64) * m)])
+    n = int(offsets[-1])
+    blocks = []
+    rhs_h = np.zeros(n)
+    for i, lv in enumerate(problem.levels):
+        gram = np.zeros((m, m))
+        b = np.zeros((lv.n_nodes, m))
+        for a, sigma2, y in lv.queries:
+            gram += a.T @ a / sigma2
+            b += (np.asarray(y, dtype=np.float64) @ a) / sigma2
+        blocks.append(sp.kron(sp.identity(lv.n_nodes, format="csr"), sp.csr_matrix(gram)))
+        rhs_h[offsets[i] : offsets[i + 1]] = b.ravel()
+    hessian = sp.block_diag(blocks, format="csr")
+
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    row = 0
+    cells = np.arange(m)
+    for i in range(1, len(problem.levels)):
+        k_parent, lv = sizes[i - 1], problem.levels[i]
+        parent_vars = np.arange(k_parent * m)
+        rows.append(row + parent_vars)
+        cols.append(offsets[i - 1] + parent_vars)
+        vals.append(np.ones(k_parent * m))
+        rows.append((row + lv.parent[:, None] * m + cells[None, :]).ravel())
+        cols.append(offsets[i] + np.arange(lv.n_nodes * m))
+        vals.append(-np.ones(lv.n_nodes * m))
+        row += k_parent * m
+    rhs_d = [np.zeros(row)]
+    inv = deepest_invariant_level(problem)
+    if inv is not None:
+        totals = problem.levels[inv].invariant_totals
+        assert totals is not None
+        k = sizes[inv]
+        rows.append(np.repeat(row + np.arange(k), m))
+        cols.append(offsets[inv] + np.arange(k * m))
+        vals.append(np.ones(k * m))
+        rhs_d.append(np.asarray(totals, dtype=np.float64))
+        row += k
+    constraints = sp.csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, n)
+    )
+    # The constraint rows are scaled to the size of the Hessian's diagonal: with unit entries
+    # against weights 1/sigma^2 of ~0.01-0.5, SuperLU's threshold pivoting leaves the diagonal
+    # and the fill explodes; scaled, it keeps the minimum-degree order (linear fill).
+    gamma = float(hessian.diagonal().mean())
+    kkt = sp.bmat([[hessian, gamma * constraints.T], [gamma * constraints, None]], format="csc")
+    rhs = np.concatenate([rhs_h, gamma * np.concatenate(rhs_d)])
+    assembled = time.perf_counter()
+    lu = spla.splu(kkt, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=DIAG_PIVOT_THRESHOLD)
+    factored = time.perf_counter()
+    solution = lu.solve(rhs)
+    scale = max(np.abs(rhs).max(), 1e-300)
+    unrefined = float(np.abs(kkt @ solution - rhs).max() / scale)
+    solution += lu.solve(rhs - kkt @ solution)
+    residual = float(np.abs(kkt @ solution - rhs).max() / scale)
+    solved = time.perf_counter()
+    h = solution[:n]
+    violation = float(np.abs(constraints @ h - np.concatenate(rhs_d)).max()) if row else 0.0
+    stats = SolveStats(
+        unknowns=n,
+        constraints=row,
+        kkt_nonzeros=kkt.nnz,
+        factor_nonzeros=lu.L.nnz + lu.U.nnz,
+        assemble_s=assembled - started,
+        factor_s=factored - assembled,
+        solve_s=solved - factored,
+        relative_residual=residual,
+        relative_residual_unrefined=unrefined,
+        max_constraint_violation=violation,
+    )
+    if not np.isfinite(residual) or residual > MAX_RELATIVE_RESIDUAL:
+        raise ArithmeticError(
+            f"GLS solve failed: relative residual {residual:.2e} > {MAX_RELATIVE_RESIDUAL:g} "
+            "(are the leaves measured in enough detail for every cell to be identified?)"
+        )
+    return [h[offsets[i] : offsets[i + 1]].reshape(k, m) for i, k in enumerate(sizes)], stats
+
+
+# --- reading a release ------------------------------------------------------------------------
+
+
+def read_delta(path: Path) -> pd.DataFrame:
+    """A Delta table's current snapshot as pandas, partition columns included, replayed from
+    its ``_delta_log`` (the latest single-file checkpoint, then the JSON commits after it)."""
+    log = path / "_delta_log"
+    if not log.is_dir():
+        raise FileNotFoundError(f"{path}: not a Delta table (no _delta_log)")
+    active: dict[str, dict[str, str]] = {}
+    start = -1
+    checkpoints = sorted(log.glob("*.checkpoint*.parquet"))
+    if checkpoints and not checkpoints[-1].name.endswith(".checkpoint.parquet"):
+        raise NotImplementedError(f"{checkpoints[-1]}: only single-file checkpoints are read")
+    if checkpoints:
+        start = int(checkpoints[-1].name.split(".")[0])
+        table = pq.read_table(checkpoints[-1], columns=["add"]).to_pylist()
+        for rec in table:
+            if rec["add"] is not None:
+                active[rec["add"]["path"]] = dict(rec["add"]["partitionValues"] or {})
+    for commit in sorted(log.glob("*.json")):
+        if int(commit.stem) <= start:
+            continue
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                active[action["add"]["path"]] = action["add"].get("partitionValues") or {}
+            elif "remove" in action:
+                active.pop(action["remove"]["path"], None)
+    frames = []
+    for rel, partition in sorted(active.items()):
+        frame = pq.read_table(path / urllib.parse.unquote(rel)).to_pandas()
+        for key, value in partition.items():
+            frame[key] = value
+        frames.append(frame)
+    if not frames:
+        raise ValueError(f"{path}: the Delta table has no data files")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_input_frame(config: RunConfig) -> pd.DataFrame:
+    spec = config.input
+    assert spec is not None
+    if spec.format == "csv":
+        return pd.read_csv(spec.path, dtype=str, keep_default_na=False)
+    if spec.format == "parquet":
+        return pd.read_parquet(spec.path)
+    return read_delta(spec.path)
+
+
+def true_leaf_histograms(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted leaf geocodes and their true dense histograms ``(n_leaves, n_cells)`` (int64),
+    read from the run's input (``block_counts`` or ``microdata``) with pandas."""
+    spec = config.input
+    if spec is None:
+        raise ValueError(f"{config.source}: [input] missing")
+    df = _read_input_frame(config)
+    geocode = df[list(spec.geocode_columns)].astype(str).apply(lambda c: c.str.strip())
+    geocodes = geocode.agg("".join, axis=1).to_numpy().astype(str)
+    n_cells = config.schema.n_cells
+    if spec.layout == "block_counts":
+        hist = np.zeros((len(df), n_cells), dtype=np.int64)
+        for c in spec.cells:
+            value = np.zeros(len(df), dtype=np.int64)
+            for col in c.plus:
+                value += pd.to_numeric(df[col]).to_numpy(dtype=np.int64)
+            for col in c.minus:
+                value -= pd.to_numeric(df[col]).to_numpy(dtype=np.int64)
+            hist[:, c.cell] = value
+        order = np.argsort(geocodes, kind="stable")
+        return geocodes[order], hist[order]
+    levels = []
+    for a in spec.attributes:
+        attr = config.schema.attribute(a.attribute)
+        raw = df[a.column].astype(str).str.strip().map(dict(a.value_map))
+        levels.append(raw.map({lv: i for i, lv in enumerate(attr.levels)}).to_numpy(dtype=np.int64))
+    cell = config.schema.cell_of(np.stack(levels, axis=1))
+    leaves, leaf_index = np.unique(geocodes, return_inverse=True)
+    hist = np.zeros((len(leaves), n_cells), dtype=np.int64)
+    np.add.at(hist, (leaf_index, cell), 1)
+    return leaves, hist
+
+
+@dataclass
+class LevelReference:
+    name: str
+    geocodes: np.ndarray  # sorted
+    gls: np.ndarray  # (k, n_cells) float: unrounded GLS, may be negative; 0 at structural zeros
+    truth: np.ndarray  # (k, n_cells) int64
+
+
+@dataclass
+class GlsReference:
+    levels: list[LevelReference]
+    stats: SolveStats
+    read_s: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def level(self, name: str) -> LevelReference:
+        return next(lv for lv in self.levels if lv.name == name)
+
+    def frame(self) -> pd.DataFrame:
+        """Long table ``level, geocode, cell, gls, truth`` (every cell of every node)."""
+        parts = []
+        for lv in self.levels:
+            k, m = lv.gls.shape
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "level": lv.name,
+                        "geocode": np.repeat(lv.geocodes, m),
+                        "cell": np.tile(np.arange(m), k),
+                        "gls": lv.gls.ravel(),
+                        "truth": lv.truth.ravel(),
+                    }
+                )
+            )
+        return pd.concat(parts, ignore_index=True)
+
+
+def invariant_level_names(config: RunConfig) -> list[str]:
+    """The configured invariant levels and every level above them."""
+    if not config.invariant_levels:
+        return []
+    deepest = max(config.hierarchy.index(lv) for lv in config.invariant_levels)
+    return list(config.hierarchy.names[: deepest + 1])
+
+
+def release_config(release: Path, config: Path | None, input_path: Path | None) -> RunConfig:
+    """The run's config (``config`` or the manifest's ``config_file``), its input overridden by
+    ``input_path`` or the manifest's ``input``."""
+    manifest_path = release / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if config is None:
+        if "config_file" not in manifest:
+            raise ValueError(f"{release}: no manifest.json; pass the run's config")
+        config = Path(manifest["config_file"])
+    loaded = load_config(config)
+    if input_path is None and "input" in manifest:
+        input_path = Path(manifest["input"])
+    if input_path is not None and loaded.input is not None:
+        loaded = replace(loaded, input=replace(loaded.input, path=input_path))
+    return loaded
+
+
+def build_problem(
+    config: RunConfig, noisy: pd.DataFrame, leaf_geocodes: np.ndarray, leaf_truth: np.ndarray
+) -> tuple[TreeProblem, list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """The tree problem of a release; also each level's sorted geocodes and true histograms and
+    the active (non-structural-zero) cells."""
+    hierarchy = config.hierarchy
+    zero = np.zeros(config.schema.n_cells, dtype=bool)
+    zero[list(config.structural_zero_cells)] = True
+    active = np.flatnonzero(~zero)
+    if leaf_truth[:, zero].any():
+        raise ValueError("the input has people in structural-zero cells")
+    inv_levels = set(invariant_level_names(config))
+    geocodes: list[np.ndarray] = []
+    truths: list[np.ndarray] = []
+    levels: list[LevelMeasurements] = []
+    by_level = dict(tuple(noisy.groupby("level", sort=False)))
+    for i, level in enumerate(hierarchy.levels):
+        prefixes = np.array([g[: level.digits] for g in leaf_geocodes])
+        nodes, leaf_to_node = np.unique(prefixes, return_inverse=True)
+        truth = np.zeros((len(nodes), config.schema.n_cells), dtype=np.int64)
+        np.add.at(truth, leaf_to_node, leaf_truth)
+        if i == 0:
+            parent = np.zeros(0, dtype=np.int64)
+        else:
+            up = hierarchy.levels[i - 1].digits
+            parent = np.searchsorted(geocodes[-1], np.array([g[:up] for g in nodes]))
+        rows = by_level.get(level.name)
+        if rows is None:
+            raise ValueError(f"noisy_measurements has no rows for level {level.name!r}")
+        measured = set(rows["geocode"])
+        if measured != set(nodes):
+            raise ValueError(
+                f"level {level.name!r}: the measured nodes ({len(measured)}) are not the input's "
+                f"({len(nodes)})"
+            )
+        queries = []
+        for q in config.queries[level.name]:
+            sub = rows[rows["query"] == q.name]
+            index = pd.Index(nodes).get_indexer(sub["geocode"])
+            if len(sub) != len(nodes) or (index < 0).any() or len(set(index)) != len(nodes):
+                raise ValueError(f"level {level.name!r}, query {q.name!r}: not one row per node")
+            y = np.zeros((len(nodes), q.size), dtype=np.float64)
+            y[index] = np.stack(sub["noisy"].to_numpy()).astype(np.float64)
+            a = q.matrix()[:, active].astype(np.float64)
+            queries.append((a, float(config.budget.sigma2_for(level.name, q.name)), y))
+        levels.append(
+            LevelMeasurements(
+                name=level.name,
+                n_nodes=len(nodes),
+                parent=parent,
+                queries=tuple(queries),
+                invariant_totals=truth.sum(axis=1) if level.name in inv_levels else None,
+            )
+        )
+        geocodes.append(nodes)
+        truths.append(truth)
+    return TreeProblem(tuple(levels), len(active)), geocodes, truths, active
+
+
+def gls_reference(
+    release: Path, config: Path | None = None, input_path: Path | None = None
+) -> GlsReference:
+    """The exact GLS of every node of a finished release, beside the true histograms."""
+    started = time.perf_counter()
+    run = release_config(release, config, input_path)
+    leaf_geocodes, leaf_truth = true_leaf_histograms(run)
+    noisy = read_delta(release / NOISY_MEASUREMENTS)
+    problem, geocodes, truths, active = build_problem(run, noisy, leaf_geocodes, leaf_truth)
+    read_s = time.perf_counter() - started
+    estimates, stats = solve_gls(problem)
+    levels = []
+    for lv, nodes, truth, est in zip(problem.levels, geocodes, truths, estimates, strict=True):
+        full = np.zeros((lv.n_nodes, run.schema.n_cells))
+        full[:, active] = est
+        levels.append(LevelReference(lv.name, nodes, full, truth))
+    return GlsReference(levels, stats, read_s)
+
+
+def level_errors(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """Mean absolute error of node totals and mean detailed L1 over the level's nodes."""
+    diff = estimate - truth
+    return {
+        "mae_total": float(np.abs(diff.sum(axis=1)).mean()),
+        "l1_detailed": float(np.abs(diff).sum(axis=1).mean()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--release", type=Path, required=True, help="a finished release folder")
+    parser.add_argument("--config", type=Path, help="the run's config (default: the manifest's)")
+    parser.add_argument("--input", type=Path, help="the run's input (default: the manifest's)")
+    parser.add_argument("--write", type=Path, help="write level, geocode, cell, gls, truth here")
+    args = parser.parse_args()
+    ref = gls_reference(args.release, args.config, args.input)
+    print(f"read {ref.read_s:.1f} s; {ref.stats.text()}")
+    print("| level | nodes | MAE total | mean detailed L1 |")
+    print("|---|---|---|---|")
+    for lv in ref.levels:
+        e = level_errors(lv.gls, lv.truth)
+        print(f"| {lv.name} | {len(lv.geocodes)} | {e['mae_total']:.3f} | {e['l1_detailed']:.3f} |")
+    if args.write:
+        ref.frame().to_parquet(args.write, index=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""Full-information estimation on Spark: the bottom-up pass, then the top-down pass.
+
+Bottom-up (``write_bottom_up``), level by level from the leaves, each level written to the
+``bottom_up`` Delta table before the level above reads it: a leaf's estimate is the GLS of its
+own noisy measurements; a parent's combines the sum of its children's estimates with its own
+measurements (``solvers.bottom_up``), one parent's children per task (``map_children``, the
+parent's measurements travelling in the same shuffle as its children's rows). Invariant totals
+are exact constraints. Nothing is random, so a level recomputed after a crash is identical.
+
+Table ``bottom_up``: ``level, geocode, mean, covariance, exact_total``, partitioned by level.
+``mean`` is over the non-structural-zero cells of the schema, in cell order; ``covariance`` is
+the upper triangle (row by row) of its ``n x n`` covariance, except at the leaf level, where it
+is null: every leaf has the same covariance (it depends only on the level's queries, weights and
+whether its totals are invariant), which ``solvers.bottom_up.leaf_covariance`` recomputes from
+the config, so 8 M blocks do not store 8 M copies. ``exact_total`` marks nodes whose total is
+invariant (the mean meets it exactly and the covariance is singular along all-ones).
+
+``total_variances`` turns the table into the variance of every node's bottom-up total (the
+``--variances`` table).
+
+Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
+``engine.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
+(``solve_to_targets``), then the exact controlled rounding; a lone child takes its parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from functools import reduce
+from operator import add
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine.families import map_children, map_families
+from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.io import delta
+from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.estimate import (
+    ESTIMATE_SCHEMA,
+    ROUNDING_TIME_LIMIT_S,
+    LevelPlan,
+    estimate_rows,
+    family_arrays,
+    level_plan,
+    parent_histogram,
+    with_parent_estimates,
+    worker_fault,
+)
+from censusdp_spark.topdown.solvers.bottom_up import (
+    Gaussian,
+    LevelDesign,
+    leaf_covariance,
+    leaf_estimates,
+    node_estimate,
+)
+from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
+from censusdp_spark.topdown.solvers.rounding import round_children
+from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem
+
+BOTTOM_UP = "bottom_up"
+TOTAL_VARIANCES = "total_variances"
+BOTTOM_UP_SCHEMA = (
+    "level string, geocode string, mean array<double>, covariance array<double>,"
+    " exact_total boolean"
+)
+
+
+def level_design(plan: LevelPlan) -> LevelDesign:
+    """A level's queries restricted to the non-structural-zero cells."""
+    active = ~plan.structural_zero
+    return LevelDesign(
+        level=plan.level,
+        marginals=tuple(c2m[active] for c2m in plan.cell_to_marginal),
+        marginal_sizes=plan.marginal_sizes,
+        weights=plan.weights,
+        rule=f"budget.levels.{plan.level}.queries",
+    )
+
+
+def pack(covariance: np.ndarray) -> np.ndarray:
+    """The upper triangle of a symmetric matrix, row by row."""
+    return covariance[np.triu_indices(covariance.shape[0])]
+
+
+def unpack(packed: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of ``pack``."""
+    out = np.zeros((n, n))
+    out[np.triu_indices(n)] = packed
+    return out + np.triu(out, 1).T
+
+
+class _Children:
+    """Reads a family's child rows of ``bottom_up`` back into ``Gaussian`` estimates; the
+    shared leaf covariance and its precision are computed once per task (per exactness of the
+    totals)."""
+
+    def __init__(self, design: LevelDesign, is_leaf: bool) -> None:
+        self.design = design
+        self.is_leaf = is_leaf
+        self._leaf: dict[bool, np.ndarray] = {}
+        self._leaf_precision: dict[bool, np.ndarray] = {}
+
+    def precisions(self, rows: pd.DataFrame, estimates: list[Gaussian]) -> np.ndarray:
+        """``(k, n, n)``: each child's ``Gaussian.precision``."""
+        if not self.is_leaf:
+            return np.stack([e.precision() for e in estimates])
+        out = []
+        for exact, estimate in zip(rows["exact_total"], estimates, strict=True):
+            if bool(exact) not in self._leaf_precision:
+                self._leaf_precision[bool(exact)] = estimate.precision()
+            out.append(self._leaf_precision[bool(exact)])
+        return np.stack(out)
+
+    def estimates(self, rows: pd.DataFrame) -> list[Gaussian]:
+        n = self.design.n_cells
+        out = []
+        for mean, packed, exact in zip(
+            rows["mean"], rows["covariance"], rows["exact_total"], strict=True
+        ):
+            mean = np.asarray(mean, dtype=np.float64)
+            if self.is_leaf:
+                if bool(exact) not in self._leaf:
+                    self._leaf[bool(exact)] = leaf_covariance(self.design, bool(exact))
+                covariance = self._leaf[bool(exact)]
+            else:
+                covariance = unpack(np.asarray(packed, dtype=np.float64), n)
+            total = float(np.round(mean.sum())) if exact else None
+            out.append(Gaussian(mean, covariance, total))
+        return out
+
+
+def _leaf_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    design = level_design(plan)
+
+    def task(family: pd.DataFrame) -> pd.DataFrame:
+        geocodes, noisy, totals = family_arrays(plan, family)
+        means, _ = leaf_estimates(design, noisy, totals)
+        return pd.DataFrame(
+            {
+                "level": plan.level,
+                "geocode": geocodes,
+                "mean": list(means),
+                "covariance": None,
+                "exact_total": totals is not None,
+            }
+        )
+
+    return task
+
+
+def _node_task(plan: LevelPlan, below: _Children) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    design = level_design(plan)
+
+    def task(family: pd.DataFrame) -> pd.DataFrame:
+        measured = dict(
+            zip(family["parent_queries"].iat[0], family["parent_answers"].iat[0], strict=True)
+        )
+        answers = [np.asarray(measured[name], dtype=np.float64) for name in plan.query_names]
+        total = family["parent_inv_total"].iat[0]
+        exact = not pd.isna(total)
+        estimate = node_estimate(
+            below.estimates(family), design, answers, float(total) if exact else None
+        )
+        return pd.DataFrame(
+            {
+                "level": [plan.level],
+                "geocode": [family["parent"].iat[0]],
+                "mean": [estimate.mean],
+                "covariance": [pack(estimate.covariance)],
+                "exact_total": [exact],
+            }
+        )
+
+    return task
+
+
+def bottom_up_level(
+    plan: LevelPlan,
+    noisy: DataFrame,
+    invariant_totals: DataFrame,
+    below: DataFrame | None,
+    child_plan: LevelPlan | None,
+    child_is_leaf: bool,
+    parent_digits: int,
+    digits: int,
+) -> DataFrame:
+    """One level's bottom-up rows (lazy).
+
+    ``noisy`` and ``invariant_totals`` (``geocode, inv_total``) are this level's; ``below`` is
+    the level below's ``bottom_up`` rows and ``child_plan`` its plan (both None at the leaves);
+    ``child_is_leaf`` says whether the level below is the leaf level.
+    Leaves are grouped by their parent (``parent_digits``), parents by their own geocode
+    (``digits``).
+    """
+    own = noisy.select("geocode", "query", "noisy").join(invariant_totals, "geocode", "left")
+    if below is None or child_plan is None:
+        return map_families(
+            own.withColumn("parent", geocode_prefix(parent_digits)),
+            family=["parent"],
+            order=["geocode", "query"],
+            solve=_leaf_task(plan),
+            schema=BOTTOM_UP_SCHEMA,
+        )
+    measured = own.groupBy("geocode").agg(
+        F.sort_array(F.collect_list(F.struct("query", "noisy"))).alias("m"),
+        F.first("inv_total").alias("inv_total"),
+    )
+    parents = measured.select(
+        "geocode",
+        F.col("m.query").alias("queries"),
+        F.col("m.noisy").alias("answers"),
+        "inv_total",
+    )
+    children = _children_columns(below)
+    return map_children(
+        children,
+        parents,
+        geocode_prefix(digits),
+        order=["geocode"],
+        solve=_node_task(plan, _Children(level_design(child_plan), child_is_leaf)),
+        schema=BOTTOM_UP_SCHEMA,
+    )
+
+
+def _children_columns(below: DataFrame) -> DataFrame:
+    return below.select("geocode", "mean", "covariance", "exact_total")
+
+
+def write_bottom_up(
+    spark: SparkSession,
+    config: RunConfig,
+    noisy: DataFrame,
+    invariant_totals: DataFrame,
+    output: Path,
+    done: Collection[str],
+    committed: Callable[[str], None],
+) -> None:
+    """The bottom-up pass, leaves first: each level not in ``done`` is computed from the
+    ``bottom_up`` rows of the level below and written to its partition of ``bottom_up``, then
+    ``committed(level)`` is called. ``invariant_totals`` is ``level, geocode, inv_total``.
+    Raises ``ValueError`` naming the level and the config key when the leaf level's queries do
+    not identify every cell."""
+    levels = config.hierarchy.levels
+    leaf_plan = level_plan(config, config.hierarchy.leaf.name)
+    # Fail on the driver, before any Spark job, when the leaves are not identified.
+    leaf_covariance(level_design(leaf_plan), with_totals=False)
+    for i in reversed(range(len(levels))):
+        level = levels[i]
+        if level.name in done:
+            continue
+        is_leaf = i == len(levels) - 1
+        below = None
+        child_plan = None
+        if not is_leaf:
+            below = delta.read_table(spark, output, BOTTOM_UP).filter(
+                F.col("level") == levels[i + 1].name
+            )
+            child_plan = level_plan(config, levels[i + 1].name)
+        rows = bottom_up_level(
+            level_plan(config, level.name),
+            noisy.filter(F.col("level") == level.name),
+            invariant_totals.filter(F.col("level") == level.name).select("geocode", "inv_total"),
+            below,
+            child_plan,
+            i + 2 == len(levels),
+            levels[i - 1].digits if i else 0,
+            level.digits,
+        )
+        delta.write_level(rows, output, BOTTOM_UP, level.name)
+        committed(level.name)
+
+
+def solve_family_from_bottom_up(
+    plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFrame, below: _Children
+) -> pd.DataFrame:
+    """Integer estimates for one parent's children from their bottom-up estimates.
+
+    ``children``: one row per child sorted by geocode, with its ``bottom_up`` columns and
+    ``inv_total`` (null where the level has none). Cells where the parent is zero are fixed
+    at zero: each child's quadratic ``(x - b)^T P (x - b)`` restricted to the other cells ``I``
+    is ``x_I^T P_II x_I - 2 x_I^T (P b)_I`` plus a constant, i.e. target ``P_II^{-1} (P b)_I``
+    under precision ``P_II``.
+    """
+    geocodes = children["geocode"].to_numpy()
+    totals_column = children["inv_total"]
+    totals = None if totals_column.isna().any() else totals_column.to_numpy(dtype=np.int64)
+    nonzero = np.flatnonzero(~plan.structural_zero)
+    free = np.ones(nonzero.size, dtype=bool) if parent is None else parent[nonzero] > 0
+    active = nonzero[free]
+    k = len(geocodes)
+    x = np.zeros((k, active.size), dtype=np.int64)
+    if active.size and parent is not None and k == 1:
+        x[0] = parent[active]
+    elif active.size:
+        estimates = below.estimates(children)
+        full = below.precisions(children, estimates)
+        means = np.stack([e.mean for e in estimates])
+        precisions = full[:, free][:, :, free]
+        linear = (full @ means[:, :, None])[:, free, 0]
+        targets = np.linalg.solve(precisions, linear[:, :, None])[:, :, 0]
+        parent_active = None if parent is None else parent[active].astype(np.int64)
+        x_hat = solve_to_targets(PrecisionProblem(targets, precisions, parent_active, totals))
+        x = round_children(
+            _rounding_problem(plan, active, x_hat, parent_active, totals),
+            x_hat,
+            time_limit=ROUNDING_TIME_LIMIT_S,
+        )
+    return estimate_rows(plan.level, geocodes, active, x)
+
+
+def _rounding_problem(
+    plan: LevelPlan,
+    active: np.ndarray,
+    x_hat: np.ndarray,
+    parent: np.ndarray | None,
+    totals: np.ndarray | None,
+) -> ChildrenProblem:
+    """The rounding's view of a family: the level's queries on the active cells, and as
+    "answers" those of the fractional solution (``round_children`` reads only the queries and
+    the sums; it minimises the L1 deviation of every query's answers from ``x_hat``'s)."""
+    marginals = tuple(c2m[active] for c2m in plan.cell_to_marginal)
+    fitted = tuple(
+        np.stack([np.bincount(m, row, minlength=size) for row in x_hat])
+        for m, size in zip(marginals, plan.marginal_sizes, strict=True)
+    )
+    return ChildrenProblem(marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals)
+
+
+def estimate_level_from_bottom_up(
+    plan: LevelPlan,
+    child_is_leaf: bool,
+    bottom_up: DataFrame,
+    invariant_totals: DataFrame,
+    parent_estimates: DataFrame | None,
+    parent_digits: int,
+    fault: str = "",
+) -> DataFrame:
+    """Estimates of one level's nodes (lazy), as ``engine.estimate.estimate_level`` but fitted
+    to this level's ``bottom_up`` rows. ``child_is_leaf``: this level is the leaf level (whose
+    covariance is not stored)."""
+    children = with_parent_estimates(
+        _children_columns(bottom_up).join(invariant_totals, "geocode", "left"),
+        parent_estimates,
+        parent_digits,
+    )
+    below = _Children(level_design(plan), child_is_leaf)
+
+    def task(family: pd.DataFrame) -> pd.DataFrame:
+        parent = None if plan.is_root else parent_histogram(family, plan.n_cells)
+        return solve_family_from_bottom_up(plan, parent, family, below)
+
+    return map_families(
+        children,
+        family=["parent"],
+        order=["geocode"],
+        solve=task,
+        schema=ESTIMATE_SCHEMA,
+        on_task_start=lambda: worker_fault(fault),
+    )
+
+
+def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
+    """``level, geocode, variance`` (lazy): the variance ``1^T C 1`` of every node's bottom-up
+    total, 0 where the total is invariant.
+
+    It is the uncertainty of the BLUE of the node's total from everything measured at and
+    below the node, computed from the noise variances alone (no data): a reference for the
+    released total, which the top-down pass then fits to its parent and rounds, not that
+    released value's own variance."""
+    leaf = config.hierarchy.leaf.name
+    design = level_design(level_plan(config, leaf))
+    leaf_variance = float(leaf_covariance(design, with_totals=False).sum())
+    n = design.n_cells
+    # Row i of the packed upper triangle starts, with its diagonal entry, at i n - i (i - 1) / 2.
+    diagonal = [F.element_at("covariance", i * n - i * (i - 1) // 2 + 1) for i in range(n)]
+    packed = F.aggregate("covariance", F.lit(0.0), lambda a, b: a + b)
+    variance = (
+        F.when(F.col("exact_total"), F.lit(0.0))
+        .when(F.col("level") == leaf, F.lit(leaf_variance))
+        .otherwise(2.0 * packed - reduce(add, diagonal))
+    )
+    return bottom_up.select("level", "geocode", variance.alias("variance"))

@@ -1,0 +1,249 @@
+"""The bottom-up pass of full-information estimation: every node's best linear unbiased
+estimate (BLUE) from its own and all its descendants' noisy measurements, with its covariance.
+
+Model. Every node ``v`` has a histogram ``x_v`` over the ``n`` active cells (structural zeros
+are not cells at all); an internal node's histogram is the sum of its children's. Each query
+``q`` of the node's level measures ``Q_q x_v`` with independent noise of variance ``1 / w_q``
+(``w_q = 1 / sigma_q**2``, as in ``ChildrenProblem``; a query with ``w_q = 0`` measures
+nothing). A node with an invariant total ``t_v`` also satisfies ``1^T x_v = t_v`` exactly.
+
+Recursion (exact for this model, time linear in the number of nodes):
+
+* A leaf's estimate is the generalised least-squares (GLS) estimate from its own measurements,
+  ``A^{-1} h`` with ``A = sum_q w_q Q_q^T Q_q`` and ``h = sum_q w_q Q_q^T y_q``; with an invariant
+  total it is the GLS estimate on the affine set ``1^T x = t``, solved in an orthonormal basis
+  ``Z`` of ``1^perp``: covariance ``Z (Z^T A Z)^{-1} Z^T``. ``A`` (``Z^T A Z`` with a total) must
+  be non-singular: the level's queries must identify every cell, else ``ValueError``.
+* The children's estimates are independent and each is a sufficient statistic for its subtree,
+  so the sum of their means, with the sum of their covariances, is the BLUE of the parent from
+  everything below it (``sum_of``).
+* The parent's own measurements then update that estimate (``update``): the Kalman /
+  information-filter step in covariance form, ``K = S M^T (M S M^T + R)^{-1}``,
+  ``m = s + K (y - M s)``, ``C = (I - K M) S (I - K M)^T + K R K^T`` (Joseph form), with ``M``
+  the stacked query matrix and ``R`` the diagonal noise covariance. It needs no inverse of ``S``,
+  so it is exact when ``S`` is singular.
+* An invariant total conditions the Gaussian on ``1^T x = t``:
+  ``m + C 1 (t - 1^T m) / (1^T C 1)``, ``C - C 1 1^T C / (1^T C 1)``; the covariance is then
+  singular along ``1``. When every child's total is already exact the parent's total is implied
+  (the update keeps ``C 1 = 0`` and ``1^T m = t``), and only round-off is removed.
+
+Representation. Covariances are dense ``n x n`` arrays, fine for the 16-cell demo schemas. All
+the algebra above goes through ``sum_of``, ``update`` and ``condition_on_total`` and the query
+matrix of a ``LevelDesign``; a compact (Kronecker / symmetric-in-an-attribute) covariance for the
+2,016-cell production schema would replace the ``covariance`` array and those three functions.
+It is not implemented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+IDENTIFIED_TOLERANCE = 1e-10
+"""The information matrix is singular when its smallest eigenvalue is below this times its
+largest."""
+
+
+@dataclass(frozen=True)
+class LevelDesign:
+    """The queries of one level, restricted to the active cells.
+
+    ``marginals[q]`` maps each of the ``n`` active cells to its marginal cell in
+    ``[0, marginal_sizes[q])``; ``weights[q] = 1 / sigma_q**2`` (finite, ``>= 0``). ``level``
+    and ``rule`` name the level and the config key that sets its queries, for error messages.
+    """
+
+    level: str
+    marginals: tuple[np.ndarray, ...]
+    marginal_sizes: tuple[int, ...]
+    weights: np.ndarray
+    rule: str = "budget.levels.<level>.queries"
+
+    @property
+    def n_cells(self) -> int:
+        return int(self.marginals[0].shape[0])
+
+    def matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(M, w)``: the stacked 0/1 query matrix of the measured queries (``w_q > 0``) and
+        the weight of each of its rows."""
+        blocks, weights = [], []
+        for cell_to_marginal, size, weight in zip(
+            self.marginals, self.marginal_sizes, self.weights, strict=True
+        ):
+            if weight <= 0:
+                continue
+            block = np.zeros((size, self.n_cells))
+            block[cell_to_marginal, np.arange(self.n_cells)] = 1.0
+            blocks.append(block)
+            weights.append(np.full(size, float(weight)))
+        if not blocks:
+            return np.zeros((0, self.n_cells)), np.zeros(0)
+        return np.vstack(blocks), np.concatenate(weights)
+
+    def stacked_answers(self, answers: Sequence[np.ndarray]) -> np.ndarray:
+        """The answers of the measured queries stacked as ``matrix()``'s rows (last axis)."""
+        kept = [
+            np.asarray(a, dtype=np.float64)
+            for a, w in zip(answers, self.weights, strict=True)
+            if w > 0
+        ]
+        if not kept:
+            return np.zeros(np.shape(answers[0])[:-1] + (0,))
+        return np.concatenate(kept, axis=-1)
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    """A node's bottom-up estimate: ``mean`` (length ``n``), ``covariance`` (``n x n``) and,
+    when its total is exact, ``total`` (then ``1^T mean = total`` and ``covariance 1 = 0`` up
+    to round-off); else ``total`` is None."""
+
+    mean: np.ndarray
+    covariance: np.ndarray
+    total: float | None = None
+
+    def precision(self) -> np.ndarray:
+        """The inverse covariance; with an exact total, the inverse on ``1^perp`` plus
+        ``(1/s) u u^T`` (``u = 1/sqrt(n)``, ``s`` the mean eigenvalue on ``1^perp``), which adds
+        only a constant to ``(x - mean)^T P (x - mean)`` on the set ``1^T x = total``."""
+        n = self.mean.shape[0]
+        if self.total is None:
+            return _symmetric(np.linalg.inv(self.covariance))
+        if n == 1:
+            return np.ones((1, 1))
+        scale = max(float(np.trace(self.covariance)) / (n - 1), np.finfo(float).tiny)
+        return _symmetric(np.linalg.inv(self.covariance + scale * np.full((n, n), 1.0 / n)))
+
+
+def leaf_estimates(
+    design: LevelDesign, answers: Sequence[np.ndarray], totals: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """GLS estimates of ``k`` leaves from their own measurements: ``(means (k, n), covariance)``,
+    the covariance shared by all of them.
+
+    ``answers[q]`` has shape ``(k, m_q)``; ``totals`` (length ``k``) are the leaves' invariant
+    totals, or None. Raises ``ValueError`` naming the level if its queries (with the total,
+    when given) do not identify every cell.
+    """
+    matrix, weight = design.matrix()
+    information = matrix.T @ (weight[:, None] * matrix)
+    linear = design.stacked_answers(answers) @ (weight[:, None] * matrix)
+    n = design.n_cells
+    if totals is None:
+        _require_identified(design, information)
+        covariance = _symmetric(np.linalg.inv(information))
+        return linear @ covariance, covariance
+    totals = np.asarray(totals, dtype=np.float64)
+    if n == 1:
+        return totals[:, None].copy(), np.zeros((1, 1))
+    basis = _complement_basis(n)
+    reduced = basis.T @ information @ basis
+    _require_identified(design, reduced, with_total=True)
+    covariance = _symmetric(basis @ np.linalg.inv(reduced) @ basis.T)
+    start = np.outer(totals, np.full(n, 1.0 / n))
+    means = start + (linear - start @ information) @ covariance
+    return means, covariance
+
+
+def leaf_covariance(design: LevelDesign, with_totals: bool) -> np.ndarray:
+    """The covariance shared by every leaf of ``design``'s level (see ``leaf_estimates``)."""
+    empty = [np.zeros((1, size)) for size in design.marginal_sizes]
+    return leaf_estimates(design, empty, np.zeros(1) if with_totals else None)[1]
+
+
+def sum_of(children: Sequence[Gaussian]) -> Gaussian:
+    """The estimate of the sum of independent children; its total is exact when all are."""
+    if not children:
+        raise ValueError("sum_of: a parent needs at least one child")
+    totals = [c.total for c in children]
+    return Gaussian(
+        mean=np.sum([c.mean for c in children], axis=0),
+        covariance=np.sum([c.covariance for c in children], axis=0),
+        total=None
+        if any(t is None for t in totals)
+        else float(sum(t for t in totals if t is not None)),
+    )
+
+
+def update(prior: Gaussian, design: LevelDesign, answers: Sequence[np.ndarray]) -> Gaussian:
+    """``prior`` combined with one node's own measurements (``answers[q]`` of length ``m_q``):
+    the BLUE from both, exact for a singular prior covariance. An exact total is kept."""
+    matrix, weight = design.matrix()
+    if matrix.shape[0] == 0:
+        return prior
+    y = design.stacked_answers(answers)
+    covariance = prior.covariance
+    innovation = matrix @ covariance @ matrix.T + np.diag(1.0 / weight)
+    gain = np.linalg.solve(innovation, matrix @ covariance).T
+    mean = prior.mean + gain @ (y - matrix @ prior.mean)
+    keep = np.eye(design.n_cells) - gain @ matrix
+    updated = keep @ covariance @ keep.T + (gain / weight) @ gain.T
+    result = Gaussian(mean, _symmetric(updated), prior.total)
+    return result if prior.total is None else _exact_total(result, prior.total)
+
+
+def condition_on_total(estimate: Gaussian, total: float, level: str = "") -> Gaussian:
+    """``estimate`` conditioned on ``1^T x = total`` (exact linear constraint).
+
+    If its total is already exact it must equal ``total`` (else ``ValueError``): then only
+    round-off is removed."""
+    if estimate.total is not None:
+        if abs(estimate.total - total) > 0.5:
+            raise ValueError(
+                f"level {level}: the children's invariant totals sum to {estimate.total:g},"
+                f" not the node's {total:g}"
+            )
+        return _exact_total(estimate, total)
+    spread = estimate.covariance.sum(axis=1)
+    variance = float(spread.sum())
+    mean = estimate.mean + spread * (total - float(estimate.mean.sum())) / variance
+    covariance = estimate.covariance - np.outer(spread, spread) / variance
+    return _exact_total(Gaussian(mean, _symmetric(covariance), None), total)
+
+
+def node_estimate(
+    children: Sequence[Gaussian],
+    design: LevelDesign,
+    answers: Sequence[np.ndarray],
+    total: float | None,
+) -> Gaussian:
+    """A parent's bottom-up BLUE from its children's estimates and its own measurements,
+    conditioned on its invariant ``total`` when given."""
+    estimate = update(sum_of(children), design, answers)
+    return estimate if total is None else condition_on_total(estimate, total, design.level)
+
+
+def _exact_total(estimate: Gaussian, total: float) -> Gaussian:
+    """``estimate`` with ``1^T mean = total`` and ``covariance 1 = 0`` made exact: the
+    orthogonal projection onto ``1^perp`` of the covariance and an even shift of the mean, both
+    the identity in exact arithmetic for an estimate that already meets them."""
+    n = estimate.mean.shape[0]
+    projection = np.eye(n) - np.full((n, n), 1.0 / n)
+    mean = estimate.mean + (total - float(estimate.mean.sum())) / n
+    covariance = _symmetric(projection @ estimate.covariance @ projection)
+    return Gaussian(mean, covariance, float(total))
+
+
+def _complement_basis(n: int) -> np.ndarray:
+    """An orthonormal basis (``n x (n-1)``) of the vectors orthogonal to all-ones."""
+    q, _ = np.linalg.qr(np.column_stack([np.ones(n), np.eye(n)[:, : n - 1]]))
+    return q[:, 1:]
+
+
+def _require_identified(
+    design: LevelDesign, information: np.ndarray, with_total: bool = False
+) -> None:
+    eigenvalues = np.linalg.eigvalsh(information) if information.size else np.zeros(1)
+    if eigenvalues[0] <= IDENTIFIED_TOLERANCE * max(float(eigenvalues[-1]), 0.0):
+        given = " together with the invariant total" if with_total else ""
+        raise ValueError(
+            f"level {design.level}: its queries{given} do not identify every cell (information"
+            f" matrix singular), which full-information estimation needs at the leaves; add the"
+            f" detailed query (or queries that determine every cell) to [{design.rule}]"
+        )
+
+
+def _symmetric(matrix: np.ndarray) -> np.ndarray:
+    return 0.5 * (matrix + matrix.T)

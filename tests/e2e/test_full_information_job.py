@@ -1,0 +1,211 @@
+"""``[estimation] method = "full_information"`` end to end on one real RI county, through the CLI:
+the guarantees, the ``bottom_up`` table, resume, and an estimate that uses what was measured
+below each node (closer to the exact whole-tree GLS than TopDown's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sparse
+from scipy.sparse.linalg import LinearOperator, cg
+
+from censusdp_spark.cli import main
+from censusdp_spark.topdown.config import load_config
+from tests.conftest import assert_same_tables
+from tests.e2e.test_faults import censusdp
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "conf" / "ri_2010_demo.toml"
+
+
+@pytest.fixture(scope="module")
+def fi_config(tmp_path_factory) -> Path:
+    text = DEMO.read_text()
+    assert "[estimation]\n" in text
+    path = tmp_path_factory.mktemp("config") / "ri_full_information.toml"
+    path.write_text(text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n'))
+    return path
+
+
+def fi_args(config: Path, county_csv: Path, secret: Path, output: Path) -> list[str]:
+    return [
+        "topdown",
+        "--config",
+        str(config),
+        "--input",
+        str(county_csv),
+        "--output",
+        str(output),
+        "--secret-file",
+        str(secret),
+        "--master",
+        "local[2]",
+    ]
+
+
+@pytest.fixture(scope="module")
+def fi_release(spark, fi_config, county_csv, fixed_secret, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fi") / "out"
+    args = [*fi_args(fi_config, county_csv, fixed_secret, out), "--evaluate", "--variances"]
+    assert main(args) == 0
+    return out
+
+
+def table(spark, path: Path):
+    return spark.read.format("delta").load(str(path))
+
+
+def test_guarantees_hold_and_the_bottom_up_table_is_written(spark, fi_release):
+    manifest = json.loads((fi_release / "manifest.json").read_text())
+    assert manifest["guarantee_checks"] == {
+        "negative_counts": 0,
+        "children_not_summing_to_parent": 0,
+        "invariants_broken": 0,
+    }
+    assert "bottom_up" in manifest["tables"]
+    rows = table(spark, fi_release / "bottom_up").toPandas()
+    counts = rows.groupby("level").size().to_dict()
+    assert counts == {lv: manifest["nodes"][lv] for lv in counts} and len(counts) == 6
+    leaves = rows[rows.level == "block"]
+    assert leaves.covariance.isna().all() and (leaves["mean"].map(len) == 16).all()
+    inner = rows[rows.level != "block"]
+    assert (inner.covariance.map(len) == 16 * 17 // 2).all()
+    exact = dict(zip(rows.level, rows.exact_total, strict=True))
+    assert exact["nation"] and exact["state"] and not exact["county"] and not exact["block"]
+
+
+def test_total_variances_are_the_bottom_up_variances(spark, fi_release):
+    config = load_config(DEMO, ROOT)
+    variances = table(spark, fi_release / "total_variances").toPandas()
+    by_level = variances.groupby("level")["variance"]
+    assert (by_level.max()[["nation", "state"]] == 0.0).all()
+    # A block measured by "total" and "detailed": 1^T (w_t 1 1^T + w_d I)^{-1} 1 = n / (w_d + n w_t).
+    w_total, w_detailed = (
+        1.0 / float(config.budget.sigma2_for("block", q)) for q in ("total", "detailed")
+    )
+    blocks = variances[variances.level == "block"]["variance"]
+    assert np.allclose(blocks, 16 / (w_detailed + 16 * w_total), rtol=1e-12)
+    # Everything measured below a node only adds information: a county's total is known better
+    # than from its own total query.
+    county = float(by_level.max()["county"])
+    assert 0 < county < float(config.budget.sigma2_for("county", "total"))
+    assert len(variances) == table(spark, fi_release / "bottom_up").count()
+
+
+def test_variances_need_full_information(county_csv, fixed_secret, tmp_path, capsys):
+    args = fi_args(DEMO, county_csv, fixed_secret, tmp_path / "out")
+    assert main([*args, "--variances"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "[estimation.method] --variances needs" in err
+
+
+def whole_tree_gls_totals(spark, release: Path, digits: int) -> dict[str, float]:
+    """Node totals at the level with ``digits`` of the exact GLS estimate from every noisy
+    measurement of the run, solved independently of the project's estimators: unknowns are
+    all the blocks' histograms, rows ``Q_q (sum of the blocks under a node)`` weighted by
+    ``1 / sigma^2``, normal equations by conjugate gradients, and the invariant state total as
+    one exact constraint (``x = x0 + N^{-1} 1 (T - 1^T x0) / (1^T N^{-1} 1)``)."""
+    config = load_config(DEMO, ROOT)
+    noisy = table(spark, release / "noisy_measurements").toPandas()
+    leaves = np.sort(noisy[noisy.level == "block"].geocode.unique())
+    k, n = len(leaves), config.schema.n_cells
+    rows, answers, weights = [], [], []
+    for level in config.hierarchy.levels:
+        measured = noisy[noisy.level == level.name]
+        nodes = np.sort(measured.geocode.unique())
+        index = {g: i for i, g in enumerate(nodes)}
+        member = sparse.csr_matrix(
+            (np.ones(k), ([index[g[: level.digits]] for g in leaves], np.arange(k))),
+            shape=(len(nodes), k),
+        )
+        for q in config.queries[level.name]:
+            query = sparse.csr_matrix(
+                (np.ones(n), (q.cell_to_marginal, np.arange(n))), shape=(q.size, n)
+            )
+            rows.append(sparse.kron(member, query, format="csr"))
+            by_node = measured[measured["query"] == q.name].set_index("geocode").loc[nodes]
+            answers.append(np.concatenate(by_node.noisy.to_numpy()).astype(float))
+            sigma2 = float(config.budget.sigma2_for(level.name, q.name))
+            weights.append(np.full(len(nodes) * q.size, 1.0 / sigma2))
+    g = sparse.vstack(rows).tocsr()
+    y, w = np.concatenate(answers), np.concatenate(weights)
+    normal = LinearOperator((k * n, k * n), matvec=lambda v: g.T @ (w * (g @ v)))
+    unconstrained, info = cg(normal, g.T @ (w * y), rtol=1e-12, maxiter=20_000)
+    assert info == 0
+    spread, info = cg(normal, np.ones(k * n), rtol=1e-12, maxiter=20_000)
+    assert info == 0
+    state_total = table(spark, release / "estimates").filter("level = 'state'").toPandas()
+    x = unconstrained + spread * (state_total["count"].sum() - unconstrained.sum()) / spread.sum()
+    totals: dict[str, float] = {}
+    for leaf, value in zip(leaves, x.reshape(k, n).sum(axis=1), strict=True):
+        totals[leaf[:digits]] = totals.get(leaf[:digits], 0.0) + float(value)
+    return totals
+
+
+def released_totals(spark, release: Path, level: str) -> dict[str, int]:
+    rows = table(spark, release / "estimates").filter(f"level = '{level}'").toPandas()
+    return rows.groupby("geocode")["count"].sum().to_dict()
+
+
+def test_tract_totals_are_closer_to_the_whole_tree_gls_than_topdown(
+    spark, fi_release, reference_release
+):
+    gls = whole_tree_gls_totals(spark, fi_release, digits=11)
+
+    def distance(release: Path) -> float:
+        released = released_totals(spark, release, "tract")
+        return float(np.mean([abs(released.get(g, 0) - v) for g, v in gls.items()]))
+
+    # Same secret, so the same noisy measurements: only the estimator differs.
+    assert_same_tables(spark, fi_release, reference_release, tables=("noisy_measurements",))
+    # TopDown's tracts see only their own measurements under the county (about 1.3 persons
+    # from the GLS here); full information, within rounding of it.
+    assert distance(fi_release) < 0.6 < 1.0 < distance(reference_release)
+
+
+def test_county_detail_is_more_accurate_than_topdown(spark, fi_release, reference_release):
+    def county_detailed_l1(release: Path) -> float:
+        rows = table(spark, release / "evaluation" / "table").filter(
+            "method = 'topdown' AND level = 'county' AND query = 'detailed'"
+        )
+        return float(rows.first()["value"])
+
+    assert county_detailed_l1(fi_release) < 0.5 * county_detailed_l1(reference_release)
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_the_bottom_up_pass_where_it_stopped(
+    spark, fi_config, county_csv, fixed_secret, fi_release, tmp_path
+):
+    out = tmp_path / "out"
+    args = fi_args(fi_config, county_csv, fixed_secret, out)
+    killed = censusdp(*args, env={"CENSUSDP_TEST_FAULT": "driver_after_level:bottom_up_tract"})
+    assert killed.returncode == 17, killed.stderr[-3000:]
+    resumed = censusdp(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "bottom_up_block:" not in resumed.stderr and "bottom_up_tract" not in resumed.stderr
+    assert "bottom_up_county" in resumed.stderr and "estimate_block" in resumed.stderr
+    assert_same_tables(
+        spark, fi_release, out, tables=("noisy_measurements", "bottom_up", "estimates", "microdata")
+    )
+
+
+def test_a_leaf_query_set_that_does_not_identify_cells_is_one_line(
+    fi_config, county_csv, fixed_secret, tmp_path, capsys
+):
+    config = tmp_path / "unidentified.toml"
+    config.write_text(
+        fi_config.read_text().replace(
+            'queries = { "total" = "1/10", "detailed" = "9/10" }',
+            'queries = { "total" = "1/10", "votingage" = "9/10" }',
+        )
+    )
+    out = tmp_path / "out"
+    assert main(fi_args(config, county_csv, fixed_secret, out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unidentified.toml: [estimation.method]" in err
+    assert '"full_information" needs' in err and "[budget.levels.block.queries]" in err
+    assert not out.exists()

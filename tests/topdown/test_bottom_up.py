@@ -1,0 +1,233 @@
+"""The bottom-up pass against an independent dense GLS solve of every node's whole subtree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from scipy.linalg import null_space
+
+from censusdp_spark.topdown.solvers.bottom_up import (
+    Gaussian,
+    LevelDesign,
+    leaf_covariance,
+    leaf_estimates,
+    node_estimate,
+)
+from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
+from censusdp_spark.topdown.solvers.subproblem import PrecisionProblem
+from tests.topdown.test_least_squares import marginal_queries
+
+
+@dataclass
+class Node:
+    depth: int
+    children: list[Node] = field(default_factory=list)
+    answers: tuple[np.ndarray, ...] = ()
+    total: float | None = None
+    truth: np.ndarray | None = None
+
+    def leaves(self) -> list[Node]:
+        return [self] if not self.children else [x for c in self.children for x in c.leaves()]
+
+    def nodes(self) -> list[Node]:
+        return [self, *[x for c in self.children for x in c.nodes()]]
+
+
+def random_designs(rng: np.random.Generator, depth: int) -> list[LevelDesign]:
+    """One design per level over a random small schema with random structural zeros; the leaf
+    level always identifies every cell (detailed, or a total plus detailed-over-the-rest)."""
+    dims = [(2,), (3,), (2, 2), (2, 3), (3, 2), (2, 2, 2)][rng.integers(6)]
+    axes = list(range(len(dims)))
+    candidates = [(), tuple(axes)] + [(a,) for a in axes] + ([(0, 1)] if len(dims) == 3 else [])
+    n_full = int(np.prod(dims))
+    active = np.sort(
+        rng.choice(n_full, size=rng.integers(max(1, n_full - 2), n_full + 1), replace=False)
+    )
+    designs = []
+    for level in range(depth):
+        picked = [
+            candidates[i] for i in rng.choice(len(candidates), rng.integers(1, 4), replace=False)
+        ]
+        if level == depth - 1 and tuple(axes) not in picked:
+            picked.append(tuple(axes))
+        maps, sizes = marginal_queries(dims, picked)
+        weights = rng.uniform(0.2, 5.0, len(picked))
+        if level < depth - 1 and rng.random() < 0.2:
+            weights[rng.integers(len(picked))] = 0.0
+        designs.append(LevelDesign(str(level), tuple(m[active] for m in maps), sizes, weights))
+    return designs
+
+
+def random_tree(rng: np.random.Generator, designs: list[LevelDesign], invariant_depth: int) -> Node:
+    """A tree with random fan-out (single children included), true integer histograms, noisy
+    answers and invariant totals down to ``invariant_depth`` (-1: none)."""
+    depth = len(designs)
+    n = designs[0].n_cells
+
+    def grow(d: int) -> Node:
+        node = Node(d)
+        if d < depth - 1:
+            node.children = [grow(d + 1) for _ in range(rng.integers(1, 4))]
+            node.truth = np.sum([c.truth for c in node.children], axis=0)
+        else:
+            node.truth = rng.poisson(5.0, n).astype(float)
+        design = designs[d]
+        node.answers = tuple(
+            np.bincount(m, node.truth, minlength=s) + rng.normal(0, 1 / np.sqrt(max(w, 1e-3)), s)
+            for m, s, w in zip(design.marginals, design.marginal_sizes, design.weights, strict=True)
+        )
+        node.total = float(node.truth.sum()) if d <= invariant_depth else None
+        return node
+
+    return grow(0)
+
+
+def bottom_up(node: Node, designs: list[LevelDesign], out: dict[int, Gaussian]) -> Gaussian:
+    design = designs[node.depth]
+    if not node.children:
+        totals = None if node.total is None else np.array([node.total])
+        means, covariance = leaf_estimates(design, [a[None, :] for a in node.answers], totals)
+        estimate = Gaussian(means[0], covariance, node.total)
+    else:
+        estimate = node_estimate(
+            [bottom_up(c, designs, out) for c in node.children], design, node.answers, node.total
+        )
+    out[id(node)] = estimate
+    return estimate
+
+
+def dense_gls(node: Node, designs: list[LevelDesign]) -> tuple[np.ndarray, np.ndarray]:
+    """The constrained GLS estimate of ``node``'s histogram from every measurement in its
+    subtree, solved directly: unknowns are all its leaves' histograms, stacked rows
+    ``sqrt(w) Q_q (sum of leaves under u)`` for every node ``u``, and the invariant totals as
+    equality constraints eliminated with a null-space basis."""
+    leaves = node.leaves()
+    position = {id(leaf): i for i, leaf in enumerate(leaves)}
+    n = designs[0].n_cells
+    unknowns = len(leaves) * n
+    rows, rhs, constraints, targets = [], [], [], []
+    for u in node.nodes():
+        under = np.zeros(len(leaves))
+        under[[position[id(leaf)] for leaf in u.leaves()]] = 1.0
+        design = designs[u.depth]
+        for m, s, w, y in zip(
+            design.marginals, design.marginal_sizes, design.weights, u.answers, strict=True
+        ):
+            if w == 0:
+                continue
+            query = np.zeros((s, n))
+            query[m, np.arange(n)] = 1.0
+            rows.append(np.sqrt(w) * np.kron(under, query))
+            rhs.append(np.sqrt(w) * y)
+        if u.total is not None:
+            constraints.append(np.kron(under, np.ones(n)))
+            targets.append(u.total)
+    design_matrix, y = np.vstack(rows), np.concatenate(rhs)
+    if constraints:
+        c, t = np.vstack(constraints), np.array(targets)
+        particular = np.linalg.lstsq(c, t, rcond=None)[0]
+        basis = null_space(c)
+    else:
+        particular, basis = np.zeros(unknowns), np.eye(unknowns)
+    if basis.shape[1] == 0:
+        x, cov = particular, np.zeros((unknowns, unknowns))
+    else:
+        reduced = design_matrix @ basis
+        inverse = np.linalg.inv(reduced.T @ reduced)
+        u_hat = inverse @ reduced.T @ (y - design_matrix @ particular)
+        x, cov = particular + basis @ u_hat, basis @ inverse @ basis.T
+    summing = np.kron(np.ones(len(leaves)), np.eye(n))
+    return summing @ x, summing @ cov @ summing.T
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, scale: float) -> None:
+    assert np.max(np.abs(actual - expected)) <= 1e-9 * scale, np.max(np.abs(actual - expected))
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_every_node_equals_the_dense_gls_of_its_subtree(seed):
+    rng = np.random.default_rng(seed)
+    depth = int(rng.integers(2, 5))
+    designs = random_designs(rng, depth)
+    tree = random_tree(rng, designs, invariant_depth=int(rng.integers(-1, depth)))
+    estimates: dict[int, Gaussian] = {}
+    bottom_up(tree, designs, estimates)
+    for node in tree.nodes():
+        mean, covariance = dense_gls(node, designs)
+        got = estimates[id(node)]
+        assert_close(got.mean, mean, max(1.0, float(np.abs(mean).max())))
+        assert_close(got.covariance, covariance, max(1e-6, float(np.abs(covariance).max())))
+        if node.total is not None:
+            assert got.total == node.total
+            assert abs(got.mean.sum() - node.total) <= 1e-9 * max(1.0, node.total)
+
+
+def test_a_parent_with_one_child_combines_both_levels_as_one_histogram():
+    rng = np.random.default_rng(7)
+    maps, sizes = marginal_queries((2, 3), [(), (0, 1)])
+    child_design = LevelDesign("child", maps, sizes, np.array([1.0, 2.0]))
+    parent_design = LevelDesign("parent", maps, sizes, np.array([3.0, 0.5]))
+    child_answers = [rng.normal(5, 1, s) for s in sizes]
+    parent_answers = [rng.normal(5, 1, s) for s in sizes]
+    means, covariance = leaf_estimates(child_design, [a[None, :] for a in child_answers], None)
+    parent = node_estimate([Gaussian(means[0], covariance)], parent_design, parent_answers, None)
+    # One histogram measured by both levels' queries: ordinary GLS on the stacked rows.
+    stacked = LevelDesign("both", maps + maps, sizes + sizes, np.array([1.0, 2.0, 3.0, 0.5]))
+    gls_means, gls_cov = leaf_estimates(
+        stacked, [a[None, :] for a in child_answers + parent_answers], None
+    )
+    np.testing.assert_allclose(parent.mean, gls_means[0], rtol=1e-10)
+    np.testing.assert_allclose(parent.covariance, gls_cov, rtol=1e-10, atol=1e-14)
+
+
+def test_a_leaf_level_that_does_not_identify_every_cell_is_refused_by_name():
+    maps, sizes = marginal_queries((2, 3), [(), (0,), (1,)])
+    design = LevelDesign("block", maps, sizes, np.ones(3), rule="budget.levels.block.queries")
+    with pytest.raises(ValueError, match=r"level block: .*budget\.levels\.block\.queries"):
+        leaf_covariance(design, with_totals=False)
+    # A marginal query's null space lies in 1^perp, so an invariant total never identifies more.
+    maps, sizes = marginal_queries((2,), [()])
+    with pytest.raises(ValueError, match="level block: its queries together with the invariant"):
+        leaf_covariance(LevelDesign("block", maps, sizes, np.ones(1)), with_totals=True)
+
+
+def test_precision_with_an_exact_total_is_the_inverse_on_the_constrained_set():
+    rng = np.random.default_rng(3)
+    maps, sizes = marginal_queries((2, 2), [(), (0, 1)])
+    design = LevelDesign("leaf", maps, sizes, np.array([1.0, 2.0]))
+    covariance = leaf_covariance(design, with_totals=True)
+    estimate = Gaussian(np.full(4, 2.5), covariance, 10.0)
+    basis = null_space(np.ones((1, 4)))
+    expected = basis @ np.linalg.inv(basis.T @ covariance @ basis) @ basis.T
+    d = basis @ rng.normal(size=3)
+    assert d @ estimate.precision() @ d == pytest.approx(d @ expected @ d, rel=1e-10)
+
+
+def test_a_lone_child_is_released_as_the_roots_blue():
+    """Root with one child: the root is fitted to its BLUE (from both levels' measurements)
+    and the child takes the root's value, so no level's budget is lost."""
+    rng = np.random.default_rng(2)
+    maps, sizes = marginal_queries((2, 2), [(), (0, 1)])
+    child = LevelDesign("child", maps, sizes, np.array([0.5, 2.0]))
+    root = LevelDesign("root", maps, sizes, np.array([4.0, 1.0]))
+    truth = np.array([40.0, 25.0, 30.0, 55.0])
+    answers = {
+        d.level: [
+            np.bincount(m, truth, minlength=s) + rng.normal(0, 1, s)
+            for m, s in zip(maps, sizes, strict=True)
+        ]
+        for d in (child, root)
+    }
+    means, covariance = leaf_estimates(child, [a[None, :] for a in answers["child"]], None)
+    blue = node_estimate([Gaussian(means[0], covariance)], root, answers["root"], None)
+    fitted_root = solve_to_targets(
+        PrecisionProblem(blue.mean[None, :], blue.precision()[None], None, None)
+    )
+    np.testing.assert_allclose(fitted_root[0], blue.mean, rtol=1e-10)
+    released_root = np.round(fitted_root[0]).astype(np.int64)
+    child_fit = solve_to_targets(
+        PrecisionProblem(means, np.linalg.inv(covariance)[None], released_root, None)
+    )
+    np.testing.assert_array_equal(child_fit[0], released_root)
