@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -93,25 +93,33 @@ PARTITION_SHIFT = 33
 
 
 def row_number_of(df: DataFrame, condition: Column) -> int:
-    """1-based data-row position, in file order, of the first row matching ``condition``.
+    """1-based data-row position, in file order, of the first row matching ``condition``."""
+    pos = F.monotonically_increasing_id().alias("pos")
+    row, _ = _first_flagged(df.select(pos, condition.alias("bad"), F.lit(0).alias("value")))
+    return row
+
+
+def _first_flagged(flags: DataFrame) -> tuple[int, Any]:
+    """``(row, value)`` of the first ``bad`` row of ``pos, bad, value`` rows, ``pos`` being the
+    ``monotonically_increasing_id`` of the rows as read; ``row`` is 1-based, in file order.
 
     One Spark job and DataFrame functions only (it runs over Spark Connect): per partition of the
-    read, its row count and the place of its first match; the rows of earlier partitions come
-    first in the file."""
-    pos = F.monotonically_increasing_id()
+    read, its row count and its first match; the rows of earlier partitions come first."""
+    first = F.when(F.col("bad"), F.col("pos"))
     per_partition = (
-        df.select(pos.alias("pos"), condition.alias("bad"))
-        .groupBy(F.shiftright("pos", PARTITION_SHIFT).alias("partition"))
+        flags.groupBy(F.shiftright("pos", PARTITION_SHIFT).alias("partition"))
         .agg(
             F.count("*").alias("rows"),
-            F.min(F.when(F.col("bad"), F.col("pos"))).alias("first"),
+            F.min(first).alias("first"),
+            F.min_by("value", first).alias("value"),
         )
         .collect()
     )
     before = 0
     for part in sorted(per_partition, key=lambda r: r["partition"]):
         if part["first"] is not None:
-            return before + (int(part["first"]) - (int(part["partition"]) << PARTITION_SHIFT)) + 1
+            offset = int(part["first"]) - (int(part["partition"]) << PARTITION_SHIFT)
+            return before + offset + 1, part["value"]
         before += int(part["rows"])
     raise RuntimeError("row_number_of: no row matches the condition")
 
@@ -234,18 +242,16 @@ def _off_spine(
     spark: SparkSession, spec: GeocodeSpec, blocks: DataFrame, spine: SpineSpec
 ) -> InputError:
     """The error for the first input row (in file order) whose leaf is not on the spine."""
-    rows = read_table(spark, spec.path, spec.format).select(geocode_of(spec).alias("geocode"))
-    numbered = rows.rdd.zipWithIndex().map(lambda pair: (pair[0]["geocode"], pair[1] + 1))
-    first = (
-        spark.createDataFrame(numbered, "geocode string, row long")
-        .join(blocks, "geocode", "left_anti")
-        .orderBy("row")
-        .first()
+    pos = F.monotonically_increasing_id().alias("pos")
+    rows = read_table(spark, spec.path, spec.format).select(geocode_of(spec).alias("geocode"), pos)
+    on_spine = blocks.select("geocode", F.lit(True).alias("on_spine"))  # geocodes are unique
+    flags = rows.join(on_spine, "geocode", "left").select(
+        "pos", F.col("on_spine").isNull().alias("bad"), F.col("geocode").alias("value")
     )
-    assert first is not None
+    row, geocode = _first_flagged(flags)
     return InputError(
         str(spec.path),
-        f"row {first['row']}, column {'+'.join(spec.geocode_columns)}",
-        f"geocode {first['geocode']} is not on the spine {spine.path}"
+        f"row {row}, column {'+'.join(spec.geocode_columns)}",
+        f"geocode {geocode} is not on the spine {spine.path}"
         " (every record must fall in a leaf of the spine)",
     )
