@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ORDER = [
     "samplers",
     "solvers",
+    "topdown_methods",
     "topdown",
+    "topdown_fi",
     "topdown_pl94",
     "generate",
     "national",

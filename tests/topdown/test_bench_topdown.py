@@ -34,10 +34,9 @@ def test_another_method_is_written_into_estimation():
 
 
 def test_a_method_the_code_does_not_know_fails_before_any_run(tmp_path):
-    if bench_topdown._knows_method_key():
-        pytest.skip("this worktree's config reader knows [estimation] method")
-    with pytest.raises(SystemExit, match="full_information"):
-        bench_topdown.check_methods(["ri"], ["1/2"], ["topdown", "full_information"], tmp_path)
+    bench_topdown.check_methods(["ri"], ["1/2"], ["topdown", "full_information"], tmp_path)
+    with pytest.raises(SystemExit, match="bogus"):
+        bench_topdown.check_methods(["ri"], ["1/2"], ["topdown", "bogus"], tmp_path)
 
 
 def test_secrets_are_fixed_and_distinct():
