@@ -17,7 +17,7 @@ from censusdp_spark.release.runner import (
     ResumeError,
     RunLockedError,
     SecretError,
-    add_reuse_secret_flag,
+    add_release_flags,
 )
 from censusdp_spark.synth.job import add_synth_parser, run_synth_from_args
 from censusdp_spark.topdown.config import load_config
@@ -36,18 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     topdown = sub.add_parser("topdown", help="run the TopDown release", formatter_class=DEFAULTS)
     topdown.add_argument("--config", required=True, type=Path)
     topdown.add_argument("--input", type=Path, help="override [input].path")
-    topdown.add_argument("--output", type=Path, help="override [run].output")
-    topdown.add_argument(
-        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
-    )
-    topdown.add_argument(
-        "--evaluate", action="store_true", help="also write error against the truth (internal)"
-    )
-    topdown.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_release_flags(topdown)
     topdown.add_argument(
         "--resume", action="store_true", help="continue a killed run from its last complete step"
     )
-    add_reuse_secret_flag(topdown)
     topdown.add_argument(
         "--variances",
         action="store_true",

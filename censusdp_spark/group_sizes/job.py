@@ -54,7 +54,7 @@ from censusdp_spark.release.runner import (
     Clock,
     ReleaseRun,
     SecretSource,
-    add_reuse_secret_flag,
+    add_release_flags,
     input_fingerprint,
     measurement_fingerprint,
     private_dir_for,
@@ -503,15 +503,7 @@ def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)"
     )
     parser.add_argument("--input", type=Path, help="override [input].path")
-    parser.add_argument("--output", type=Path, help="override [run].output")
-    parser.add_argument(
-        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
-    )
-    parser.add_argument(
-        "--evaluate", action="store_true", help="also write error against the truth (internal)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    add_reuse_secret_flag(parser)
+    add_release_flags(parser)
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_remote_flag(parser)
     return parser

@@ -162,8 +162,17 @@ def measurement_fingerprint(
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def add_reuse_secret_flag(parser: argparse.ArgumentParser) -> None:
-    """``--reuse-secret``: the one way past the secret binding, for experiments only."""
+def add_release_flags(parser: argparse.ArgumentParser) -> None:
+    """The options every release's command shares: output, secret, evaluation, overwrite and
+    ``--reuse-secret`` (the one way past the secret binding, for experiments only)."""
+    parser.add_argument("--output", type=Path, help="override [run].output")
+    parser.add_argument(
+        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
+    )
+    parser.add_argument(
+        "--evaluate", action="store_true", help="also write error against the truth (internal)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument(
         "--reuse-secret",
         action="store_true",

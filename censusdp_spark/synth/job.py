@@ -40,7 +40,7 @@ from censusdp_spark.release.runner import (
     ReleaseRun,
     SecretError,
     SecretSource,
-    add_reuse_secret_flag,
+    add_release_flags,
     input_fingerprint,
     measurement_fingerprint,
     private_dir_for,
@@ -330,15 +330,7 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--rounds", type=int, help="fixed number of rounds T (default: [budget], scaled with rho)"
     )
-    p.add_argument("--output", type=Path, help="override [run].output")
-    p.add_argument(
-        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
-    )
-    p.add_argument(
-        "--evaluate", action="store_true", help="also write error against the truth (internal)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    add_reuse_secret_flag(p)
+    add_release_flags(p)
     p.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_remote_flag(p)
     return p
