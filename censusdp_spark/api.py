@@ -5,8 +5,8 @@ as the command line, runs the release under the shared runner (secret policy, lo
 and returns a :class:`Release` naming its Delta tables, manifest and guarantee checks.
 
 >>> from censusdp_spark import budget
->>> print(budget("conf/ri_2010_demo.toml").splitlines()[0])  # doctest: +ELLIPSIS
-level        query...
+>>> budget("conf/ri_2010_demo.toml").split()[:2]
+['level', 'query']
 >>> from censusdp_spark import run_group_sizes
 >>> release = run_group_sizes("conf/pgsr_calm.toml", output=scratch / "calm", mechanism="dp")
 >>> sorted(release.tables)
