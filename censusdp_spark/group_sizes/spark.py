@@ -44,9 +44,9 @@ to the vectorised solvers of ``group_sizes.solvers.batch`` in one call. Nothing 
 collected to the driver except the root's own row.
 
 The dp release under l2 and level faithfulness is certified exact in rounds: windows of
-half-width ``window_width`` (about 4 noise scales) around each internal cell's noisy value;
-after a pass, ``bound_cells`` lists the released cells on a window bound other than 0 and G,
-those cells (only) get windows eight times wider (``level, geocode, size, width``, joined to
+half-width ``cost_tables.first_window`` (a few noise scales) around each internal cell's noisy
+value; after a pass, ``bound_cells`` lists the released cells on a window bound other than 0 and
+G, those cells (only) get windows ``WINDOW_WIDENING`` times wider (``level, geocode, size, width``, joined to
 the parents of the next pass) and the pass is redone, until no cell is on a bound.
 """
 
@@ -81,6 +81,7 @@ from censusdp_spark.group_sizes.solvers.cost_tables import (
     WINDOW_WIDENING,
     CostTable,
     cell_bounds,
+    first_window,
     merge_family,
     node_tables,
     solve_family,
@@ -292,13 +293,9 @@ class DpPlan:
         return cell_bounds(noisy, upper, self.widths.get(level))
 
     def wider(self) -> DpPlan:
-        widths = {lv: None if w is None else 2 * w for lv, w in self.widths.items()}
+        """Every window ``WINDOW_WIDENING`` times wider (G was out of the root tables' reach)."""
+        widths = {lv: None if w is None else WINDOW_WIDENING * w for lv, w in self.widths.items()}
         return DpPlan(self.norm, self.faithfulness, self.total, widths, self.sizes)
-
-
-def window_width(scale: Fraction) -> int:
-    """First l2 window half-width of a level: a few noise scales (doubled if it binds)."""
-    return -(-4 * scale.numerator // scale.denominator) + 4  # ceil(4 * scale) + 4
 
 
 def dp_plan(config: PgsrConfig, total: int) -> DpPlan:
@@ -307,7 +304,7 @@ def dp_plan(config: PgsrConfig, total: int) -> DpPlan:
     windowed = config.norm == "l2" and config.faithfulness == "level"
     inner = {lv.name for lv in config.hierarchy.levels[1:-1]}
     widths = {
-        lv: window_width(config.budget.scale(lv, 2)) if windowed and lv in inner else None
+        lv: first_window(config.budget.scale(lv, 2)) if windowed and lv in inner else None
         for lv in config.hierarchy.names
     }
     return DpPlan(config.norm, config.faithfulness, total, widths, config.groups.max_size)

@@ -7,6 +7,7 @@ import json
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from censusdp_spark.cli import main
@@ -91,17 +92,47 @@ def test_dp_release_holds_every_guarantee_and_its_manifest_no_secret(spark, dp, 
 def test_narrow_windows_are_widened_cell_by_cell_to_the_same_exact_optimum(
     spark, tmp_path_factory, secret, dp, monkeypatch
 ):
-    """With one-unit first windows (doubled per level while G is out of the root's reach) the
+    """With one-unit first windows (all widened while G is out of the root tables' reach) the
     certificate finds cells on their bounds, widens only those, and the engine still ends at the
     exact optimum of the default run (same noise)."""
     from censusdp_spark.group_sizes import spark as gs
 
-    monkeypatch.setattr(gs, "window_width", lambda scale: 1)
+    monkeypatch.setattr(gs, "first_window", lambda scale: 1)
     narrow = manifest(release(spark, tmp_path_factory, secret, "dp"))["optimality"]
     default = manifest(dp)["optimality"]
     assert narrow["window_tract"] < default["window_tract"] and narrow["rounds"] >= 2
     assert narrow["widened_cells"] > 0
     assert narrow["objective"] == narrow["lower_bound"] == default["objective"]
+
+
+def test_the_spark_engine_and_the_in_process_driver_give_the_same_exact_release(spark, dp):
+    """One dp algorithm, two engines: on the release's own noisy measurements the in-process
+    driver (``tree.dp_release``: whole-tree batch kernels, least-squares window centres) gives
+    the Spark engine's release (level by level, windows at the noisy values) cell for cell."""
+    from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release
+
+    depth = {name: d for d, name in enumerate(LEVELS)}
+    digits = dict(zip(LEVELS, (0, 3, 9, 12, 16), strict=True))
+    noisy = table(spark, dp, "noisy_measurements").toPandas()
+    noisy = noisy.assign(depth=noisy["level"].map(depth)).sort_values(["depth", "geocode"])
+    released = table(spark, dp, "group_sizes").toPandas()
+    counts = released.pivot_table(index=["level", "geocode"], columns="size", values="count")
+    nodes = zip(noisy["level"], noisy["geocode"], strict=True)
+    index = {node: i for i, node in enumerate(nodes)}
+    names = list(LEVELS)
+    parent = [-1] + [
+        index[(names[d - 1], g[: digits[names[d - 1]]])]
+        for d, g in zip(noisy["depth"].iloc[1:], noisy["geocode"].iloc[1:], strict=True)
+    ]
+    spark_counts = counts.loc[list(index)].to_numpy(dtype=np.int64)
+    tree = GroupTree(
+        np.array(parent),
+        np.stack(noisy["noisy"].to_numpy()).astype(np.int64),
+        spark_counts.sum(axis=1),  # level faithfulness reads only the root's G
+    )
+    in_process = dp_release(tree, "l2", "level")
+    assert in_process.objective == manifest(dp)["optimality"]["objective"]
+    assert (in_process.counts == spark_counts).all()
 
 
 def test_group_sizes_give_every_size_of_every_node_summing_to_the_households(spark, dp):

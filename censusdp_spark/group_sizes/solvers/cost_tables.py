@@ -81,6 +81,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
@@ -281,11 +282,23 @@ def split_by_slopes(tables: Sequence[CostTable], total: int) -> np.ndarray:
 
 
 WINDOW_WIDENING = 8
-"""A cell found on its l2 window bound (or a window too narrow to hold its children's merged
-domain) is solved again with a window this many times wider: the in-process driver
-(``tree.dp_release``) and the Spark driver (``group_sizes.spark.bound_cells``) share it. Any
-factor > 1 gives the same exact optimum (the certificate holds for any windows); 8 needed the
-fewest rounds on the national trees."""
+"""A cell found on its l2 window bound, or every window when G is out of the root tables'
+reach (``WindowTooNarrow``), is solved again with a window this many times wider: the
+in-process driver (``tree.dp_release``) and the Spark driver (``group_sizes.spark.bound_cells``,
+``DpPlan.wider``) share it. Any factor > 1 gives the same exact optimum (the certificate holds
+for any windows); 8 needed the fewest rounds on the national trees."""
+
+FIRST_WINDOW_SCALES = 4
+"""A level's first l2 window half-width spans this many noise scales of its cells ..."""
+FIRST_WINDOW_SLACK = 4
+"""... plus this many units, so that a level with a tiny noise scale still gets a window."""
+
+
+def first_window(scale: Fraction) -> int:
+    """The first l2 window half-width of a level whose cells have noise scale ``scale``:
+    ``ceil(FIRST_WINDOW_SCALES * scale) + FIRST_WINDOW_SLACK``, where the Spark driver starts
+    (``tree.dp_release`` takes its first half-width as an argument)."""
+    return -(-FIRST_WINDOW_SCALES * scale.numerator // scale.denominator) + FIRST_WINDOW_SLACK
 
 
 class WindowTooNarrow(ValueError):
