@@ -154,3 +154,17 @@ def test_an_unmapped_cell_declared_structurally_zero_is_accepted(tmp_path):
     config = load_config(edited(tmp_path, "[estimation]\n", zero, source=source), ROOT)
     assert config.input is not None and len(config.input.cells) == 15
     assert config.structural_zero_cells == (8 + 5,)  # votingage 18plus (1) x 8 + nhpi (5)
+
+
+def test_the_demo_declares_its_total_column_and_microdata_may_not(tmp_path):
+    config = load_config(DEMO, ROOT)
+    assert config.input is not None and config.input.total == "pop"
+    assert "pop" in config.input.used_columns() and "pop" not in config.input.ignore
+    path = edited(
+        tmp_path,
+        'layout = "microdata"\n',
+        'layout = "microdata"\ntotal = "pop"\n',
+        source=ROOT / "conf" / "pl94_2020_production.toml",
+    )
+    with pytest.raises(ConfigError, match=r"\[input\.total\] only for layout = 'block_counts'"):
+        load_config(path, ROOT)
