@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -32,11 +33,10 @@ from censusdp_spark.model.config import (
     Source,
     SpineSpec,
     budget_in_range,
-    read_document,
+    check_keys,
+    read_config,
     require_spine,
     resolve,
-    table_keys,
-    validate,
 )
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_epsilon
@@ -150,7 +150,7 @@ class BudgetModel(Model):
     def split(self, fail: Fail, hierarchy: Hierarchy) -> PureDpSplit:
         names = hierarchy.names
         if self.levels is not None:
-            table_keys(fail, "budget.levels", self.levels, set(names), set(names))
+            check_keys(self.levels, {*names}, {*names}, partial(fail, "budget.levels"))
         shares = self.levels or {lv: Fraction(1, len(names)) for lv in names}
         try:
             split = split_epsilon(self.epsilon, {lv: shares[lv] for lv in names})
@@ -182,9 +182,8 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
     (default: the current directory). Raises ``ConfigError`` naming the file and the key."""
     if isinstance(config, PgsrConfig):
         return config
-    document = read_document(config, project_root)
+    document, model = read_config(PgsrModel, config, project_root)
     fail, base = document.fail, document.base
-    model = validate(PgsrModel, document)
     if "delta" in model.run.model_fields_set:
         raise fail("run.delta", "not used: the group-size release is pure epsilon-DP")
     hierarchy = model.geography.hierarchy(fail)

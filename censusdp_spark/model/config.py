@@ -90,21 +90,16 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False), Strict()]
 """(Both strict also in a plain dataclass, which ``Model``'s config does not reach.)"""
 
 
-def check_keys(data: Mapping[str, Any], allowed: set[str], required: set[str]) -> None:
-    """Refuse a table with keys outside ``allowed`` or without all of ``required``."""
-    unknown = sorted(map(str, set(data) - allowed))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    if missing := sorted(required - set(data)):
-        raise ValueError(f"missing required key(s) {missing}")
-
-
-def table_keys(fail: Fail, key: str, data: Mapping, allowed: set[str], required: set[str]) -> None:
-    """``check_keys`` for a table whose keys depend on another section (e.g. the schema)."""
-    try:
-        check_keys(data, allowed, required)
-    except ValueError as err:
-        raise fail(key, str(err)) from None
+def check_keys(
+    data: Mapping, allowed: set[str], required: set[str], refuse: Callable = ValueError
+) -> None:
+    """Refuse a table with keys outside ``allowed`` or without all of ``required``: by a
+    ``ValueError`` (for pydantic), or ``refuse(rule)``, e.g. ``partial(fail, key)`` for a table
+    whose keys depend on another section (the schema's attributes)."""
+    unknown, missing = sorted(map(str, set(data) - allowed)), sorted(required - set(data))
+    rule = f"missing required key(s) {missing}" if missing else ""
+    if rule := f"unknown key(s) {unknown}; allowed: {sorted(allowed)}" if unknown else rule:
+        raise refuse(rule)
 
 
 class Model(BaseModel):
@@ -204,31 +199,26 @@ class Document:
         return partial(ConfigError, self.source)
 
 
-def read_document(config: Source, project_root: Path | None) -> Document:
-    """Read a TOML file or take a mapping shaped like one (copied: later edits to it do not
-    reach the config); relative paths resolve against ``project_root``, default the current
-    directory."""
-    base = project_root or Path.cwd()
-    if isinstance(config, Mapping):
-        doc = copy.deepcopy(dict(config))
-        return Document(doc=doc, text=json.dumps(doc, indent=2, default=str), base=base)
-    source = str(config)
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_config(model: type[M], config: Source, project_root: Path | None) -> tuple[Document, M]:
+    """A TOML file read, or a mapping shaped like one taken (copied: later edits to it do not
+    reach the config), and validated as ``model``; the first error becomes one ``ConfigError``.
+    Relative paths will resolve against ``project_root``, default the current directory."""
+    base, source = project_root or Path.cwd(), str(config)
     try:
-        text = Path(config).read_text()
-        return Document(source, tomllib.loads(text), text, base, Path(config).stem)
+        if isinstance(config, Mapping):
+            doc = copy.deepcopy(dict(config))
+            document = Document(doc=doc, text=json.dumps(doc, indent=2, default=str), base=base)
+        else:
+            text = Path(config).read_text()
+            document = Document(source, tomllib.loads(text), text, base, Path(config).stem)
+        return document, model.model_validate(document.doc)
     except FileNotFoundError:
         raise ConfigError(source, "-", "file not found") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(source, "-", f"not valid TOML: {err}") from None
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def validate(model: type[M], document: Document) -> M:
-    """``model`` validated from the document; the first error becomes one ``ConfigError``."""
-    try:
-        return model.model_validate(document.doc)
     except ValidationError as err:
         raise config_error(document.source, err.errors()[0]) from None
 

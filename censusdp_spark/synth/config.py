@@ -31,9 +31,8 @@ from censusdp_spark.model.config import (
     RunModel,
     RunOptions,
     Source,
-    read_document,
+    read_config,
     resolve,
-    validate,
 )
 from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Roles
 
@@ -235,13 +234,12 @@ def load_synth_config(
     TOML, or a ``SynthConfig``, returned as is); raises ``ConfigError`` naming file and key."""
     if isinstance(config, SynthConfig):
         return config
-    document = read_document(config, project_root)
+    document, model = read_config(SynthModel, config, project_root)
     fail, base = document.fail, document.base
-    model = validate(SynthModel, document)
     spec = model.input
-    group = tuple(a.attribute(fail, f"group[{i}]") for i, a in enumerate(model.group))
-    individual = tuple(
-        a.attribute(fail, f"individual[{i}]") for i, a in enumerate(model.individual)
+    group, individual = (
+        tuple(a.attribute(fail, f"{key}[{i}]") for i, a in enumerate(getattr(model, key)))
+        for key in ("group", "individual")
     )
     names = [a.name for a in (*group, *individual)]
     if len(set(names)) != len(names):
@@ -267,22 +265,13 @@ def load_synth_config(
     if degree > len(names):
         rule = f"{degree!r} must be at most the number of attributes, {len(names)}"
         raise fail("workload.degree", rule)
+    inputs = SynthInput(
+        resolve(base, spec.households), resolve(base, spec.persons), spec.format,
+        spec.household_id, spec.member_order, spec.larger_households == "drop",
+    )  # fmt: skip
     return SynthConfig(
-        source=document.source,
-        run=model.run.options(base, document.name),
-        input=SynthInput(
-            resolve(base, spec.households),
-            resolve(base, spec.persons),
-            spec.format,
-            spec.household_id,
-            spec.member_order,
-            spec.larger_households == "drop",
-        ),
-        domain=HouseholdDomain(group, individual, spec.max_members, roles),
-        budget=SynthBudget(budget.rho, budget.rounds, budget.select_share, budget.rounds_at_rho),
-        degree=degree,
-        mwem=model.mwem,
-        hpd_fixed=model.hpd_fixed,
-        hpd_gen=model.hpd_gen,
-        document=document,
-    )
+        document.source, model.run.options(base, document.name), inputs,
+        HouseholdDomain(group, individual, spec.max_members, roles),
+        SynthBudget(budget.rho, budget.rounds, budget.select_share, budget.rounds_at_rho),
+        degree, model.mwem, model.hpd_fixed, model.hpd_gen, document,
+    )  # fmt: skip

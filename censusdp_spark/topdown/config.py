@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from censusdp_spark.model.config import (
     Budget,
@@ -33,11 +34,9 @@ from censusdp_spark.model.config import (
     SpineSpec,
     budget_in_range,
     check_keys,
-    read_document,
+    read_config,
     require_spine,
     resolve,
-    table_keys,
-    validate,
 )
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import (
@@ -58,7 +57,8 @@ descendants' measurements, weighted by that estimate's precision."""
 ESTIMATION_METHODS: tuple[str, ...] = get_args(EstimationMethod)
 
 
-_TERM = re.compile(r"\s*([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)\s*")
+_TERM = re.compile(r"([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)")
+_EXPRESSION = re.compile(r"\s*[+-]?\s*[A-Za-z_]\w*(\s*[+-]\s*[A-Za-z_]\w*)*\s*", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -132,20 +132,9 @@ def _level_range(value: Any) -> Any:
     return [f"{i:0{bounds[2]}d}" for i in range(bounds[0], bounds[1] + 1)]
 
 
-def _distinct(levels: list[str]) -> list[str]:
-    if len(set(levels)) != len(levels):
-        raise ValueError(f"levels must be distinct names, got {levels}")
-    return levels
-
-
 class AttributeModel(Model):
     name: Name
-    levels: Annotated[
-        list[Name],
-        BeforeValidator(_level_range),
-        Field(min_length=1),
-        AfterValidator(_distinct),
-    ]
+    levels: Annotated[list[Name], BeforeValidator(_level_range), Field(min_length=1)]
 
 
 class RecodeModel(Model):
@@ -208,6 +197,9 @@ class TopDownModel(Model):
 
 
 def _schema(fail: Fail, model: SchemaModel) -> Schema:
+    for i, a in enumerate(model.attributes):
+        if len(set(a.levels)) != len(a.levels):
+            raise fail(f"schema.attributes[{i}].levels", f"levels must be distinct, got {a.levels}")
     attrs = [Attribute(a.name, tuple(a.levels)) for a in model.attributes]
     names = [a.name for a in attrs]
     if len(set(names)) != len(names):
@@ -266,16 +258,12 @@ def _budget(fail: Fail, model: BudgetModel, hierarchy: Hierarchy) -> ZcdpAllocat
 
 def _expression(fail: Fail, key: str, expr: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``a + b - c`` as the columns added and the columns subtracted."""
-    plus: list[str] = []
-    minus: list[str] = []
-    pos = 0
-    while pos < len(expr):
-        m = _TERM.match(expr, pos)
-        if not m or (m.group(1) == "" and pos > 0):
-            raise fail(key, f"{expr!r} must be column names joined by + and -")
-        (minus if m.group(1) == "-" else plus).append(m.group(2))
-        pos = m.end()
-    return tuple(plus), tuple(minus)
+    if not _EXPRESSION.fullmatch(expr):
+        raise fail(key, f"{expr!r} must be column names joined by + and -")
+    terms = _TERM.findall(expr)
+    return tuple(c for sign, c in terms if sign != "-"), tuple(
+        c for sign, c in terms if sign == "-"
+    )
 
 
 def _cells(
@@ -289,7 +277,7 @@ def _cells(
     out: dict[int, CellColumn] = {}
     for i, c in enumerate(cells):
         key = f"input.cells[{i}]"
-        table_keys(fail, key, c, keys, keys)
+        check_keys(c, keys, keys, partial(fail, key))
         for attr in schema.attributes:
             if c[attr.name] not in attr.levels:
                 rule = f"{c[attr.name]!r} is not a level of {attr.name} {list(attr.levels)}"
@@ -327,7 +315,7 @@ def _input(
         if getattr(model, key) is not None:
             raise fail(f"input.{key}", "only for layout = 'block_counts'")
     attrs = model.attributes or {}
-    table_keys(fail, "input.attributes", attrs, set(schema.names), set(schema.names))
+    check_keys(attrs, {*schema.names}, {*schema.names}, partial(fail, "input.attributes"))
     columns = []
     for attr in schema.attributes:
         value_map = attrs[attr.name].map or {lv: lv for lv in attr.levels}
@@ -367,7 +355,7 @@ def _estimation(
     zeros: set[int] = set()
     for i, z in enumerate(model.structural_zeros):
         key = f"estimation.structural_zeros[{i}]"
-        table_keys(fail, key, z, set(schema.names), set())
+        check_keys(z, set(schema.names), set(), partial(fail, key))
         for name, levels in z.items():
             if bad := [v for v in levels if v not in schema.attribute(name).levels]:
                 raise fail(f"{key}.{name}", f"{bad} are not levels of {name}")
@@ -381,9 +369,8 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
     (default: the current directory). Raises ``ConfigError`` naming the file and key."""
     if isinstance(config, RunConfig):
         return config
-    document = read_document(config, project_root)
+    document, model = read_config(TopDownModel, config, project_root)
     fail, base = document.fail, document.base
-    model = validate(TopDownModel, document)
     run = model.run.options(base, document.name)
     schema = _schema(fail, model.schema_)
     hierarchy = model.geography.hierarchy(fail)
