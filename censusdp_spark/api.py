@@ -1,14 +1,21 @@
 """The Python API: one call per release, for notebooks and orchestrators other than the CLI.
 
-Each ``run_*`` takes a config (a path, or a config object already loaded) and the same options
-as the command line, runs the release under the shared runner (secret policy, lock, manifest)
+Each ``run_*`` takes a config (a path, a mapping shaped like the TOML, relative paths resolved
+against the current directory, or a config object already loaded) and the same options as the
+command line, runs the release under the shared runner (secret policy, lock, manifest)
 and returns a :class:`Release` naming its Delta tables, manifest and guarantee checks.
 
+>>> import tomllib
 >>> from censusdp_spark import budget
 >>> budget("conf/ri_2010_demo.toml").split()[:2]
 ['level', 'query']
+>>> ri = tomllib.loads(Path("conf/ri_2010_demo.toml").read_text())  # a config built in Python
+>>> budget(ri) == budget("conf/ri_2010_demo.toml")
+True
+>>> calm = tomllib.loads(Path("conf/pgsr_calm.toml").read_text())
+>>> calm["budget"]["epsilon"] = "1/2"
 >>> from censusdp_spark import run_group_sizes
->>> release = run_group_sizes("conf/pgsr_calm.toml", output=scratch / "calm", mechanism="dp")
+>>> release = run_group_sizes(calm, output=scratch / "calm", mechanism="dp")
 >>> sorted(release.tables)
 ['group_sizes', 'noisy_measurements']
 >>> release.checks["negative_counts"], release.for_release
@@ -20,6 +27,7 @@ True
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -66,17 +74,17 @@ def _session(spark: SparkSession | None, name: str) -> SparkSession:
     return spark if spark is not None else spark_session(f"censusdp-{name}")
 
 
-def budget(config: str | Path | RunConfig) -> str:
+def budget(config: str | Path | Mapping[str, Any] | RunConfig) -> str:
     """The budget table of a TopDown config (levels, queries, shares, ρ, σ; total ρ and ε)."""
     from censusdp_spark.privacy.accounting import budget_table
     from censusdp_spark.topdown.config import load_config
 
-    loaded = load_config(config) if isinstance(config, str | Path) else config
+    loaded = load_config(config)
     return budget_table(loaded.budget, loaded.run.delta)
 
 
 def run_topdown(
-    config: str | Path | RunConfig,
+    config: str | Path | Mapping[str, Any] | RunConfig,
     *,
     spark: SparkSession | None = None,
     input: Path | None = None,
@@ -92,7 +100,7 @@ def run_topdown(
     from censusdp_spark.topdown.job import TopDownOptions
     from censusdp_spark.topdown.job import run_topdown as run
 
-    loaded = load_config(config) if isinstance(config, str | Path) else config
+    loaded = load_config(config)
     options = TopDownOptions(
         _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret
     )
@@ -101,7 +109,7 @@ def run_topdown(
 
 
 def run_group_sizes(
-    config: str | Path | PgsrConfig,
+    config: str | Path | Mapping[str, Any] | PgsrConfig,
     *,
     spark: SparkSession | None = None,
     mechanism: str | None = None,
@@ -116,7 +124,7 @@ def run_group_sizes(
     from censusdp_spark.group_sizes.config import load_pgsr_config
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
-    loaded = load_pgsr_config(config) if isinstance(config, str | Path) else config
+    loaded = load_pgsr_config(config)
     options = PgsrOptions(
         mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
         reuse_secret,
@@ -126,7 +134,7 @@ def run_group_sizes(
 
 
 def run_synth(
-    config: str | Path | SynthConfig,
+    config: str | Path | Mapping[str, Any] | SynthConfig,
     *,
     method: str,
     spark: SparkSession | None = None,
@@ -145,7 +153,7 @@ def run_synth(
     from censusdp_spark.synth.job import SynthOptions
     from censusdp_spark.synth.job import run_synth as run
 
-    loaded = load_synth_config(config) if isinstance(config, str | Path) else config
+    loaded = load_synth_config(config)
     options = SynthOptions(
         method,
         None if rho is None else Fraction(rho),

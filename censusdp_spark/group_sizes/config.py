@@ -10,34 +10,48 @@ norm of its objective and the definition of faithfulness (``"level"``, the paper
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Literal, get_args
 
 from censusdp_spark.model.config import (
-    INPUT_FORMATS,
-    ConfigReader,
+    Budget,
+    Columns,
+    Document,
+    Exact,
+    Fail,
+    GeographyModel,
+    InputFormat,
+    Model,
+    Name,
+    PathText,
+    PositiveInt,
+    RunModel,
     RunOptions,
+    Source,
     SpineSpec,
-    column_names,
-    hierarchy_section,
-    parse_toml,
+    budget_in_range,
+    check_keys,
+    read_config,
     require_spine,
-    run_options,
-    spine_option,
+    resolve,
 )
-from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_epsilon
 
-MECHANISMS = ("dp", "relaxed", "cumulative")
-NORMS = ("l2", "l1")
-# "level": every level sums to the public G (the paper's and the issue's definition; with
-# consistency, the root's sum alone). "node": every node sums to its own G^r (Kuo et al.'s
-# stricter invariant; makes every G^r public).
-FAITHFULNESS = ("level", "node")
-LAYOUTS = ("households", "size_counts")
+Mechanism = Literal["dp", "relaxed", "cumulative"]
+MECHANISMS: tuple[str, ...] = get_args(Mechanism)
+Norm = Literal["l2", "l1"]
+NORMS: tuple[str, ...] = get_args(Norm)
+Faithfulness = Literal["level", "node"]
+""""level": every level sums to the public G (the paper's and the issue's definition; with
+consistency, the root's sum alone). "node": every node sums to its own G^r (Kuo et al.'s
+stricter invariant; makes every G^r public)."""
+FAITHFULNESS: tuple[str, ...] = get_args(Faithfulness)
+Layout = Literal["households", "size_counts"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
 
 
 @dataclass(frozen=True)
@@ -80,135 +94,105 @@ class PgsrConfig:
     hierarchy: Hierarchy
     groups: GroupSizes
     budget: PureDpSplit
-    mechanism: str  # the default; the command line may choose another
-    norm: str  # objective of the dp and cumulative post-processing ("l2" as in the paper)
-    faithfulness: str  # "level" (sums per level = G) or "node" (sums per node = G^r)
+    mechanism: str  # a Mechanism: the default; the command line may choose another
+    norm: Norm  # objective of the dp and cumulative post-processing ("l2" as in the paper)
+    faithfulness: Faithfulness  # "level" (sums per level = G) or "node" (sums per node = G^r)
     input: GroupInputSpec | None
     spine: SpineSpec | None = None
+    document: Document = field(default_factory=Document, compare=False, repr=False)
 
 
-def _groups(r: ConfigReader, doc: Any) -> GroupSizes:
-    doc = r.table(doc, "groups", {"max_size", "topcode"}, {"max_size"})
-    size = doc["max_size"]
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise r.fail("groups.max_size", f"must be an integer >= 1, got {size!r}")
-    topcode = doc.get("topcode", False)
-    if not isinstance(topcode, bool):
-        raise r.fail("groups.topcode", f"must be true or false, got {topcode!r}")
-    return GroupSizes(size, topcode)
+class GroupsModel(Model):
+    max_size: PositiveInt
+    topcode: bool = False
 
 
-def _input(r: ConfigReader, doc: Any, groups: GroupSizes, base: Path) -> GroupInputSpec:
-    keys = {
-        "path",
-        "format",
-        "layout",
-        "geocode",
-        "size_columns",
-        "household",
-        "size",
-        "member_quantity",
-        "ignore",
-    }
-    doc = r.table(doc, "input", keys, {"path", "layout", "geocode"})
-    fmt = doc.get("format", "csv")
-    if fmt not in INPUT_FORMATS:
-        raise r.fail("input.format", f"{fmt!r} must be one of {INPUT_FORMATS}")
-    layout = doc["layout"]
-    if layout not in LAYOUTS:
-        raise r.fail("input.layout", f"{layout!r} must be one of {LAYOUTS}")
-    path = Path(r.string(doc["path"], "input.path"))
-    common: dict[str, Any] = {
-        "path": path if path.is_absolute() else base / path,
-        "format": fmt,
-        "layout": layout,
-        "geocode_columns": column_names(r, doc["geocode"], "input.geocode"),
-        "ignore": tuple(r.string(c, "input.ignore") for c in doc.get("ignore", [])),
-    }
-    if layout == "size_counts":
-        for key in ("household", "size", "member_quantity"):
-            if key in doc:
-                raise r.fail(f"input.{key}", "only for layout = 'households'")
-        if "size_columns" not in doc:
-            raise r.fail("input", "missing required key 'size_columns' (layout = 'size_counts')")
-        columns = column_names(r, doc["size_columns"], "input.size_columns")
-        if len(columns) != groups.max_size or len(set(columns)) != len(columns):
-            raise r.fail(
-                "input.size_columns",
-                f"must name {groups.max_size} distinct columns (sizes 1..{groups.max_size}), got {list(columns)}",
-            )
-        return GroupInputSpec(**common, size_columns=columns)
-    if "size_columns" in doc:
-        raise r.fail("input.size_columns", "only for layout = 'size_counts'")
-    if "household" not in doc:
-        raise r.fail("input", "missing required key 'household' (layout = 'households')")
-    if ("size" in doc) == ("member_quantity" in doc):
-        raise r.fail(
-            "input",
-            "give exactly one of 'size' (a row per household) or 'member_quantity' (a row per member)",
-        )
-    return GroupInputSpec(
-        **common,
-        household_column=r.string(doc["household"], "input.household"),
-        size_column=r.string(doc["size"], "input.size") if "size" in doc else None,
-        member_column=r.string(doc["member_quantity"], "input.member_quantity")
-        if "member_quantity" in doc
-        else None,
-    )
+class InputModel(Model):
+    path: PathText
+    format: InputFormat = "csv"
+    layout: Layout
+    geocode: Columns
+    size_columns: Columns | None = None  # size_counts: one per size 1..N
+    household: Name | None = None  # households: the household key
+    size: Name | None = None  # households: one row per household with its size
+    member_quantity: Name | None = None  # households: or one row per member
+    ignore: list[Name] = []
+
+    def spec(self, fail: Fail, groups: GroupSizes, base: Path) -> GroupInputSpec:
+        path, geocode, ignore = resolve(base, self.path), tuple(self.geocode), tuple(self.ignore)
+        common = (path, self.format, self.layout, geocode)
+        if self.layout == "size_counts":
+            for key in ("household", "size", "member_quantity"):
+                if getattr(self, key) is not None:
+                    raise fail(f"input.{key}", "only for layout = 'households'")
+            if self.size_columns is None:
+                raise fail("input", "missing required key 'size_columns' (layout = 'size_counts')")
+            columns = tuple(self.size_columns)
+            if len(columns) != groups.max_size or len(set(columns)) != len(columns):
+                n = groups.max_size
+                rule = f"must name {n} distinct columns (sizes 1..{n}), got {list(columns)}"
+                raise fail("input.size_columns", rule)
+            return GroupInputSpec(*common, size_columns=columns, ignore=ignore)
+        if self.size_columns is not None:
+            raise fail("input.size_columns", "only for layout = 'size_counts'")
+        if self.household is None:
+            raise fail("input", "missing required key 'household' (layout = 'households')")
+        if (self.size is None) == (self.member_quantity is None):
+            rule = "give exactly one of 'size' (a row per household) or 'member_quantity' (a row per member)"
+            raise fail("input", rule)
+        return GroupInputSpec(*common, (), self.household, self.size, self.member_quantity, ignore)
 
 
-def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> PureDpSplit:
-    doc = r.table(doc, "budget", {"epsilon", "levels"}, {"epsilon"})
-    epsilon = r.fraction(doc["epsilon"], "budget.epsilon")
-    if "levels" in doc:
-        levels = r.table(doc["levels"], "budget.levels", set(hierarchy.names), set(hierarchy.names))
-        shares = {lv: r.fraction(levels[lv], f"budget.levels.{lv}") for lv in hierarchy.names}
-    else:
-        shares = {lv: Fraction(1, len(hierarchy.names)) for lv in hierarchy.names}
-    try:
-        return split_epsilon(epsilon, shares)
-    except BudgetError as err:
-        raise ConfigError(r.source, "budget", str(err)) from None
+class BudgetModel(Model):
+    epsilon: Budget
+    levels: dict[str, Exact] | None = None  # ε shares per level; default: an even split
+
+    def split(self, fail: Fail, hierarchy: Hierarchy) -> PureDpSplit:
+        names = hierarchy.names
+        if self.levels is not None:
+            check_keys(self.levels, {*names}, {*names}, partial(fail, "budget.levels"))
+        shares = self.levels or {lv: Fraction(1, len(names)) for lv in names}
+        try:
+            split = split_epsilon(self.epsilon, {lv: shares[lv] for lv in names})
+        except BudgetError as err:
+            raise fail("budget", str(err)) from None
+        for level, epsilon in split.level_epsilon.items():
+            budget_in_range(fail, f"budget.levels.{level}", epsilon, "epsilon")
+        return split
 
 
-def _mechanism(r: ConfigReader, doc: Any) -> tuple[str, str, str]:
-    doc = r.table(doc, "mechanism", {"default", "norm", "faithfulness"})
-    default = doc.get("default", "dp")
-    if default not in MECHANISMS:
-        raise r.fail("mechanism.default", f"{default!r} must be one of {MECHANISMS}")
-    norm = doc.get("norm", "l2")
-    if norm not in NORMS:
-        raise r.fail("mechanism.norm", f"{norm!r} must be one of {NORMS}")
-    faithfulness = doc.get("faithfulness", "level")
-    if faithfulness not in FAITHFULNESS:
-        raise r.fail("mechanism.faithfulness", f"{faithfulness!r} must be one of {FAITHFULNESS}")
-    return default, norm, faithfulness
+class MechanismModel(Model):
+    default: Mechanism = "dp"
+    norm: Norm = "l2"
+    faithfulness: Faithfulness = "level"
 
 
-def load_pgsr_config(path: Path | str, project_root: Path | None = None) -> PgsrConfig:
-    """Parse and validate a PGSR config; relative paths resolve against ``project_root``
+class PgsrModel(Model):
+    run: RunModel = RunModel()
+    geography: GeographyModel
+    groups: GroupsModel
+    input: InputModel | None = None
+    budget: BudgetModel
+    mechanism: MechanismModel = MechanismModel()
+
+
+def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = None) -> PgsrConfig:
+    """Parse and validate a PGSR config (a TOML file's path, a mapping shaped like the TOML, or
+    a ``PgsrConfig``, returned as is); relative paths resolve against ``project_root``
     (default: the current directory). Raises ``ConfigError`` naming the file and the key."""
-    path = Path(path)
-    doc, r = parse_toml(path)
-    r.table(
-        doc,
-        "top level",
-        {"run", "geography", "groups", "input", "budget", "mechanism"},
-        {"geography", "groups", "budget"},
-    )
-    run_doc = doc.get("run", {})
-    if isinstance(run_doc, dict) and "delta" in run_doc:
-        raise r.fail("run.delta", "not used: the group-size release is pure epsilon-DP")
-    base = project_root or Path.cwd()
-    run = run_options(r, run_doc, base, path.stem)
-    hierarchy = hierarchy_section(r, doc["geography"])
-    spine = spine_option(r, doc["geography"], base)
-    groups = _groups(r, doc["groups"])
-    budget = _budget(r, doc["budget"], hierarchy)
-    mechanism, norm, faithfulness = _mechanism(r, doc.get("mechanism", {}))
-    spec = _input(r, doc["input"], groups, base) if "input" in doc else None
+    if isinstance(config, PgsrConfig):
+        return config
+    document, model = read_config(PgsrModel, config, project_root)
+    fail, base = document.fail, document.base
+    if "delta" in model.run.model_fields_set:
+        raise fail("run.delta", "not used: the group-size release is pure epsilon-DP")
+    hierarchy = model.geography.hierarchy(fail)
+    spine, groups = model.geography.spine_spec(base), GroupSizes(**model.groups.__dict__)
+    spec = model.input.spec(fail, groups, base) if model.input else None
     if spec is not None and spec.layout == "households":
-        require_spine(r, spine, spec.layout)
+        require_spine(fail, spine, spec.layout)
+    run, budget, m = model.run.options(base, document.name), model.budget, model.mechanism
     return PgsrConfig(
-        r.source, run, hierarchy, groups, budget, mechanism, norm, faithfulness, spec, spine
-    )
+        document.source, run, hierarchy, groups, budget.split(fail, hierarchy), m.default, m.norm,
+        m.faithfulness, spec, spine, document,
+    )  # fmt: skip

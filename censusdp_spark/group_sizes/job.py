@@ -158,7 +158,7 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
     noise = "cumulative" if config.mechanism == "cumulative" else "histogram"
     measured = measurement_fingerprint(
         GROUP_SIZES,
-        Path(config.source).read_text(),
+        config.document.doc,
         input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
         {"noise": noise},
@@ -477,7 +477,7 @@ def _run_pgsr(
             "norm": config.norm if config.mechanism != "relaxed" else "l2",
             "faithfulness": config.faithfulness,
             "config_file": config.source,
-            "config_text": Path(config.source).read_text(),
+            "config_text": config.document.text,
             "input": str(config.input.path),
             "spine": str(config.spine.path) if config.spine else None,
             "groups": {"max_size": config.groups.max_size, "topcode": config.groups.topcode},

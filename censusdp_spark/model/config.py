@@ -1,25 +1,119 @@
-"""Run configuration: a TOML file validated once, at the door, into typed objects.
+"""Run configuration: a TOML file, or a mapping shaped like one, validated once, at the door.
 
-Unknown keys are errors; fractions are exact (strings like ``"293764/114921"`` or integers;
-floats are refused where exactness matters). Nothing downstream re-parses strings.
+Each release declares pydantic models that mirror its TOML (``Model``: unknown keys are errors,
+types are strict, choices are ``Literal``s, fractions exact: strings like ``"293764/114921"``
+or integers, floats refused). A ``ValidationError`` becomes one ``ConfigError`` naming the file,
+the dotted key (``input.cells[3].expr``) and the rule. The models then convert into the frozen
+dataclasses the rest of the code uses, checking there the rules that span sections.
 See ``conf/ri_2010_demo.toml`` for a commented example of every section.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
-from typing import Any
+from functools import partial
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal, TypeVar, get_args
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    Strict,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy, Level
 
-INPUT_FORMATS = ("csv", "parquet", "delta")
+InputFormat = Literal["csv", "parquet", "delta"]
+INPUT_FORMATS: tuple[str, ...] = get_args(InputFormat)
+SpineFormat = Literal["csv", "parquet", "delta", "pipe"]  # pipe: '|'-delimited text with a header
+SPINE_FORMATS: tuple[str, ...] = get_args(SpineFormat)
+
+MIN_BUDGET, MAX_BUDGET = Fraction(1, 2**80), Fraction(2**40)
+"""Every ρ and ε a config gives, and every ρ or ε it allocates to one measurement, lies in
+[2⁻⁸⁰, 2⁴⁰]: the noise scale then stays below 2⁴⁰, where the samplers' int64 draws cannot
+overflow (``privacy.samplers``), and every σ, ρ and ε the reports print is a finite float."""
+OUTSIDE = "outside [2**-80, 2**40], where the noise is computable"
+
+Source = Path | str | Mapping[str, Any]
+"""A config: a TOML file's path or a mapping shaped like the TOML (errors name "<config>")."""
+Fail = Callable[[str, str], ConfigError]
+"""``fail(key, rule)``: the error for the config being loaded."""
 
 
-SPINE_FORMATS = ("csv", "parquet", "delta", "pipe")  # pipe: '|'-delimited text with a header
+def _exact(value: Any, bounds: bool = False) -> Fraction:
+    if isinstance(value, bool | float):
+        raise ValueError(f"{value!r} is a float; write an exact fraction as a string, e.g. '1/10'")
+    try:
+        exact = Fraction(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise ValueError(f"{value!r} is not a fraction like '3/7' or '0.25'") from None
+    if bounds and exact > 0 and not MIN_BUDGET <= exact <= MAX_BUDGET:
+        raise ValueError(f"{value!r} is {OUTSIDE}")
+    return exact
+
+
+def _delta(value: Any) -> float:
+    try:
+        exact = Fraction(value if isinstance(value, str | int | float) else "x")
+    except (ValueError, OverflowError):
+        raise ValueError(f"{value!r} is not a number") from None
+    if isinstance(value, bool) or not 0 < exact < 1 or not 0 < float(exact) < 1:
+        raise ValueError(f"{value!r} must be in (0, 1)")
+    return float(exact)
+
+
+Exact = Annotated[Fraction, PlainValidator(_exact)]
+Budget = Annotated[Fraction, PlainValidator(partial(_exact, bounds=True))]
+"""An exact ρ or ε, within [``MIN_BUDGET``, ``MAX_BUDGET``] if positive (> 0 is checked with
+the rest of the accounting)."""
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+PathText = Annotated[Name, BeforeValidator(lambda v: str(v) if isinstance(v, PurePath) else v)]
+Columns = Annotated[
+    list[Name], BeforeValidator(lambda v: [v] if isinstance(v, str) else v), Field(min_length=1)
+]
+"""A name or a non-empty list of them (columns are concatenated, in order, into a geocode)."""
+PositiveInt = Annotated[int, Field(ge=1), Strict()]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False), Strict()]
+"""(Both strict also in a plain dataclass, which ``Model``'s config does not reach.)"""
+
+
+def check_keys(
+    data: Mapping, allowed: set[str], required: set[str], refuse: Callable = ValueError
+) -> None:
+    """Refuse a table with keys outside ``allowed`` or without all of ``required``: by a
+    ``ValueError`` (for pydantic), or ``refuse(rule)``, e.g. ``partial(fail, key)`` for a table
+    whose keys depend on another section (the schema's attributes)."""
+    unknown, missing = sorted(map(str, set(data) - allowed)), sorted(required - set(data))
+    rule = f"missing required key(s) {missing}" if missing else ""
+    if rule := f"unknown key(s) {unknown}; allowed: {sorted(allowed)}" if unknown else rule:
+        raise refuse(rule)
+
+
+class Model(BaseModel):
+    """A TOML table: strict types, unknown keys refused (with the allowed ones named)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            keys = {f.alias or n: f for n, f in cls.model_fields.items()}
+            check_keys(data, set(keys), {k for k, f in keys.items() if f.is_required()})
+        return data
 
 
 @dataclass(frozen=True)
@@ -46,146 +140,138 @@ class RunOptions:
     delta: float
 
 
-class ConfigReader:
-    """Walks a parsed TOML document, recording the path for error messages."""
+class RunModel(Model):
+    name: Name | None = None
+    output: PathText | None = None
+    private_dir: PathText | None = None
+    secret_file: PathText | None = None
+    secret_env: str | None = None
+    delta: Annotated[float, PlainValidator(_delta)] = 1e-10
 
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, key: str, rule: str) -> ConfigError:
-        return ConfigError(self.source, key, rule)
-
-    def table(
-        self,
-        doc: Any,
-        key: str,
-        allowed: set[str],
-        required: frozenset[str] | set[str] = frozenset(),
-    ) -> dict:
-        if not isinstance(doc, dict):
-            raise self.fail(key, "must be a table")
-        unknown = set(doc) - allowed
-        if unknown:
-            raise self.fail(key, f"unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-        missing = set(required) - set(doc)
-        if missing:
-            raise self.fail(key, f"missing required key(s) {sorted(missing)}")
-        return doc
-
-    def string(self, value: Any, key: str) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        return value.strip()
-
-    def fraction(self, value: Any, key: str) -> Fraction:
-        if isinstance(value, bool | float):
-            raise self.fail(
-                key, f"{value!r} is a float; write an exact fraction as a string, e.g. '1/10'"
-            )
-        if isinstance(value, int):
-            return Fraction(value)
-        if isinstance(value, str):
-            try:
-                return Fraction(value.strip())
-            except (ValueError, ZeroDivisionError):
-                raise self.fail(key, f"{value!r} is not a fraction like '3/7' or '0.25'") from None
-        raise self.fail(key, f"{value!r} is not a fraction")
+    def options(self, base: Path, default_name: str) -> RunOptions:
+        name = self.name or default_name
+        output = resolve(base, self.output or f"output/{name}")
+        private = resolve(base, self.private_dir or f"runs/{name}")
+        secret_file = resolve(base, self.secret_file) if self.secret_file else None
+        return RunOptions(name, output, private, secret_file, self.secret_env or None, self.delta)
 
 
-def hierarchy_section(r: ConfigReader, doc: Any) -> Hierarchy:
-    doc = r.table(doc, "geography", {"levels", "spine"}, {"levels"})
-    levels = []
-    for i, lv in enumerate(doc["levels"]):
-        key = f"geography.levels[{i}]"
-        lv = r.table(lv, key, {"name", "digits"}, {"name", "digits"})
-        if not isinstance(lv["digits"], int) or lv["digits"] < 0:
-            raise r.fail(f"{key}.digits", f"must be a non-negative integer, got {lv['digits']!r}")
-        levels.append(Level(r.string(lv["name"], f"{key}.name"), lv["digits"]))
+class SpineModel(Model):
+    path: PathText
+    format: SpineFormat = "csv"
+    geocode: Columns
+
+
+class LevelModel(Model):
+    name: Name
+    digits: Annotated[int, Field(ge=0)]
+
+
+class GeographyModel(Model):
+    levels: list[LevelModel]
+    spine: SpineModel | None = None
+
+    def hierarchy(self, fail: Fail) -> Hierarchy:
+        try:
+            return Hierarchy(tuple(Level(lv.name, lv.digits) for lv in self.levels))
+        except ValueError as err:
+            raise fail("geography.levels", str(err)) from None
+
+    def spine_spec(self, base: Path) -> SpineSpec | None:
+        s = self.spine
+        return SpineSpec(resolve(base, s.path), s.format, tuple(s.geocode)) if s else None
+
+
+@dataclass(frozen=True)
+class Document:
+    """A config as read: ``source`` (what errors name), the TOML document (the release
+    fingerprints it), its text (the manifest records it; JSON for a mapping), the directory
+    relative paths resolve against and the run's default name (the file's stem)."""
+
+    source: str = "<config>"
+    doc: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+    base: Path = Path()
+    name: str = "config"
+
+    @property
+    def fail(self) -> Fail:
+        return partial(ConfigError, self.source)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_config(model: type[M], config: Source, project_root: Path | None) -> tuple[Document, M]:
+    """A TOML file read, or a mapping shaped like one taken (copied: later edits to it do not
+    reach the config), and validated as ``model``; the first error becomes one ``ConfigError``.
+    Relative paths will resolve against ``project_root``, default the current directory."""
+    base, source = project_root or Path.cwd(), str(config)
     try:
-        return Hierarchy(tuple(levels))
-    except ValueError as err:
-        raise r.fail("geography.levels", str(err)) from None
+        if isinstance(config, Mapping):
+            doc = copy.deepcopy(dict(config))
+            document = Document(doc=doc, text=json.dumps(doc, indent=2, default=str), base=base)
+        else:
+            text = Path(config).read_text()
+            document = Document(source, tomllib.loads(text), text, base, Path(config).stem)
+        return document, model.model_validate(document.doc)
+    except FileNotFoundError:
+        raise ConfigError(source, "-", "file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(source, "-", f"not valid TOML: {err}") from None
+    except ValidationError as err:
+        raise config_error(document.source, err.errors()[0]) from None
 
 
-def column_names(r: ConfigReader, value: Any, key: str) -> tuple[str, ...]:
-    """A column name or a non-empty list of them (concatenated, in order, into a geocode)."""
-    if isinstance(value, str):
-        return (r.string(value, key),)
-    if not isinstance(value, list) or not value:
-        raise r.fail(key, "must be a column name or a non-empty list of them")
-    return tuple(r.string(v, f"{key}[{i}]") for i, v in enumerate(value))
+_RULES = {
+    "string_type": "must be a string, got {input!r}",
+    "string_too_short": "must be a non-empty string, got {input!r}",
+    "int_type": "must be an integer, got {input!r}",
+    "float_type": "must be a number, got {input!r}",
+    "bool_type": "must be true or false, got {input!r}",
+    "list_type": "must be a list, got {input!r}",
+    "too_short": "must be a non-empty list",
+    "greater_than_equal": "{input!r} must be >= {ge}",
+    "less_than_equal": "{input!r} must be at most {le}",
+    "greater_than": "{input!r} must be a positive number",
+    "finite_number": "{input!r} must be a finite number",
+    **dict.fromkeys(("dict_type", "model_type", "dataclass_type"), "must be a table"),
+}
 
 
-def spine_option(r: ConfigReader, geography: dict, base: Path) -> SpineSpec | None:
-    """``[geography] spine = { path, format, geocode }``, if given (``hierarchy_section`` has
-    checked that ``geography`` is a table)."""
-    if "spine" not in geography:
-        return None
-    doc = r.table(geography["spine"], "geography.spine", {"path", "format", "geocode"})
-    missing = {"path", "geocode"} - set(doc)
-    if missing:
-        raise r.fail(
-            "geography.spine",
-            f"missing required key(s) {sorted(missing)}: "
-            "spine = { path = <block list>, geocode = <column or [columns]> }",
-        )
-    fmt = doc.get("format", "csv")
-    if fmt not in SPINE_FORMATS:
-        raise r.fail("geography.spine.format", f"{fmt!r} must be one of {SPINE_FORMATS}")
-    path = Path(r.string(doc["path"], "geography.spine.path"))
-    return SpineSpec(
-        path if path.is_absolute() else base / path,
-        fmt,
-        column_names(r, doc["geocode"], "geography.spine.geocode"),
-    )
+def config_error(source: str, error: Any) -> ConfigError:
+    """One pydantic error as ``ConfigError(source, dotted key, rule)``."""
+    loc, kind, ctx = list(error["loc"]), error["type"], error.get("ctx") or {}
+    if kind in ("extra_forbidden", "unexpected_keyword_argument", "missing"):
+        rule = f"{'missing required' if kind == 'missing' else 'unknown'} key(s) {[loc.pop()]}"
+    elif kind == "literal_error":
+        choices = tuple(re.findall(r"'([^']*)'", ctx["expected"]))
+        rule = f"{error['input']!r} must be one of {choices}"
+    elif kind in ("value_error", "assertion_error"):
+        rule = str(ctx["error"])
+    else:
+        rule = _RULES.get(kind, error["msg"]).format(input=error.get("input"), **ctx)
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    return ConfigError(source, key or "top level", rule)
 
 
-def require_spine(r: ConfigReader, spine: SpineSpec | None, layout: str) -> None:
+def resolve(base: Path, path: str | Path) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else base / p
+
+
+def require_spine(fail: Fail, spine: SpineSpec | None, layout: str) -> None:
     """Record-level layouts make a node of a leaf only if it holds a record, so the released
     geography would tell which leaves are populated: they need the spine."""
     if spine is None:
-        raise r.fail(
+        raise fail(
             "geography.spine",
             f"required with input.layout = '{layout}' (otherwise the released leaves reveal "
             "which are populated): add [geography] spine = { path = ..., geocode = ... }",
         )
 
 
-def run_options(r: ConfigReader, doc: Any, base: Path, default_name: str) -> RunOptions:
-    doc = r.table(
-        doc, "run", {"name", "output", "private_dir", "secret_file", "secret_env", "delta"}
-    )
-    name = r.string(doc.get("name", default_name), "run.name")
-    delta = doc.get("delta", 1e-10)
-    if isinstance(delta, str):
-        try:
-            delta = float(Fraction(delta))
-        except ValueError:
-            raise r.fail("run.delta", f"{delta!r} is not a number") from None
-    if not isinstance(delta, float | int) or not 0 < delta < 1:
-        raise r.fail("run.delta", f"{delta!r} must be in (0, 1)")
-
-    def path(key: str, default: str | None) -> Path | None:
-        value = doc.get(key, default)
-        if value in (None, ""):
-            return None
-        p = Path(r.string(value, f"run.{key}"))
-        return p if p.is_absolute() else base / p
-
-    output = path("output", f"output/{name}")
-    private = path("private_dir", f"runs/{name}")
-    assert output is not None and private is not None
-    env = doc.get("secret_env")
-    return RunOptions(name, output, private, path("secret_file", None), env or None, float(delta))
-
-
-def parse_toml(path: Path | str) -> tuple[dict[str, Any], ConfigReader]:
-    """Read a TOML config file; the reader reports errors against this file."""
-    source = str(path)
-    try:
-        doc = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(source, "-", "file not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(source, "-", f"not valid TOML: {err}") from None
-    return doc, ConfigReader(source)
+def budget_in_range(fail: Fail, key: str, value: Fraction, what: str = "rho") -> None:
+    """The ρ or ε allocated to one measurement keeps its noise computable (``MIN_BUDGET``)."""
+    if not MIN_BUDGET <= value <= MAX_BUDGET:
+        raise fail(key, f"gives one measurement a {what} {OUTSIDE}")

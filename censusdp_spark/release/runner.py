@@ -34,6 +34,7 @@ an exclusive lock on its private folder from start to end, taken before anything
 from __future__ import annotations
 
 import argparse
+import copy
 import fcntl
 import hashlib
 import json
@@ -136,15 +137,17 @@ def input_fingerprint(paths: Sequence[Path]) -> str:
 
 def measurement_fingerprint(
     release: str,
-    config_text: str,
+    config: Mapping[str, Any] | str,
     input_sha256: str,
     post_processing_keys: Iterable[tuple[str, ...]] = (),
     settings: Mapping[str, Any] | None = None,
 ) -> str:
     """SHA-256 of what reaches the noise: the release kind, the input's content, the config
     without ``[run]``, the input's path and the ``post_processing_keys``, and the run's
-    measurement ``settings`` (command-line choices that change what is measured)."""
-    doc = tomllib.loads(config_text)
+    measurement ``settings`` (command-line choices that change what is measured). ``config`` is
+    the TOML document (as the loaders keep it, so a config given as a mapping fingerprints as
+    the file it mirrors) or its text."""
+    doc = tomllib.loads(config) if isinstance(config, str) else copy.deepcopy(dict(config))
     doc.pop("run", None)
     if isinstance(doc.get("input"), dict):
         doc["input"].pop("path", None)

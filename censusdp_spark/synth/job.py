@@ -151,7 +151,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
     rounds = options.rounds or config.budget.rounds_for(rho)
     measured = measurement_fingerprint(
         SYNTH,
-        Path(config.source).read_text(),
+        config.document.doc,
         input_fingerprint([config.input.households, config.input.persons]),
         settings={"method": options.method, "rho": str(rho), "rounds": rounds},
     )
@@ -280,7 +280,7 @@ def _run_synth(
             "run": run.name,
             "method": options.method,
             "config_file": config.source,
-            "config_text": Path(config.source).read_text(),
+            "config_text": config.document.text,
             "input": {
                 "households": str(config.input.households),
                 "persons": str(config.input.persons),

@@ -1,31 +1,43 @@
 """The TopDown run config: schema, geography, budget, queries, input and
 estimation settings, validated at the door (errors name the file, key and rule).
+
+``TopDownModel`` mirrors the TOML; ``load_config`` validates it and converts it into a
+``RunConfig``, checking there the rules that depend on the schema or the hierarchy.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from fractions import Fraction
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
+from pydantic import BeforeValidator, Field, field_validator
 
 from censusdp_spark.model.config import (
-    INPUT_FORMATS,
-    ConfigReader,
+    Budget,
+    Columns,
+    Document,
+    Exact,
+    Fail,
+    GeographyModel,
+    InputFormat,
+    Model,
+    Name,
+    PathText,
+    RunModel,
     RunOptions,
+    Source,
     SpineSpec,
-    column_names,
-    hierarchy_section,
-    parse_toml,
+    budget_in_range,
+    check_keys,
+    read_config,
     require_spine,
-    run_options,
-    spine_option,
+    resolve,
 )
-from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import (
     BudgetError,
@@ -36,7 +48,8 @@ from censusdp_spark.privacy.accounting import (
 from censusdp_spark.topdown.queries import MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
 
-INPUT_LAYOUTS = ("block_counts", "microdata")
+InputLayout = Literal["block_counts", "microdata"]
+INPUT_LAYOUTS: tuple[str, ...] = get_args(InputLayout)
 EstimationMethod = Literal["topdown", "full_information"]
 """``topdown``: each level fitted to its own measurements under its parent (the Census method);
 ``full_information``: each child fitted to its bottom-up BLUE from its own and all its
@@ -44,7 +57,8 @@ descendants' measurements, weighted by that estimate's precision."""
 ESTIMATION_METHODS: tuple[str, ...] = get_args(EstimationMethod)
 
 
-_TERM = re.compile(r"\s*([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)\s*")
+_TERM = re.compile(r"([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)")
+_EXPRESSION = re.compile(r"\s*[+-]?\s*[A-Za-z_]\w*(\s*[+-]\s*[A-Za-z_]\w*)*\s*", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -75,12 +89,13 @@ class InputSpec:
     cells: tuple[CellColumn, ...] = ()  # block_counts
     attributes: tuple[AttributeColumn, ...] = ()  # microdata
     ignore: tuple[str, ...] = ()  # columns present in the file but deliberately unused
+    total: str | None = None  # block_counts: a column every row's mapped cells must sum to
 
     def used_columns(self) -> tuple[str, ...]:
         cols = list(self.geocode_columns)
         for c in self.cells:
             cols += [*c.plus, *c.minus]
-        cols += [a.column for a in self.attributes]
+        cols += [a.column for a in self.attributes] + ([self.total] if self.total else [])
         return tuple(dict.fromkeys(cols))
 
 
@@ -97,6 +112,7 @@ class RunConfig:
     input: InputSpec | None
     spine: SpineSpec | None = None
     estimation_method: EstimationMethod = "topdown"
+    document: Document = field(default_factory=Document, compare=False, repr=False)
 
     def query(self, level: str, name: str) -> MarginalQuery:
         for q in self.queries[level]:
@@ -105,260 +121,274 @@ class RunConfig:
         raise KeyError(name)
 
 
-def _levels(r: ConfigReader, spec: Any, key: str) -> tuple[str, ...]:
-    if isinstance(spec, list):
-        levels = tuple(r.string(v, f"{key}[{i}]") for i, v in enumerate(spec))
-    else:
-        spec = r.table(spec, key, {"from", "to", "width"}, {"from", "to"})
-        width = spec.get("width", 0)
-        levels = tuple(f"{i:0{width}d}" for i in range(int(spec["from"]), int(spec["to"]) + 1))
-    if not levels or len(set(levels)) != len(levels):
-        raise r.fail(key, "levels must be a non-empty list of distinct names")
-    return levels
+def _level_range(value: Any) -> Any:
+    """``{ from, to, width }``: the levels ``from``..``to``, zero-padded to ``width`` digits."""
+    if not isinstance(value, Mapping):
+        return value
+    check_keys(value, {"from", "to", "width"}, {"from", "to"})
+    bounds = (value["from"], value["to"], value.get("width", 0))
+    if any(isinstance(b, bool) or not isinstance(b, int) for b in bounds):
+        raise ValueError(f"from, to and width must be integers, got {list(bounds)}")
+    return [f"{i:0{bounds[2]}d}" for i in range(bounds[0], bounds[1] + 1)]
 
 
-def schema_section(r: ConfigReader, doc: Any) -> Schema:
-    doc = r.table(doc, "schema", {"attributes", "recodes"}, {"attributes"})
-    attrs = []
-    if not isinstance(doc["attributes"], list) or not doc["attributes"]:
-        raise r.fail("schema.attributes", "must be a non-empty list of {name, levels}")
-    for i, a in enumerate(doc["attributes"]):
-        key = f"schema.attributes[{i}]"
-        a = r.table(a, key, {"name", "levels"}, {"name", "levels"})
-        attrs.append(
-            Attribute(r.string(a["name"], f"{key}.name"), _levels(r, a["levels"], f"{key}.levels"))
-        )
+class AttributeModel(Model):
+    name: Name
+    levels: Annotated[list[Name], BeforeValidator(_level_range), Field(min_length=1)]
+
+
+class RecodeModel(Model):
+    attribute: Name
+    groups: dict[str, list[str]]
+
+
+class SchemaModel(Model):
+    attributes: Annotated[list[AttributeModel], Field(min_length=1)]
+    recodes: dict[str, RecodeModel] = {}
+
+
+class LevelBudgetModel(Model):
+    share: Exact | None = None  # mode = "shares" only
+    queries: dict[str, Budget]  # query shares, or with mode = "per_query_rho" each query's rho
+
+
+class BudgetModel(Model):
+    rho: Budget | None = None
+    mode: Literal["shares", "per_query_rho"] = "shares"
+    levels: dict[str, LevelBudgetModel]
+
+
+class AttributeColumnModel(Model):
+    column: Name
+    map: dict[str, Name] | None = None  # raw value -> level; default: the levels themselves
+
+
+class InputModel(Model):
+    path: PathText
+    format: InputFormat = "csv"
+    layout: InputLayout
+    geocode: Columns
+    cells: list[dict[str, Name]] | None = None  # block_counts: {<attribute> = <level>, expr}
+    attributes: dict[str, AttributeColumnModel] | None = None  # microdata, one per attribute
+    ignore: list[Name] = []
+    total: Name | None = None
+
+
+class EstimationModel(Model):
+    invariants: list[Name] = []
+    structural_zeros: list[dict[str, list[str]]] = []
+    method: EstimationMethod = "topdown"
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _method(cls, value: Any) -> Any:
+        if value not in ESTIMATION_METHODS:
+            raise ValueError(f"{value!r} must be one of {list(ESTIMATION_METHODS)}")
+        return value
+
+
+class TopDownModel(Model):
+    run: RunModel = RunModel()
+    schema_: SchemaModel = Field(alias="schema")
+    geography: GeographyModel
+    budget: BudgetModel
+    input: InputModel | None = None
+    estimation: EstimationModel = EstimationModel()
+
+
+def _schema(fail: Fail, model: SchemaModel) -> Schema:
+    for i, a in enumerate(model.attributes):
+        if len(set(a.levels)) != len(a.levels):
+            raise fail(f"schema.attributes[{i}].levels", f"levels must be distinct, got {a.levels}")
+    attrs = [Attribute(a.name, tuple(a.levels)) for a in model.attributes]
     names = [a.name for a in attrs]
     if len(set(names)) != len(names):
-        raise r.fail("schema.attributes", f"attribute names must be unique: {names}")
+        raise fail("schema.attributes", f"attribute names must be unique: {names}")
     recodes = []
-    for name, spec in doc.get("recodes", {}).items():
+    for name, spec in model.recodes.items():
         key = f"schema.recodes.{name}"
-        spec = r.table(spec, key, {"attribute", "groups"}, {"attribute", "groups"})
-        attr_name = r.string(spec["attribute"], f"{key}.attribute")
-        if attr_name not in names:
-            raise r.fail(f"{key}.attribute", f"unknown attribute {attr_name!r}")
-        attr = attrs[names.index(attr_name)]
-        groups = r.table(spec["groups"], f"{key}.groups", set(spec["groups"]))
+        if spec.attribute not in names:
+            raise fail(f"{key}.attribute", f"unknown attribute {spec.attribute!r}")
+        attr = attrs[names.index(spec.attribute)]
         group_of = [-1] * attr.size
-        for g, (group, members) in enumerate(groups.items()):
+        for g, (group, members) in enumerate(spec.groups.items()):
             for m in members:
                 if m not in attr.levels:
-                    raise r.fail(f"{key}.groups.{group}", f"{m!r} is not a level of {attr_name}")
+                    raise fail(f"{key}.groups.{group}", f"{m!r} is not a level of {attr.name}")
                 if group_of[attr.index_of(m)] != -1:
-                    raise r.fail(f"{key}.groups.{group}", f"level {m!r} is in two groups")
+                    raise fail(f"{key}.groups.{group}", f"level {m!r} is in two groups")
                 group_of[attr.index_of(m)] = g
         if -1 in group_of:
             missing = [lv for lv, g in zip(attr.levels, group_of, strict=True) if g == -1]
-            raise r.fail(f"{key}.groups", f"levels {missing} are in no group")
+            raise fail(f"{key}.groups", f"levels {missing} are in no group")
         if name in names:
-            raise r.fail(key, "a recode cannot have an attribute's name")
-        recodes.append(Recode(name, attr_name, tuple(groups), tuple(group_of)))
+            raise fail(key, "a recode cannot have an attribute's name")
+        recodes.append(Recode(name, attr.name, tuple(spec.groups), tuple(group_of)))
     return Schema(tuple(attrs), tuple(recodes))
 
 
-def _budget(r: ConfigReader, doc: Any, hierarchy: Hierarchy) -> ZcdpAllocation:
-    doc = r.table(doc, "budget", {"rho", "mode", "levels"}, {"levels"})
-    mode = doc.get("mode", "shares")
-    if mode not in ("shares", "per_query_rho"):
-        raise r.fail("budget.mode", f"{mode!r} must be 'shares' or 'per_query_rho'")
-    levels = r.table(doc["levels"], "budget.levels", set(doc["levels"]))
-    unknown = set(levels) - set(hierarchy.names)
-    if unknown:
-        raise r.fail(
-            "budget.levels",
-            f"unknown level(s) {sorted(unknown)}; levels are {list(hierarchy.names)}",
+def _budget(fail: Fail, model: BudgetModel, hierarchy: Hierarchy) -> ZcdpAllocation:
+    if unknown := sorted(set(model.levels) - set(hierarchy.names)):
+        raise fail(
+            "budget.levels", f"unknown level(s) {unknown}; levels are {list(hierarchy.names)}"
         )
-    query_values: dict[str, dict[str, Fraction]] = {}
-    level_shares: dict[str, Fraction] = {}
-    for name, spec in levels.items():
-        key = f"budget.levels.{name}"
-        allowed = {"share", "queries"} if mode == "shares" else {"queries"}
-        spec = r.table(spec, key, allowed, allowed)
-        if mode == "shares":
-            level_shares[name] = r.fraction(spec["share"], f"{key}.share")
-        queries = r.table(spec["queries"], f"{key}.queries", set(spec["queries"]))
-        query_values[name] = {q: r.fraction(v, f"{key}.queries.{q}") for q, v in queries.items()}
+    shares = model.mode == "shares"
+    for name, level in model.levels.items():
+        if shares and level.share is None:
+            raise fail(f"budget.levels.{name}", "missing required key(s) ['share']")
+        if not shares and level.share is not None:
+            raise fail(f"budget.levels.{name}", "unknown key(s) ['share']; allowed: ['queries']")
+    queries = {name: level.queries for name, level in model.levels.items()}
+    if shares and model.rho is None:
+        raise fail("budget", "missing required key 'rho' (mode = 'shares')")
+    if not shares and model.rho is not None:
+        raise fail("budget.rho", "not used with mode = 'per_query_rho' (the total is the sum)")
     try:
-        if mode == "shares":
-            if "rho" not in doc:
-                raise r.fail("budget", "missing required key 'rho' (mode = 'shares')")
-            return allocate_by_shares(
-                r.fraction(doc["rho"], "budget.rho"), level_shares, query_values, hierarchy.names
-            )
-        if "rho" in doc:
-            raise r.fail(
-                "budget.rho", "not used with mode = 'per_query_rho' (the total is the sum)"
-            )
-        return allocate_per_query_rho(query_values, hierarchy.names)
+        if model.rho is None:
+            allocation = allocate_per_query_rho(queries, hierarchy.names)
+        else:
+            level_shares = {n: lv.share for n, lv in model.levels.items() if lv.share is not None}
+            allocation = allocate_by_shares(model.rho, level_shares, queries, hierarchy.names)
     except BudgetError as err:
-        raise ConfigError(r.source, "budget", str(err)) from None
+        raise fail("budget", str(err)) from None
+    for e in allocation.entries:
+        budget_in_range(fail, f"budget.levels.{e.level}.queries.{e.query}", e.rho)
+    return allocation
 
 
-def _cell_columns(r: ConfigReader, cells: Any, schema: Schema) -> tuple[CellColumn, ...]:
-    if not isinstance(cells, list) or not cells:
-        raise r.fail(
-            "input.cells", "must be a non-empty list of {<attribute> = <level>, expr = ...}"
-        )
+def _expression(fail: Fail, key: str, expr: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``a + b - c`` as the columns added and the columns subtracted."""
+    if not _EXPRESSION.fullmatch(expr):
+        raise fail(key, f"{expr!r} must be column names joined by + and -")
+    terms = _TERM.findall(expr)
+    return tuple(c for sign, c in terms if sign != "-"), tuple(
+        c for sign, c in terms if sign == "-"
+    )
+
+
+def _cells(
+    fail: Fail, cells: list[dict[str, str]] | None, schema: Schema, zeros: tuple[int, ...]
+) -> tuple[CellColumn, ...]:
+    """The mapped cells; every cell of the schema is mapped or a structural zero, so none of
+    the input's people silently become 0."""
+    if not cells:
+        raise fail("input.cells", "must be a non-empty list of {<attribute> = <level>, expr = ...}")
+    keys = {*schema.names, "expr"}
     out: dict[int, CellColumn] = {}
     for i, c in enumerate(cells):
         key = f"input.cells[{i}]"
-        c = r.table(c, key, set(schema.names) | {"expr"}, set(schema.names) | {"expr"})
-        index = []
+        check_keys(c, keys, keys, partial(fail, key))
         for attr in schema.attributes:
-            level = r.string(c[attr.name], f"{key}.{attr.name}")
-            if level not in attr.levels:
-                raise r.fail(
-                    f"{key}.{attr.name}",
-                    f"{level!r} is not a level of {attr.name} {list(attr.levels)}",
-                )
-            index.append(attr.index_of(level))
-        cell = int(schema.cell_of(np.array([index]))[0])
+            if c[attr.name] not in attr.levels:
+                rule = f"{c[attr.name]!r} is not a level of {attr.name} {list(attr.levels)}"
+                raise fail(f"{key}.{attr.name}", rule)
+        cell = int(
+            schema.cell_of(np.array([[a.index_of(c[a.name]) for a in schema.attributes]]))[0]
+        )
         if cell in out:
-            raise r.fail(key, "this cell is given twice")
-        expr = r.string(c["expr"], f"{key}.expr")
-        plus: list[str] = []
-        minus: list[str] = []
-        pos = 0
-        while pos < len(expr):
-            m = _TERM.match(expr, pos)
-            if not m or (m.group(1) == "" and pos > 0):
-                raise r.fail(f"{key}.expr", f"{expr!r} must be column names joined by + and -")
-            (minus if m.group(1) == "-" else plus).append(m.group(2))
-            pos = m.end()
-        out[cell] = CellColumn(cell, tuple(plus), tuple(minus), expr)
+            raise fail(key, "this cell is given twice")
+        out[cell] = CellColumn(cell, *_expression(fail, f"{key}.expr", c["expr"]), c["expr"])
+    if unmapped := sorted(set(range(schema.n_cells)) - set(out) - set(zeros)):
+        levels = schema.levels_of(np.array(unmapped[:1]))[0]
+        shown = ", ".join(
+            f"{a.name} = {a.levels[i]!r}" for a, i in zip(schema.attributes, levels, strict=True)
+        )
+        raise fail(
+            "input.cells",
+            f"cell {{{shown}}} is neither mapped nor in [estimation] structural_zeros"
+            f" ({len(unmapped)} cell(s) left out): map every cell, or declare it structurally zero",
+        )
     return tuple(out[c] for c in sorted(out))
 
 
-def _input(r: ConfigReader, doc: Any, schema: Schema, base: Path) -> InputSpec:
-    doc = r.table(
-        doc,
-        "input",
-        {"path", "format", "layout", "geocode", "cells", "attributes", "ignore"},
-        {"path", "layout", "geocode"},
-    )
-    ignore = tuple(r.string(c, "input.ignore") for c in doc.get("ignore", []))
-    fmt = doc.get("format", "csv")
-    if fmt not in INPUT_FORMATS:
-        raise r.fail("input.format", f"{fmt!r} must be one of {INPUT_FORMATS}")
-    layout = doc["layout"]
-    if layout not in INPUT_LAYOUTS:
-        raise r.fail("input.layout", f"{layout!r} must be one of {INPUT_LAYOUTS}")
-    geocode = column_names(r, doc["geocode"], "input.geocode")
-    path = Path(r.string(doc["path"], "input.path"))
-    spec = InputSpec(path if path.is_absolute() else base / path, fmt, layout, geocode)
-    if layout == "block_counts":
-        if "attributes" in doc:
-            raise r.fail("input.attributes", "only for layout = 'microdata'")
-        cells = _cell_columns(r, doc.get("cells"), schema)
-        return InputSpec(spec.path, fmt, layout, geocode, cells=cells, ignore=ignore)
-    if "cells" in doc:
-        raise r.fail("input.cells", "only for layout = 'block_counts'")
-    attrs = r.table(doc.get("attributes"), "input.attributes", set(schema.names), set(schema.names))
+def _input(
+    fail: Fail, model: InputModel, schema: Schema, zeros: tuple[int, ...], base: Path
+) -> InputSpec:
+    path, geocode = resolve(base, model.path), tuple(model.geocode)
+    common = (path, model.format, model.layout, geocode)
+    if model.layout == "block_counts":
+        if model.attributes is not None:
+            raise fail("input.attributes", "only for layout = 'microdata'")
+        cells = _cells(fail, model.cells, schema, zeros)
+        return InputSpec(*common, cells=cells, ignore=tuple(model.ignore), total=model.total)
+    for key in ("cells", "total"):
+        if getattr(model, key) is not None:
+            raise fail(f"input.{key}", "only for layout = 'block_counts'")
+    attrs = model.attributes or {}
+    check_keys(attrs, {*schema.names}, {*schema.names}, partial(fail, "input.attributes"))
     columns = []
     for attr in schema.attributes:
-        key = f"input.attributes.{attr.name}"
-        spec_a = r.table(attrs[attr.name], key, {"column", "map"}, {"column"})
-        value_map = {
-            str(k): v for k, v in spec_a.get("map", {lv: lv for lv in attr.levels}).items()
-        }
-        bad = [v for v in value_map.values() if v not in attr.levels]
-        if bad:
-            raise r.fail(f"{key}.map", f"maps to {bad}, which are not levels of {attr.name}")
-        columns.append(
-            AttributeColumn(attr.name, r.string(spec_a["column"], f"{key}.column"), value_map)
-        )
-    return InputSpec(spec.path, fmt, layout, geocode, attributes=tuple(columns), ignore=ignore)
+        value_map = attrs[attr.name].map or {lv: lv for lv in attr.levels}
+        if bad := [v for v in value_map.values() if v not in attr.levels]:
+            rule = f"maps to {bad}, which are not levels of {attr.name}"
+            raise fail(f"input.attributes.{attr.name}.map", rule)
+        columns.append(AttributeColumn(attr.name, attrs[attr.name].column, value_map))
+    return InputSpec(*common, attributes=tuple(columns), ignore=tuple(model.ignore))
 
 
-def _estimation_method(
-    r: ConfigReader,
-    doc: dict,
-    leaf: str,
-    leaf_queries: tuple[MarginalQuery, ...],
-    structural_zeros: tuple[int, ...],
-    n_cells: int,
-) -> EstimationMethod:
-    """The method; ``full_information`` also needs the leaf level's queries to determine every
-    cell that is not a structural zero (its leaves are estimated from their own measurements)."""
-    method = doc.get("method", "topdown")
+def _check_method(fail: Fail, method: str, leaf: str, queries: tuple[MarginalQuery, ...],
+                  zeros: tuple[int, ...], n_cells: int) -> None:  # fmt: skip
+    """``full_information`` needs the leaf level's queries to determine every cell that is not
+    a structural zero (its leaves are estimated from their own measurements)."""
     if method == "topdown":
-        return "topdown"
-    if method != "full_information":
-        raise r.fail("estimation.method", f"{method!r} must be one of {list(ESTIMATION_METHODS)}")
-    active = np.setdiff1d(np.arange(n_cells), structural_zeros)
+        return
+    active = np.setdiff1d(np.arange(n_cells), zeros)
     stacked = np.vstack(
-        [np.eye(q.size)[q.cell_to_marginal[active]].T for q in leaf_queries]
+        [np.eye(q.size)[q.cell_to_marginal[active]].T for q in queries]
         or [np.zeros((0, active.size))]
     )
     if np.linalg.matrix_rank(stacked) < active.size:
-        raise r.fail(
+        raise fail(
             "estimation.method",
             f'"full_information" needs the leaf level\'s queries to determine every cell;'
-            f" those of [budget.levels.{leaf}.queries] ({[q.name for q in leaf_queries]}) do"
+            f" those of [budget.levels.{leaf}.queries] ({[q.name for q in queries]}) do"
             ' not: add "detailed" there',
         )
-    return "full_information"
 
 
 def _estimation(
-    r: ConfigReader, doc: Any, schema: Schema, hierarchy: Hierarchy
+    fail: Fail, model: EstimationModel, schema: Schema, hierarchy: Hierarchy
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    doc = r.table(doc, "estimation", {"invariants", "structural_zeros", "method"})
-    invariants = tuple(r.string(v, "estimation.invariants") for v in doc.get("invariants", []))
-    for lv in invariants:
+    for lv in model.invariants:
         if lv not in hierarchy.names:
-            raise r.fail("estimation.invariants", f"unknown level {lv!r}")
+            raise fail("estimation.invariants", f"unknown level {lv!r}")
     zeros: set[int] = set()
-    for i, z in enumerate(doc.get("structural_zeros", [])):
+    for i, z in enumerate(model.structural_zeros):
         key = f"estimation.structural_zeros[{i}]"
-        z = r.table(z, key, set(schema.names))
-        selection = {}
+        check_keys(z, set(schema.names), set(), partial(fail, key))
         for name, levels in z.items():
-            attr = schema.attribute(name)
-            bad = [v for v in levels if v not in attr.levels]
-            if bad:
-                raise r.fail(f"{key}.{name}", f"{bad} are not levels of {name}")
-            selection[name] = frozenset(levels)
-        zeros.update(int(c) for c in schema.cells_matching(selection))
-    return invariants, tuple(sorted(zeros))
+            if bad := [v for v in levels if v not in schema.attribute(name).levels]:
+                raise fail(f"{key}.{name}", f"{bad} are not levels of {name}")
+        zeros.update(int(c) for c in schema.cells_matching({n: frozenset(v) for n, v in z.items()}))
+    return tuple(model.invariants), tuple(sorted(zeros))
 
 
-def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig:
-    """Parse and validate a TopDown run config; relative paths resolve against ``project_root``
+def load_config(config: Source | RunConfig, project_root: Path | None = None) -> RunConfig:
+    """Parse and validate a TopDown run config: a TOML file's path, a mapping shaped like the
+    TOML, or a ``RunConfig`` (returned as is). Relative paths resolve against ``project_root``
     (default: the current directory). Raises ``ConfigError`` naming the file and key."""
-    path = Path(path)
-    doc, r = parse_toml(path)
-    source = r.source
-    r.table(
-        doc,
-        "top level",
-        {"run", "schema", "geography", "budget", "input", "estimation"},
-        {"schema", "geography", "budget"},
-    )
-    base = project_root or Path.cwd()
-    run = run_options(r, doc.get("run", {}), base, path.stem)
-    schema = schema_section(r, doc["schema"])
-    hierarchy = hierarchy_section(r, doc["geography"])
-    spine = spine_option(r, doc["geography"], base)
-    budget = _budget(r, doc["budget"], hierarchy)
+    if isinstance(config, RunConfig):
+        return config
+    document, model = read_config(TopDownModel, config, project_root)
+    fail, base = document.fail, document.base
+    run = model.run.options(base, document.name)
+    schema = _schema(fail, model.schema_)
+    hierarchy = model.geography.hierarchy(fail)
+    spine = model.geography.spine_spec(base)
+    budget = _budget(fail, model.budget, hierarchy)
     queries = {}
     for level in hierarchy.names:
-        built = []
-        for name in budget.queries_at(level):
-            try:
-                built.append(parse_query(name, schema))
-            except ValueError as err:
-                raise r.fail(f"budget.levels.{level}.queries", str(err)) from None
-        queries[level] = tuple(built)
-    estimation = doc.get("estimation", {})
-    invariants, zeros = _estimation(r, estimation, schema, hierarchy)
-    spec = _input(r, doc["input"], schema, base) if "input" in doc else None
+        try:
+            queries[level] = tuple(parse_query(q, schema) for q in budget.queries_at(level))
+        except ValueError as err:
+            raise fail(f"budget.levels.{level}.queries", str(err)) from None
+    invariants, zeros = _estimation(fail, model.estimation, schema, hierarchy)
+    spec = _input(fail, model.input, schema, zeros, base) if model.input else None
     if spec is not None and spec.layout == "microdata":
-        require_spine(r, spine, spec.layout)
-    method = _estimation_method(
-        r, estimation, hierarchy.leaf.name, queries[hierarchy.leaf.name], zeros, schema.n_cells
-    )
+        require_spine(fail, spine, spec.layout)
+    method, leaf = model.estimation.method, hierarchy.leaf.name
+    _check_method(fail, method, leaf, queries[leaf], zeros, schema.n_cells)
     return RunConfig(
-        source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine, method
-    )
+        document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
+        method, document,
+    )  # fmt: skip

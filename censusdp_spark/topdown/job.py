@@ -122,7 +122,7 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     assert config.input is not None
     measured = measurement_fingerprint(
         TOPDOWN,
-        Path(config.source).read_text(),
+        config.document.doc,
         input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
     )
@@ -288,7 +288,7 @@ def _run_topdown(
         {
             "run": config.run.name,
             "config_file": config.source,
-            "config_text": Path(config.source).read_text(),
+            "config_text": config.document.text,
             "input": str(config.input.path),
             "spine": str(config.spine.path) if config.spine else None,
             "privacy": privacy,

@@ -29,7 +29,8 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     """Block count tables: each configured cell is an expression over integer count columns."""
     source = str(spec.path)
     raw = read_checked(spark, spec)
-    count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)})
+    totals = [spec.total] if spec.total else []
+    count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)} | {*totals})
     df = raw.select(
         geocode_of(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
     )
@@ -49,6 +50,10 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
         value = reduce(lambda a, b: a + b, terms)
         cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
         values.append((cell.cell, value))
+    for total in totals:
+        mapped = reduce(lambda a, b: a + b, [v for _, v in values])
+        rule = "the cells of input.cells do not sum to this column (input.total)"
+        cell_rules.append(RowRule(mapped != F.col(total), total, rule))
     enforce_rules(typed, source, cell_rules)
     return typed.select("geocode", *nonzero_cells(values))
 

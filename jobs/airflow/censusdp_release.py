@@ -100,7 +100,7 @@ def option(args: list[str], flag: str) -> str | None:
 def topdown_state_file(config: Path, output: str | None) -> Path:
     """Where the TopDown job keeps its run state (``censusdp_spark.topdown.job``): beside an
     ``--output`` override, in ``<output>.private/``; else in the config's ``[run] private_dir``
-    (default ``runs/<name>``, as in ``censusdp_spark.model.config.run_options``)."""
+    (default ``runs/<name>``, as in ``censusdp_spark.model.config.RunModel.options``)."""
     if output is not None:
         out = project_path(output)
         return out.parent / f"{out.name}.private" / "state.json"

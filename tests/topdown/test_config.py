@@ -128,3 +128,43 @@ def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path)
         ),
         ROOT,
     )
+
+
+def test_a_schema_cell_left_unmapped_is_refused_naming_it(tmp_path):
+    """Issue #18: leaving one of the 16 cells out made its people silently 0."""
+    path = edited(
+        tmp_path, '  { votingage = "18plus", hisprace = "nhpi", expr = "vap_nhpi" },\n', ""
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"edited\.toml: \[input\.cells\] cell \{votingage = '18plus', hisprace = 'nhpi'\}"
+        r" is neither mapped nor in \[estimation\] structural_zeros",
+    ):
+        load_config(path, ROOT)
+
+
+def test_an_unmapped_cell_declared_structurally_zero_is_accepted(tmp_path):
+    source = tmp_path / "source.toml"
+    source.write_text(
+        DEMO.read_text().replace(
+            '  { votingage = "18plus", hisprace = "nhpi", expr = "vap_nhpi" },\n', ""
+        )
+    )
+    zero = '[estimation]\nstructural_zeros = [{ votingage = ["18plus"], hisprace = ["nhpi"] }]\n'
+    config = load_config(edited(tmp_path, "[estimation]\n", zero, source=source), ROOT)
+    assert config.input is not None and len(config.input.cells) == 15
+    assert config.structural_zero_cells == (8 + 5,)  # votingage 18plus (1) x 8 + nhpi (5)
+
+
+def test_the_demo_declares_its_total_column_and_microdata_may_not(tmp_path):
+    config = load_config(DEMO, ROOT)
+    assert config.input is not None and config.input.total == "pop"
+    assert "pop" in config.input.used_columns() and "pop" not in config.input.ignore
+    path = edited(
+        tmp_path,
+        'layout = "microdata"\n',
+        'layout = "microdata"\ntotal = "pop"\n',
+        source=ROOT / "conf" / "pl94_2020_production.toml",
+    )
+    with pytest.raises(ConfigError, match=r"\[input\.total\] only for layout = 'block_counts'"):
+        load_config(path, ROOT)

@@ -73,6 +73,15 @@ def test_bad_rows_are_named(spark, demo, tmp_path, rows, where, rule):
     assert message.startswith(str(path)) and where in message and rule in message
 
 
+def test_a_row_whose_cells_do_not_sum_to_the_declared_total_is_refused(spark, demo, tmp_path):
+    """Issue #18: with ``[input] total = "pop"``, the mapped cells must add up to it per row."""
+    with pytest.raises(
+        InputError,
+        match=r"blocks\.csv: row 2, column pop: the cells of input\.cells do not sum to this column",
+    ):
+        read(spark, demo, csv(tmp_path, bad_row(4, "18")))
+
+
 def test_missing_column_is_named(spark, demo, tmp_path):
     path = csv(tmp_path, [r.rsplit(",", 1)[0] for r in GOOD], HEADER.rsplit(",", 1)[0])
     with pytest.raises(InputError, match="column vap_two: missing"):
