@@ -16,6 +16,7 @@ ORDER = [
     "topdown",
     "topdown_fi",
     "topdown_pl94",
+    "evaluation",
     "generate",
     "national",
     "pgsr",
