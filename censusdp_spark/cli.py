@@ -9,7 +9,10 @@ from pathlib import Path
 
 from censusdp_spark.engine.session import add_remote_flag
 from censusdp_spark.generate.cli import add_generate_parser, run_generate
+from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
+from censusdp_spark.group_sizes.config import load_pgsr_config
 from censusdp_spark.group_sizes.job import add_pgsr_parser, run_pgsr_from_args
+from censusdp_spark.model.config import release_kind
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy.accounting import BudgetError, budget_table
 from censusdp_spark.release.runner import (
@@ -19,6 +22,8 @@ from censusdp_spark.release.runner import (
     SecretError,
     add_release_flags,
 )
+from censusdp_spark.synth.config import budget_text as synth_budget
+from censusdp_spark.synth.config import load_synth_config
 from censusdp_spark.synth.job import add_synth_parser, run_synth_from_args
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.validate import add_validate_parser, run_validate_from_args
@@ -58,9 +63,43 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _budget(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    print(f"budget of {args.config} ({config.run.name})")
-    print(budget_table(config.budget, config.run.delta))
+    """The budget table of any release's config."""
+    kind = release_kind(args.config)
+    if kind == "topdown":
+        topdown = load_config(args.config)
+        name, table = topdown.run.name, budget_table(topdown.budget, topdown.run.delta)
+    elif kind == "group_sizes":
+        groups = load_pgsr_config(args.config)
+        name, table = groups.run.name, group_sizes_budget(groups)
+    else:
+        synth = load_synth_config(args.config)
+        name, table = synth.run.name, synth_budget(synth)
+    print(f"budget of {args.config} ({name})")
+    print(table)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """``censusdp validate`` for any release's config; writes nothing."""
+    from censusdp_spark.engine.session import spark_session
+
+    kind = release_kind(args.config)
+    if kind == "topdown":
+        return run_validate_from_args(args)
+    if kind == "group_sizes":
+        from censusdp_spark.group_sizes.validate import validate_group_sizes
+
+        config = load_pgsr_config(args.config)
+        spark = spark_session(f"censusdp-validate-{config.run.name}", args.master, args.remote)
+        print(validate_group_sizes(spark, config, args.input, args.secret_file))
+        return 0
+    from censusdp_spark.synth.validate import validate_synth
+
+    if args.input is not None:
+        raise ConfigError(str(args.config), "input", "--input is for one-table inputs, not synth's")
+    synth = load_synth_config(args.config)
+    spark = spark_session(f"censusdp-validate-{synth.run.name}", args.master, args.remote)
+    print(validate_synth(spark, synth, args.secret_file))
     return 0
 
 
@@ -119,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             "generate": run_generate,
             "synth": run_synth_from_args,
             "pgsr": run_pgsr_from_args,
-            "validate": run_validate_from_args,
+            "validate": _validate,
         }
         return commands[args.command](args)
     except (

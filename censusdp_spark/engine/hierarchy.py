@@ -66,3 +66,12 @@ def node_totals(nodes: DataFrame) -> DataFrame:
         "geocode",
         F.aggregate("counts", F.lit(0).cast("long"), lambda a, b: a + b).alias("total"),
     )
+
+
+def nodes_per_level(leaves: DataFrame, hierarchy: Hierarchy) -> dict[str, int]:
+    """The number of nodes of every level above (and at) the leaves ``geocode``s, in one job."""
+    counts = leaves.agg(
+        *[F.countDistinct(geocode_prefix(lv.digits)).alias(lv.name) for lv in hierarchy.levels]
+    ).first()
+    assert counts is not None
+    return {lv.name: int(counts[lv.name]) for lv in hierarchy.levels}

@@ -196,3 +196,21 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
         document.source, run, hierarchy, groups, budget.split(fail, hierarchy), m.default, m.norm,
         m.faithfulness, spec, spine, document,
     )  # fmt: skip
+
+
+def budget_text(config: PgsrConfig) -> str:
+    """The budget table of a group-size config: per level its share of ε and the geometric
+    scale of each noise kind (histogram cells: sensitivity 2; cumulative counts: 1)."""
+    budget = config.budget
+    header = (
+        f"{'level':<16}{'epsilon':>12}{'share':>10}{'scale (histogram)':>20}{'(cumulative)':>14}"
+    )
+    lines = [header, "-" * len(header)]
+    for lv in config.hierarchy.names:
+        eps = budget.level_epsilon[lv]
+        lines.append(
+            f"{lv:<16}{str(eps):>12}{str(eps / budget.total_epsilon):>10}"
+            f"{str(budget.scale(lv, 2)):>20}{str(budget.scale(lv, 1)):>14}"
+        )
+    lines += ["-" * len(header), f"total epsilon = {budget.total_epsilon} (pure DP, exact)"]
+    return "\n".join(lines)

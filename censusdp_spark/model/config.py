@@ -223,6 +223,36 @@ def read_config(model: type[M], config: Source, project_root: Path | None) -> tu
         raise config_error(document.source, err.errors()[0]) from None
 
 
+RELEASE_SECTIONS: dict[str, frozenset[str]] = {
+    "topdown": frozenset({"schema"}),
+    "group_sizes": frozenset({"groups"}),
+    "synth": frozenset({"group", "individual"}),
+}
+"""The sections that tell a release's config from the others' (only TopDown has ``[schema]``,
+only group sizes ``[groups]``, only synth ``[[group]]`` and ``[[individual]]``)."""
+
+
+def release_kind(config: Source) -> str:
+    """Which release a config is for (a key of ``RELEASE_SECTIONS``), told by its sections;
+    ``ConfigError`` in one line when the file is unreadable or fits no release or several."""
+    source = "<config>" if isinstance(config, Mapping) else str(config)
+    try:
+        doc = config if isinstance(config, Mapping) else tomllib.loads(Path(config).read_text())
+    except FileNotFoundError:
+        raise ConfigError(source, "-", "file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(source, "-", f"not valid TOML: {err}") from None
+    kinds = [kind for kind, sections in RELEASE_SECTIONS.items() if sections <= set(doc)]
+    if len(kinds) != 1:
+        raise ConfigError(
+            source,
+            "-",
+            "not the config of one release: TopDown's has [schema], group sizes' [groups],"
+            " synth's [[group]] and [[individual]]",
+        )
+    return kinds[0]
+
+
 _RULES = {
     "string_type": "must be a string, got {input!r}",
     "string_too_short": "must be a non-empty string, got {input!r}",

@@ -49,6 +49,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from censusdp_spark.model.config import RunOptions
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
 from censusdp_spark.privacy.streams import SECRET_FILE_NAME
 from censusdp_spark.release.manifest import versions
@@ -448,3 +449,23 @@ def _holds_anything(folder: Path) -> bool:
 
 def _env_set(env: str | None) -> bool:
     return env is not None and env in os.environ
+
+
+def check_secret(run: RunOptions, secret_file: Path | None = None) -> str:
+    """Read the secret a release of ``run`` would read, if it is already fixed (``secret_file``
+    or the config's), and say how it was checked; create nothing, never print it. A missing,
+    group-readable or malformed secret is a ``ValueError`` in one line."""
+    env = run.secret_env
+    if env is not None and env in os.environ:
+        load_or_create_secret(None, env, run.private_dir)
+        return f"from environment variable {env}: well formed"
+    path = secret_file or run.secret_file
+    if path is None:
+        return "none given: a fresh run generates one in the private folder"
+    if not path.exists():
+        raise ValueError(f"{path}: secret file not found")
+    try:
+        load_or_create_secret(path, None, run.private_dir)
+    except PermissionError as err:  # a group- or world-readable secret: a user error, one line
+        raise ValueError(str(err)) from None
+    return f"{path}: owner-only, well formed"

@@ -275,3 +275,30 @@ def load_synth_config(
         SynthBudget(budget.rho, budget.rounds, budget.select_share, budget.rounds_at_rho),
         degree, model.mwem, model.hpd_fixed, model.hpd_gen, document,
     )  # fmt: skip
+
+
+def budget_text(config: SynthConfig, rho: Fraction | None = None) -> str:
+    """The budget of a synth config (or of ``rho`` instead of its own) as the adaptive methods
+    (mwem, hpd_fixed, hpd_gen) spend it: ρ, the one-way measurements first, then T rounds each
+    split into selection and measurement; and ε at the config's δ."""
+    from censusdp_spark.privacy import zcdp_to_approx_dp
+    from censusdp_spark.synth.adaptive import plan_budget
+    from censusdp_spark.synth.independent import one_way_workloads
+
+    budget = config.budget
+    total = budget.rho if rho is None else rho
+    initial = len(one_way_workloads(config.domain).workloads)
+    plan = plan_budget(total, budget.rounds_for(total), budget.select_share, initial)
+    first = plan.rounds[0]
+    return "\n".join(
+        [
+            f"rho = {total} (~{float(total):.4g}) zCDP",
+            f"  {initial} one-way measurements: rho {plan.initial[0]} each"
+            if initial
+            else "  no one-way measurement",
+            f"  {len(plan.rounds)} rounds: rho {first.rho_select} to select,"
+            f" {first.rho_measure} to measure, each",
+            f"  epsilon = {zcdp_to_approx_dp(total, config.run.delta):.3f}"
+            f" at delta = {config.run.delta:g}",
+        ]
+    )

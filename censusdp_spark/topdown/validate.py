@@ -17,7 +17,6 @@ then ``spark-submit censusdp_spark/topdown/validate.py --config CONF`` runs it a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -25,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
+from censusdp_spark.engine.hierarchy import nodes_per_level
 from censusdp_spark.engine.session import add_remote_flag
-from censusdp_spark.privacy import load_or_create_secret, zcdp_to_approx_dp
+from censusdp_spark.privacy import zcdp_to_approx_dp
+from censusdp_spark.release.runner import check_secret
 from censusdp_spark.topdown.config import RunConfig, load_config
 from censusdp_spark.topdown.readers import read_blocks
 
@@ -60,24 +60,6 @@ class ValidationReport:
         )
 
 
-def _check_secret(config: RunConfig, secret_file: Path | None) -> str:
-    """Read the secret the release would read, if it is already fixed; create nothing."""
-    env = config.run.secret_env
-    if env is not None and env in os.environ:
-        load_or_create_secret(None, env, config.run.private_dir)
-        return f"from environment variable {env}: well formed"
-    path = secret_file or config.run.secret_file
-    if path is None:
-        return "none given: a fresh run generates one in the private folder"
-    if not path.exists():
-        raise ValueError(f"{path}: secret file not found")
-    try:
-        load_or_create_secret(path, None, config.run.private_dir)
-    except PermissionError as err:  # a group- or world-readable secret: a user error, one line
-        raise ValueError(str(err)) from None
-    return f"{path}: owner-only, well formed"
-
-
 def validate_release(
     spark: SparkSession,
     config: RunConfig,
@@ -91,17 +73,9 @@ def validate_release(
         raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
     if input_path is not None:
         spec = replace(spec, path=input_path)
-    secret = _check_secret(config, secret_file)
+    secret = check_secret(config.run, secret_file)
     blocks = read_blocks(spark, spec, config.schema, config.hierarchy.leaf.digits, config.spine)
-    geocode = F.col("geocode")
-    counts = blocks.agg(
-        *[
-            F.countDistinct(F.substring(geocode, 1, lv.digits)).alias(lv.name)
-            for lv in config.hierarchy.levels
-        ]
-    ).first()
-    assert counts is not None
-    nodes = {lv.name: int(counts[lv.name]) for lv in config.hierarchy.levels}
+    nodes = nodes_per_level(blocks, config.hierarchy)
     rho = config.budget.total_rho
     return ValidationReport(
         config=config.source,
@@ -119,7 +93,7 @@ def validate_release(
 def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``validate --config CONF [--input PATH] [--secret-file PATH] [--master M]``."""
     parser = subparsers.add_parser(
-        "validate", help="check a TopDown config, its input and secret; writes nothing"
+        "validate", help="check any release's config, its input and secret; writes nothing"
     )
     _add_arguments(parser)
     return parser

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.group_sizes.config import load_pgsr_config
+from censusdp_spark.model.config import release_kind
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.release.runner import measurement_fingerprint
 from censusdp_spark.synth.config import load_synth_config
@@ -22,21 +23,20 @@ DEMO = ROOT / "conf" / "ri_2010_demo.toml"
 CONFIGS = sorted((ROOT / "conf").glob("*.toml"))
 
 
+LOADERS = {"topdown": load_config, "group_sizes": load_pgsr_config, "synth": load_synth_config}
+
+
 def loader_for(path: Path):
-    """The loader of a config, told by its sections: only TopDown has ``[schema]``, only the
-    group-size release ``[groups]``, only synth ``[[group]]`` and ``[[individual]]``."""
-    doc = tomllib.loads(path.read_text())
-    loaders = [
-        loader
-        for loader, sections in (
-            (load_config, {"schema"}),
-            (load_pgsr_config, {"groups"}),
-            (load_synth_config, {"group", "individual"}),
-        )
-        if sections <= set(doc)
-    ]
-    assert len(loaders) == 1, f"{path.name}: loaded by {len(loaders)} loaders, not one"
-    return loaders[0]
+    """The loader of a config, told by its sections (``release_kind``)."""
+    return LOADERS[release_kind(path)]
+
+
+def test_a_config_of_no_release_or_of_two_is_refused_in_one_line(tmp_path):
+    both = tmp_path / "both.toml"
+    both.write_text("[schema]\n[groups]\n")
+    for config in (both, {"run": {}}):
+        with pytest.raises(ConfigError, match="not the config of one release"):
+            release_kind(config)
 
 
 def test_every_shipped_config_is_found():

@@ -1,0 +1,49 @@
+"""``censusdp validate`` for a group-size config: the config, its input through the release's
+own reader (``read_leaf_histograms``: every input rule, the spine's included) and its secret,
+if one is fixed. Writes nothing; prints node counts per level (the public geography) and the
+budget, never a count of groups."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from censusdp_spark.engine.hierarchy import nodes_per_level
+from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.readers import read_leaf_histograms
+from censusdp_spark.release.runner import check_secret
+
+
+def validate_group_sizes(
+    spark: SparkSession,
+    config: PgsrConfig,
+    input_path: Path | None = None,
+    secret_file: Path | None = None,
+) -> str:
+    """The report of a config that passes every check; the first broken rule raises
+    ``ConfigError``, ``InputError`` or ``ValueError`` (one line)."""
+    spec = config.input
+    if spec is None:
+        raise ValueError(f"{config.source}: [input] missing: the group-size release needs one")
+    if input_path is not None:
+        spec = replace(spec, path=input_path)
+    secret = check_secret(config.run, secret_file)
+    leaves = read_leaf_histograms(
+        spark, spec, config.groups, config.hierarchy.leaf.digits, config.spine
+    )
+    nodes = nodes_per_level(leaves, config.hierarchy)
+    origin = f"from the spine {config.spine.path}" if config.spine else "those of the input"
+    return "\n".join(
+        [
+            f"{config.source}: valid",
+            f"  input {spec.path}: passes every input rule",
+            f"  leaves: {nodes[config.hierarchy.leaf.name]}, {origin}",
+            "  nodes: " + ", ".join(f"{lv} {n}" for lv, n in nodes.items()),
+            f"  sizes: 1..{config.groups.max_size}"
+            + (f" ({config.groups.max_size} = or more)" if config.groups.topcode else ""),
+            f"  budget: epsilon = {config.budget.total_epsilon} (pure DP)",
+            f"  secret: {secret}",
+        ]
+    )
