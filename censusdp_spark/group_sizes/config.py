@@ -67,7 +67,8 @@ class GroupInputSpec:
     ``size_counts``: one row per leaf, ``size_columns[i]`` holding the number of groups of size
     ``i + 1``; every row is a leaf of the public spine, empty ones included. ``households``: one
     row per household with its ``size_column``, or one row per member with a ``member_column``
-    quantity summed per ``household_column``; the leaves are those holding a household, so
+    quantity summed per ``household_column`` (with neither, one row per member, counted); the
+    leaves are those holding a household, so
     this layout needs ``[geography] spine``, from which the leaves are then taken.
     """
 
@@ -112,7 +113,7 @@ class InputModel(Model):
     format: InputFormat = "csv"
     layout: Layout
     geocode: Columns
-    size_columns: Columns | None = None  # size_counts: one per size 1..N
+    size_columns: Columns | None = None  # size_counts: one per size 1..N, or "NAME{size}"
     household: Name | None = None  # households: the household key
     size: Name | None = None  # households: one row per household with its size
     member_quantity: Name | None = None  # households: or one row per member
@@ -127,7 +128,7 @@ class InputModel(Model):
                     raise fail(f"input.{key}", "only for layout = 'households'")
             if self.size_columns is None:
                 raise fail("input", "missing required key 'size_columns' (layout = 'size_counts')")
-            columns = tuple(self.size_columns)
+            columns = size_columns(self.size_columns, groups.max_size)
             if len(columns) != groups.max_size or len(set(columns)) != len(columns):
                 n = groups.max_size
                 rule = f"must name {n} distinct columns (sizes 1..{n}), got {list(columns)}"
@@ -137,10 +138,23 @@ class InputModel(Model):
             raise fail("input.size_columns", "only for layout = 'size_counts'")
         if self.household is None:
             raise fail("input", "missing required key 'household' (layout = 'households')")
-        if (self.size is None) == (self.member_quantity is None):
-            rule = "give exactly one of 'size' (a row per household) or 'member_quantity' (a row per member)"
+        if self.size is not None and self.member_quantity is not None:
+            rule = (
+                "give at most one of 'size' (a row per household) or 'member_quantity' (a row"
+                " per member, summed); with neither, a row per member counts one"
+            )
             raise fail("input", rule)
         return GroupInputSpec(*common, (), self.household, self.size, self.member_quantity, ignore)
+
+
+SIZE = "{size}"
+
+
+def size_columns(given: list[str], sizes: int) -> tuple[str, ...]:
+    """The size columns: as listed, or one ``"NAME{size}"`` pattern naming sizes 1..N."""
+    if len(given) == 1 and SIZE in given[0]:
+        return tuple(given[0].replace(SIZE, str(size)) for size in range(1, sizes + 1))
+    return tuple(given)
 
 
 class BudgetModel(Model):

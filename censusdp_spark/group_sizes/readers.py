@@ -92,19 +92,17 @@ def _households(df: DataFrame, spec: GroupInputSpec, groups: GroupSizes, digits:
         household,
         "household id is empty",
     )
-    quantity = spec.size_column or str(spec.member_column)
+    quantity = spec.size_column or spec.member_column  # None: a row per member counts one
     what = "size" if spec.size_column else "member quantity"
-    rules = [
-        geocode_rule(spec, digits),
-        empty_id,
-        _integer_rule(quantity, f"{what} must be a non-negative integer"),
-    ]
+    rules = [geocode_rule(spec, digits), empty_id]
+    if quantity is not None:
+        rules.append(_integer_rule(quantity, f"{what} must be a non-negative integer"))
     enforce_rules(df, source, rules)
     per_household = df.groupBy("household").agg(
         F.countDistinct("geocode").alias("leaves"),
         F.count("*").alias("rows"),
         F.first("geocode").alias("geocode"),
-        F.sum(_as_long(quantity)).alias("size"),
+        (F.sum(_as_long(quantity)) if quantity else F.count("*")).alias("size"),
     )
     if spec.size_column is not None:
         _refuse_first(
@@ -126,14 +124,15 @@ def _households(df: DataFrame, spec: GroupInputSpec, groups: GroupSizes, digits:
     )
     per_household = per_household.select("geocode", "household", "size")
     if spec.member_column is not None:
+        member = spec.member_column
         _refuse_first(
             per_household.filter(F.col("size") < 1),
             df,
             source,
-            quantity,
-            lambda h: f"household {h['household']}'s {quantity} sum to 0 (sizes start at 1)",
+            member,
+            lambda h: f"household {h['household']}'s {member} sum to 0 (sizes start at 1)",
         )
-    for rule in _size_rules(groups, quantity):
+    for rule in _size_rules(groups, quantity or household):
         _refuse_first(per_household.filter(rule.broken), df, source, rule.column, rule.rule)
     return per_household
 

@@ -251,6 +251,28 @@ def test_member_quantities_are_summed_per_household_and_top_coded(spark, tmp_pat
     }
 
 
+def test_member_rows_without_a_quantity_column_count_one_person_each(spark, tmp_path):
+    csv = tmp_path / "people.csv"
+    csv.write_text("block,hh\n01,a\n01,a\n01,b\n02,c\n02,c\n02,c\n02,c\n")
+    leaves = read_leaf_histograms(spark, households_spec(csv), GroupSizes(3, True), 2, None)
+    assert {r["geocode"]: (list(r["cells"]), list(r["counts"])) for r in leaves.collect()} == {
+        "01": ([0, 1], [1, 1]),
+        "02": ([2], [1]),
+    }
+
+
+def test_size_columns_can_be_named_by_one_pattern(tmp_path):
+    text = CONFIG.read_text().replace(
+        'size_columns = ["HHSIZE1", "HHSIZE2", "HHSIZE3", "HHSIZE4"]',
+        'size_columns = "HHSIZE{size}"',
+    )
+    assert "HHSIZE{size}" in text
+    path = tmp_path / "pattern.toml"
+    path.write_text(text)
+    config = load_pgsr_config(path, ROOT)
+    assert config.input is not None and config.input == load_pgsr_config(CONFIG, ROOT).input
+
+
 def test_a_size_above_max_without_topcode_names_its_row(spark, tmp_path):
     csv = tmp_path / "households.csv"
     csv.write_text("block,hh,np\n01,a,2\n01,b,5\n")
