@@ -186,12 +186,31 @@ def test_cumulative_release_holds_every_guarantee_with_scale_l_over_epsilon(spar
     assert len(noisy["noisy"]) == 4  # H_1..H_4: under level faithfulness G^r is not public
 
 
-def test_evaluation_is_a_delta_table_with_emd_and_mae_per_level(spark, dp):
+def test_evaluation_is_a_delta_table_with_emd_and_l1_per_level(spark, dp):
     rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
     assert set(rows) == set(LEVELS) and all(
-        r["emd_mean"] >= 0 and r["mae"] >= 0 and r["nodes"] == LEVELS[lv] for lv, r in rows.items()
+        r["emd_mean"] >= 0 and r["l1_mean"] >= 0 and r["nodes"] == LEVELS[lv]
+        for lv, r in rows.items()
     )
     assert "evaluation" in manifest(dp)["tables"]
+
+
+def test_evaluation_l1_and_emd_are_the_mean_distances_per_node(spark, dp):
+    """``l1_mean`` is the mean over a level's nodes of ``sum_j |x_j - n_j|`` (what the README
+    and ``bench_pgsr.py`` call L1), ``emd_mean`` that of the cumulative differences."""
+    truth = true_histograms()
+    released: dict[tuple[str, str], list[int]] = {}
+    for r in table(spark, dp, "group_sizes").collect():
+        released.setdefault((r["level"], r["geocode"]), [0] * 4)[r["size"] - 1] = r["count"]
+    rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
+    for level in LEVELS:
+        diffs = [
+            np.array(x) - np.array(truth[node]) for node, x in released.items() if node[0] == level
+        ]
+        assert rows[level]["l1_mean"] == pytest.approx(np.mean([np.abs(d).sum() for d in diffs]))
+        emd = [np.abs(np.cumsum(d)).sum() for d in diffs]
+        assert rows[level]["emd_mean"] == pytest.approx(np.mean(emd))
+        assert rows[level]["emd_max"] == max(emd)
 
 
 def test_existing_output_is_refused_without_overwrite(spark, dp, secret):
