@@ -71,7 +71,10 @@ def _size_counts(df: DataFrame, spec: GroupInputSpec, digits: int) -> DataFrame:
     source = str(spec.path)
     rules = [geocode_rule(spec, digits)]
     rules += [r for c in spec.size_columns for r in count_rules(c)]
-    enforce_rules(df, source, rules, reduce(lambda a, b: a + b, map(_as_long, spec.size_columns)))
+    # The total is summed in the rules' own job, before they have refused a bad count: as
+    # decimals, so that neither a count past int64 nor a sum of large ones can fail the job.
+    counts = [F.trim(F.col(c).cast("string")).try_cast("decimal(38,0)") for c in spec.size_columns]
+    enforce_rules(df, source, rules, reduce(lambda a, b: a + b, counts))
     check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[_as_long(c).alias(c) for c in spec.size_columns])
     columns = [(i, F.col(c)) for i, c in enumerate(spec.size_columns)]

@@ -106,8 +106,8 @@ def _read_text(spark: SparkSession, where: str, sep: str, source: str) -> DataFr
     Why an explicit schema: Spark's CSV reader parses only the columns a query uses, so on a
     header-inferred read a row with an extra field (an unquoted separator inside an ignored text
     column, say) is accepted with every later value shifted one column on, and ``FAILFAST`` never
-    sees it. Reading the header's columns plus a corrupt-record column makes Spark parse whole
-    rows whenever that column is asked for, and mark every row whose field count differs."""
+    sees it. With the header's columns plus a corrupt-record column as the schema, a query that
+    reads every column (:func:`refuse_ragged_rows`) marks each row whose field count differs."""
     reader = (
         spark.read.option("header", True)
         .option("sep", sep)
@@ -132,7 +132,8 @@ def _read_text(spark: SparkSession, where: str, sep: str, source: str) -> DataFr
 
 def refuse_ragged_rows(parsed: DataFrame, columns: list[str], sep: str, source: str) -> None:
     """Raise naming the first data row (1-based, in file order) with more or fewer fields than
-    the header's ``columns``; one Spark job when there is none."""
+    the header's ``columns``; one Spark job when there is none. The row's text is never shown:
+    it is respondents' data."""
     malformed = F.col(MALFORMED).isNotNull()
     # Spark compares a row's field count with the columns its query reads, so each query here
     # reads them all (a hash of the whole row, kept as an output the optimiser cannot drop).
