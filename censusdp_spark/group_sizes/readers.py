@@ -12,15 +12,16 @@ nothing is written before the input has passed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes
 from censusdp_spark.io.readers import (
-    INTEGER,
     RowRule,
     check_unique_geocodes,
+    count_rules,
     enforce_rules,
     geocode_of,
     geocode_rule,
@@ -31,11 +32,6 @@ from censusdp_spark.io.readers import (
 )
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
-
-
-def _integer_rule(column: str, rule: str) -> RowRule:
-    value = F.col(column).cast("string")
-    return RowRule(value.isNull() | ~value.rlike(INTEGER), column, rule)
 
 
 def _as_long(column: str) -> Column:
@@ -74,8 +70,11 @@ def _sparse(per_leaf: DataFrame) -> DataFrame:
 def _size_counts(df: DataFrame, spec: GroupInputSpec, digits: int) -> DataFrame:
     source = str(spec.path)
     rules = [geocode_rule(spec, digits)]
-    rules += [_integer_rule(c, "count must be a non-negative integer") for c in spec.size_columns]
-    enforce_rules(df, source, rules)
+    rules += [r for c in spec.size_columns for r in count_rules(c)]
+    # The total is summed in the rules' own job, before they have refused a bad count: as
+    # decimals, so that neither a count past int64 nor a sum of large ones can fail the job.
+    counts = [F.trim(F.col(c).cast("string")).try_cast("decimal(38,0)") for c in spec.size_columns]
+    enforce_rules(df, source, rules, reduce(lambda a, b: a + b, counts))
     check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[_as_long(c).alias(c) for c in spec.size_columns])
     columns = [(i, F.col(c)) for i, c in enumerate(spec.size_columns)]
@@ -96,8 +95,8 @@ def _households(df: DataFrame, spec: GroupInputSpec, groups: GroupSizes, digits:
     what = "size" if spec.size_column else "member quantity"
     rules = [geocode_rule(spec, digits), empty_id]
     if quantity is not None:
-        rules.append(_integer_rule(quantity, f"{what} must be a non-negative integer"))
-    enforce_rules(df, source, rules)
+        rules += count_rules(quantity, what)
+    enforce_rules(df, source, rules, total=F.lit(1))  # one group or member a row
     per_household = df.groupBy("household").agg(
         F.countDistinct("geocode").alias("leaves"),
         F.count("*").alias("rows"),

@@ -25,12 +25,24 @@ from typing import Any, Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 from pyspark.sql.utils import AnalysisException
 
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
 
 INTEGER = r"^\s*[0-9]+\s*$"  # a non-negative integer, as text
+
+MAX_COUNT = 10**9
+"""The largest count an input may hold: in any cell of any row, in any cell expression, and as
+the input's total over all rows and cells (which bounds every node's value at every level).
+
+Why this bound: every later stage holds it exactly. Counts are int64 in Spark and Delta; the
+microdata writer repeats a block's cell count as a 32-bit int (2**31 - 1 > 10**9); the least
+squares and rounding solvers work in float64, where 10**9 and every sum of such values below
+2**53 are exact, and their 1e-9 integrality tolerance needs values whose float64 spacing is far
+below it (at 10**9 it is 1.2e-7 of a unit count; a block of 10**12 people left the solvers
+unable to round its children consistently). The US population is about 3.3 * 10**8."""
 
 
 class GeocodeSpec(Protocol):
@@ -57,20 +69,15 @@ class ColumnSpec(GeocodeSpec, Protocol):
 
 def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
     """Read CSV or pipe-delimited text (header, every column as a string), Parquet or Delta;
-    clear errors if unreadable."""
+    clear errors if unreadable. A text row with more or fewer fields than the header is refused
+    (:func:`refuse_ragged_rows`), so no value is dropped or shifted into another column."""
     source = str(path)
     if not path.exists():
         raise InputError(source, "file", "not found")
     where = str(path.absolute())  # a Spark Connect server resolves paths from its own folder
     try:
         if fmt in ("csv", "pipe"):
-            df = (
-                spark.read.option("header", True)
-                .option("sep", "|" if fmt == "pipe" else ",")
-                .option("inferSchema", False)
-                .option("mode", "FAILFAST")
-                .csv(where)
-            )
+            return _read_text(spark, where, "|" if fmt == "pipe" else ",", source)
         elif fmt == "parquet":
             df = spark.read.parquet(where)
         else:
@@ -80,11 +87,77 @@ def read_table(spark: SparkSession, path: Path, fmt: str) -> DataFrame:
         raise InputError(
             source, "file", f"unreadable as {fmt}: {str(err).splitlines()[0]}"
         ) from None
+    except InputError:
+        raise
     except Exception as err:  # Py4J errors from a corrupt file surface as generic exceptions
         raise InputError(
             source, "file", f"unreadable as {fmt}: {str(err).splitlines()[0][:300]}"
         ) from None
     return df
+
+
+MALFORMED = "_censusdp_malformed_row"
+"""The column Spark fills with a text row's raw line when its fields do not match the header."""
+
+
+def _read_text(spark: SparkSession, where: str, sep: str, source: str) -> DataFrame:
+    """Text with a header, every column a string; refused if a row is ragged.
+
+    Why an explicit schema: Spark's CSV reader parses only the columns a query uses, so on a
+    header-inferred read a row with an extra field (an unquoted separator inside an ignored text
+    column, say) is accepted with every later value shifted one column on, and ``FAILFAST`` never
+    sees it. With the header's columns plus a corrupt-record column as the schema, a query that
+    reads every column (:func:`refuse_ragged_rows`) marks each row whose field count differs."""
+    reader = (
+        spark.read.option("header", True)
+        .option("sep", sep)
+        .option("inferSchema", False)
+        .option("mode", "FAILFAST")
+    )
+    columns = reader.csv(where).columns
+    if not columns:  # an empty file: no header to compare rows with
+        return reader.csv(where)
+    if MALFORMED in columns:
+        raise InputError(source, f"column {MALFORMED}", "reserved for the reader's own use")
+    schema = StructType([StructField(c, StringType()) for c in [*columns, MALFORMED]])
+    parsed = (
+        reader.schema(schema)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", MALFORMED)
+        .csv(where)
+    )
+    refuse_ragged_rows(parsed, columns, sep, source)
+    return parsed.drop(MALFORMED)
+
+
+def refuse_ragged_rows(parsed: DataFrame, columns: list[str], sep: str, source: str) -> None:
+    """Raise naming the first data row (1-based, in file order) with more or fewer fields than
+    the header's ``columns``; one Spark job when there is none. The row's text is never shown:
+    it is respondents' data."""
+    malformed = F.col(MALFORMED).isNotNull()
+    # Spark compares a row's field count with the columns its query reads, so each query here
+    # reads them all (a hash of the whole row, kept as an output the optimiser cannot drop).
+    whole_row = F.xxhash64(*[parsed[c] for c in columns])
+    check = parsed.agg(F.count_if(malformed).alias("ragged"), F.max(whole_row)).first()
+    if check is None or not check["ragged"]:
+        return
+    # Parse the raw line again with one field more than the header: is that field there?
+    wider = ", ".join(f"f{i} string" for i in range(len(columns) + 1))
+    more = F.from_csv(F.col(MALFORMED), wider, {"sep": sep})[f"f{len(columns)}"].isNotNull()
+    flags = parsed.select(
+        F.monotonically_increasing_id().alias("pos"),
+        malformed.alias("bad"),
+        F.struct(more.alias("more"), whole_row.alias("row")).alias("value"),
+    )
+    row, value = _first_flagged(flags)
+    if value["more"]:
+        rule = (
+            f"has more fields than the header's {len(columns)} (an unquoted {sep!r} inside a"
+            " value? quote such values)"
+        )
+    else:
+        rule = f"has fewer fields than the header's {len(columns)}"
+    raise InputError(source, f"row {row}", rule)
 
 
 # ``monotonically_increasing_id`` puts the partition index above this bit and the row's place
@@ -133,16 +206,47 @@ class RowRule:
     rule: str
 
 
-def enforce_rules(df: DataFrame, source: str, rules: list[RowRule]) -> None:
-    """Check all rules in one Spark job; raise for the first rule broken, at its first row."""
-    if not rules:
+def enforce_rules(
+    df: DataFrame, source: str, rules: list[RowRule], total: Column | None = None
+) -> None:
+    """Check all rules in one Spark job; raise for the first rule broken, at its first row.
+    With ``total`` (a count per row), the same job also refuses an input whose sum of it over
+    all rows is above ``MAX_COUNT``."""
+    if not rules and total is None:
         return
-    counts = df.agg(*[F.count_if(r.broken).alias(f"r{i}") for i, r in enumerate(rules)]).first()
+    aggregates = [F.count_if(r.broken).alias(f"r{i}") for i, r in enumerate(rules)]
+    if total is not None:  # decimal: a sum of longs must not overflow before it is compared
+        aggregates.append(F.sum(total.cast("decimal(38,0)")).alias("total"))
+    counts = df.agg(*aggregates).first()
     assert counts is not None
     for i, rule in enumerate(rules):
         if counts[f"r{i}"]:
             row = row_number_of(df, rule.broken)
             raise InputError(source, f"row {row}, column {rule.column}", rule.rule)
+    if total is not None and (counts["total"] or 0) > MAX_COUNT:
+        raise InputError(
+            source,
+            "rows",
+            f"the counts total {counts['total']}, above MAX_COUNT = {MAX_COUNT:_}"
+            " (the largest every stage of the release holds exactly)",
+        )
+
+
+def count_rules(column: str, what: str = "count") -> list[RowRule]:
+    """A count column's rules: a non-negative integer, and at most ``MAX_COUNT`` (so also one
+    that fits in int64: a cast after these rules cannot fail)."""
+    text = F.trim(F.col(column).cast("string"))
+    integer = text.isNotNull() & text.rlike(INTEGER)
+    value = text.try_cast("long")  # null past int64
+    return [
+        RowRule(~integer, column, f"{what} must be a non-negative integer"),
+        RowRule(
+            integer & (value.isNull() | (value > MAX_COUNT)),
+            column,
+            f"{what} above MAX_COUNT = {MAX_COUNT:_} (the largest every stage of the release"
+            " holds exactly)",
+        ),
+    ]
 
 
 def check_columns(df: DataFrame, spec: ColumnSpec) -> None:

@@ -86,11 +86,28 @@ def _refuse_key(df: DataFrame, source: Path, key_column: str, bad: DataFrame, ru
         )
 
 
+def _refuse_duplicate_persons(persons: DataFrame, spec: SynthInput) -> None:
+    """A person is one row: its household id and member order together identify it, so a row
+    repeated (a duplicated non-head person passes every per-household rule) is refused."""
+    hid, order = spec.household_id, spec.member_order
+    hit = persons.groupBy(hid, order).count().filter("count > 1").limit(1).collect()
+    if hit:
+        key, member, n = hit[0][hid], hit[0][order], hit[0]["count"]
+        row = row_number_of(persons, F.col(hid).eqNullSafe(key) & F.col(order).eqNullSafe(member))
+        raise InputError(
+            str(spec.persons),
+            f"row {row}, column {hid}+{order}",
+            f"person {member!r} of household {key!r} appears {n} times ({hid} and {order}"
+            " together identify a person: one row each)",
+        )
+
+
 def check_linked_rows(
     households: DataFrame, persons: DataFrame, spec: SynthInput, domain: HouseholdDomain
 ) -> None:
     """Refuse, naming file, row and rule: values outside the declared domain, a household id
-    twice, a person of a missing household, a household without persons, a household larger
+    twice, a person of a missing household, a household without persons, a person listed twice
+    (same household id and member order), a household larger
     than M (unless the config drops them) and, with roles, a household without exactly one
     head. One Spark job per rule set; nothing is written before the input has passed."""
     hid = spec.household_id
@@ -118,6 +135,7 @@ def check_linked_rows(
         ids.join(persons.select(hid), hid, "left_anti"),
         "household {key!r} has no person",
     )
+    _refuse_duplicate_persons(persons, spec)
     m = domain.max_members
     heads = (
         F.count_if(

@@ -10,9 +10,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io.readers import (
-    INTEGER,
+    MAX_COUNT,
     RowRule,
     check_unique_geocodes,
+    count_rules,
     enforce_rules,
     geocode_of,
     geocode_rule,
@@ -34,12 +35,7 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
     df = raw.select(
         geocode_of(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
     )
-    rules = [geocode_rule(spec, leaf_digits)] + [
-        RowRule(
-            F.col(c).isNull() | ~F.col(c).rlike(INTEGER), c, "count must be a non-negative integer"
-        )
-        for c in count_cols
-    ]
+    rules = [geocode_rule(spec, leaf_digits)] + [r for c in count_cols for r in count_rules(c)]
     enforce_rules(df, source, rules)
     check_unique_geocodes(df, spec)
     typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
@@ -49,12 +45,19 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
         terms = [F.col(c) for c in cell.plus] + [-F.col(c) for c in cell.minus]
         value = reduce(lambda a, b: a + b, terms)
         cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
+        cell_rules.append(
+            RowRule(
+                value > MAX_COUNT,
+                cell.expr,
+                f"cell value {cell.expr} above MAX_COUNT = {MAX_COUNT:_}",
+            )
+        )
         values.append((cell.cell, value))
+    mapped = reduce(lambda a, b: a + b, [v for _, v in values])  # input.cells is non-empty
     for total in totals:
-        mapped = reduce(lambda a, b: a + b, [v for _, v in values])
         rule = "the cells of input.cells do not sum to this column (input.total)"
         cell_rules.append(RowRule(mapped != F.col(total), total, rule))
-    enforce_rules(typed, source, cell_rules)
+    enforce_rules(typed, source, cell_rules, mapped)
     return typed.select("geocode", *nonzero_cells(values))
 
 
@@ -87,7 +90,7 @@ def read_microdata(
             )
         )
         cell = cell + index.cast("long") * int(strides[pos])
-    enforce_rules(df, source, rules)
+    enforce_rules(df, source, rules, total=F.lit(1))  # one person a row
     counted = df.groupBy("geocode", cell.cast("int").alias("cell")).agg(F.count("*").alias("count"))
     per_block = counted.groupBy("geocode").agg(
         F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")

@@ -334,6 +334,8 @@ epsilon = "1"
         ("01,a,2\n01,b,4\n", "size", "false", "row 2, column n", "above max_size = 3"),
         ("01,a,2\n1,b,1\n", "size", "true", "row 2, column block", "exactly 2 digits"),
         ("01,a,2\nXY,b,1\n", "size", "true", "row 2, column block", "exactly 2 digits"),
+        ("01,a,2\n01,b,1,1\n", "size", "true", "row 2", "more fields than the header's 3"),
+        ("01,a,99999999999999999999\n", "size", "true", "row 1, column n", "above MAX_COUNT"),
     ],
     ids=[
         "negative",
@@ -344,6 +346,8 @@ epsilon = "1"
         "over-N",
         "short",
         "alpha",
+        "more-fields-than-the-header",
+        "size-past-int64",
     ],
 )
 def test_bad_input_names_file_row_and_rule_and_writes_nothing(

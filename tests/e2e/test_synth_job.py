@@ -216,6 +216,21 @@ def _two_heads(h: pd.DataFrame, p: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataF
     return h, p
 
 
+def _duplicate_person(h: pd.DataFrame, p: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Person 2 of the first two-person household listed twice: it is no head, and with
+    larger households dropped every per-household rule still holds."""
+    serial = next(s for s, n in p["SERIALNO"].value_counts(sort=False).items() if n == 2)
+    second = p.index[(p["SERIALNO"] == serial) & (p["SPORDER"] == "2")][0]
+    return h, pd.concat([p.loc[:second], p.loc[second:]], ignore_index=True)
+
+
+def _twice(p: pd.DataFrame) -> tuple[int, str]:
+    """``(row, household)`` of the first row of the person listed twice (1-based)."""
+    repeated = p.duplicated(["SERIALNO", "SPORDER"], keep=False).to_numpy()
+    first = int(np.flatnonzero(repeated)[0])
+    return first + 1, str(p["SERIALNO"].iloc[first])
+
+
 def _row_of(frame: pd.DataFrame, column: str, value: str) -> int:
     return int(np.flatnonzero(frame[column].to_numpy() == value)[0]) + 1
 
@@ -244,12 +259,20 @@ def _row_of(frame: pd.DataFrame, column: str, value: str) -> int:
             ),
         ),
         (_two_heads, lambda h, p: "members of relationship = 'householder' (column RELP)"),
+        (
+            _duplicate_person,
+            lambda h, p: (
+                f"persons.csv: row {_twice(p)[0]}, column SERIALNO+SPORDER: person '2' of"
+                f" household {_twice(p)[1]!r} appears 2 times"
+            ),
+        ),
     ],
     ids=[
         "person-without-household",
         "person-value-outside-domain",
         "household-value-outside-domain",
         "two-heads",
+        "person-listed-twice",
     ],
 )
 def test_bad_input_is_one_line_naming_file_row_and_rule_and_writes_nothing(

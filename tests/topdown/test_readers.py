@@ -52,6 +52,14 @@ def bad_row(field: int, value: str) -> list[str]:
     return [GOOD[0], ",".join(parts), GOOD[2]]
 
 
+def adults(row: str, n: int) -> str:
+    """``row`` with ``n`` more white adults (its file totals kept consistent)."""
+    parts = row.split(",")
+    for field in (4, 5, 13, 14):  # pop, pop_white, vap, vap_white
+        parts[field] = str(int(parts[field]) + n)
+    return ",".join(parts)
+
+
 @pytest.mark.parametrize(
     "rows, where, rule",
     [
@@ -63,6 +71,30 @@ def bad_row(field: int, value: str) -> list[str]:
         (bad_row(0, "4400103010010A1"), "row 2, column GEOID", "exactly 15 digits"),
         ([GOOD[0], GOOD[1], GOOD[1]], "row 2, column GEOID", "duplicate geocode 440010301001001"),
         ([], "rows", "the input is empty"),
+        ([GOOD[0], GOOD[1] + ",0", GOOD[2]], "row 2", "more fields than the header's 22"),
+        (
+            [GOOD[0], GOOD[1], GOOD[2].rsplit(",", 1)[0]],
+            "row 3",
+            "fewer fields than the header's 22",
+        ),
+        (bad_row(5, "1000000000017"), "row 2, column pop_white", "above MAX_COUNT = 1_000_000_000"),
+        (bad_row(5, "99999999999999999999"), "row 2, column pop_white", "above MAX_COUNT"),
+        ([adults(GOOD[0], 600_000_000), adults(GOOD[1], 600_000_000)], "rows", "above MAX_COUNT"),
+    ],
+    ids=[
+        "not-an-integer",
+        "negative",
+        "text",
+        "negative-cell",
+        "short-geocode",
+        "letter-in-geocode",
+        "duplicate-geocode",
+        "empty",
+        "more-fields-than-the-header",
+        "fewer-fields-than-the-header",
+        "count-above-max-count",
+        "count-past-int64",
+        "total-above-max-count",
     ],
 )
 def test_bad_rows_are_named(spark, demo, tmp_path, rows, where, rule):
@@ -139,3 +171,18 @@ def test_microdata_is_aggregated_to_block_histograms(spark):
         .first()[0]
     )
     assert total == 10588 and blocks.count() == 511
+
+
+def test_an_unquoted_comma_in_an_ignored_column_is_refused_not_shifted(spark, demo, tmp_path):
+    # vtd "07,B" unquoted: every later value moves one column on, and block ...001's 17 people
+    # (pop 17 = pop_white 17) would be read as pop_white 17 + pop_black 17 = 34.
+    parts = GOOD[1].split(",")
+    shifted = ",".join([*parts[:3], "07,B", *parts[4:]])
+    path = csv(tmp_path, [GOOD[0], shifted, GOOD[2]])
+    with pytest.raises(
+        InputError, match=r"blocks.csv: row 2: has more fields than the header's 22"
+    ):
+        read(spark, demo, path)
+    quoted = ",".join([*parts[:3], '"07,B"', *parts[4:]])
+    rows = read(spark, demo, csv(tmp_path, [GOOD[0], quoted, GOOD[2]])).collect()
+    assert {r["geocode"]: sum(r["counts"]) for r in rows}["440010301001001"] == 17
