@@ -45,6 +45,8 @@ class Release:
     for_release: bool
     summary: Any
     """The release's own summary object (``.text()`` prints what the CLI prints)."""
+    evaluation: Path | None = None
+    """With ``evaluate``: the internal evaluation folder, beside the release (not part of it)."""
 
     @classmethod
     def of(cls, kind: str, output: Path, summary: Any) -> Release:
@@ -57,6 +59,7 @@ class Release:
             dict(manifest.get("guarantee_checks", {})),
             bool(manifest.get("for_release", True)),
             summary,
+            summary.evaluation_dir,
         )
 
 
@@ -86,6 +89,7 @@ def run_topdown(
     overwrite: bool = False,
     resume: bool = False,
     reuse_secret: bool = False,
+    evaluation_output: Path | None = None,
 ) -> Release:
     """Run the TopDown release of ``config`` (as ``censusdp topdown``)."""
     from censusdp_spark.topdown.config import load_config
@@ -94,8 +98,9 @@ def run_topdown(
 
     loaded = load_config(config) if isinstance(config, str | Path) else config
     options = TopDownOptions(
-        _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret
-    )
+        _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret,
+        evaluation_output=_path(evaluation_output),
+    )  # fmt: skip
     summary = run(_session(spark, "topdown"), loaded, options)
     return Release.of("topdown", summary.output, summary)
 
@@ -111,6 +116,7 @@ def run_group_sizes(
     evaluate: bool = False,
     overwrite: bool = False,
     reuse_secret: bool = False,
+    evaluation_output: Path | None = None,
 ) -> Release:
     """Run the group-size release (PGSR) of ``config`` (as ``censusdp pgsr``)."""
     from censusdp_spark.group_sizes.config import load_pgsr_config
@@ -119,7 +125,7 @@ def run_group_sizes(
     loaded = load_pgsr_config(config) if isinstance(config, str | Path) else config
     options = PgsrOptions(
         mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
-        reuse_secret,
+        reuse_secret, _path(evaluation_output),
     )  # fmt: skip
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return Release.of("group_sizes", summary.output, summary)
@@ -139,6 +145,7 @@ def run_synth(
     evaluate: bool = False,
     overwrite: bool = False,
     reuse_secret: bool = False,
+    evaluation_output: Path | None = None,
 ) -> Release:
     """Run the hierarchical synthetic-data release of ``config`` (as ``censusdp synth``)."""
     from censusdp_spark.synth.config import load_synth_config
@@ -157,6 +164,7 @@ def run_synth(
         evaluate,
         overwrite,
         reuse_secret,
+        _path(evaluation_output),
     )
     summary = run(_session(spark, "synth"), loaded, options)
     return Release.of("synth", summary.output, summary)

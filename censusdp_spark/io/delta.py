@@ -10,7 +10,9 @@ from pyspark.sql import functions as F
 NOISY_MEASUREMENTS = "noisy_measurements"
 ESTIMATES = "estimates"
 MICRODATA = "microdata"
-EVALUATION = "evaluation"
+EVALUATION_TABLE = "table"
+"""The Delta table of errors against the truth, in a run's evaluation folder (never its output)."""
+EVALUATION_CSV = "errors.csv"
 
 
 def table_path(output: Path, name: str) -> str:

@@ -13,6 +13,7 @@ from censusdp_spark.cli import main
 from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes, load_pgsr_config
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.model.errors import ConfigError, InputError
+from censusdp_spark.release.runner import evaluation_dir_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pgsr_calm.toml"
@@ -156,11 +157,11 @@ def test_cumulative_release_holds_every_guarantee_with_scale_l_over_epsilon(spar
 
 
 def test_evaluation_is_a_delta_table_with_emd_and_mae_per_level(spark, dp):
-    rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
+    rows = {r["level"]: r for r in table(spark, evaluation_dir_for(dp), "table").collect()}
     assert set(rows) == set(LEVELS) and all(
         r["emd_mean"] >= 0 and r["mae"] >= 0 and r["nodes"] == LEVELS[lv] for lv, r in rows.items()
     )
-    assert "evaluation" in manifest(dp)["tables"]
+    assert "evaluation" not in manifest(dp)["tables"]  # internal, beside the release
 
 
 def test_existing_output_is_refused_without_overwrite(spark, dp, secret):
