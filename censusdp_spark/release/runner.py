@@ -119,11 +119,22 @@ class RunState:
         if not target.exists():
             return None
         try:
-            return cls(**json.loads(target.read_text()))
+            state = cls(**json.loads(target.read_text()))
         except (ValueError, TypeError) as err:
             raise ResumeError(
                 f"{target}: unreadable run state ({err}); start a fresh run"
             ) from None
+        text = (state.release, state.output, state.measurement_sha256, state.secret_fingerprint)
+        if (
+            not all(isinstance(v, str) for v in text)
+            or not isinstance(state.measured, bool)
+            or not isinstance(state.steps_done, list)
+            or not all(isinstance(v, str) for v in state.steps_done)
+        ):
+            raise ResumeError(
+                f"{target}: unreadable run state (a field of the wrong type); start a fresh run"
+            )
+        return state
 
 
 def input_fingerprint(paths: Sequence[Path]) -> str:
@@ -474,6 +485,17 @@ class ReleaseRun:
             self.state.measured = True
         elif step not in self.state.steps_done:
             self.state.steps_done.append(step)
+        self.state.save(self.private_dir)
+
+    def redo(self, steps: Iterable[str]) -> None:
+        """Forget that ``steps`` were committed (their tables were found missing or incomplete on
+        resume), so this run computes them again."""
+        assert self.state is not None, "prepare_output first"
+        for step in steps:
+            if step == "measure":
+                self.state.measured = False
+            elif step in self.state.steps_done:
+                self.state.steps_done.remove(step)
         self.state.save(self.private_dir)
 
     def done(self, step: str) -> bool:

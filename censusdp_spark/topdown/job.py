@@ -51,6 +51,7 @@ from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
 from censusdp_spark.topdown.readers import read_blocks
+from censusdp_spark.topdown.resume import redo_unfinished_steps, remove_uncommitted_files
 
 TOPDOWN = "topdown"
 
@@ -179,6 +180,10 @@ def _run_topdown(
 
     secret = run.secret()  # only once the input has passed validation
     run.prepare_output()
+    if options.resume:
+        remove_uncommitted_files(spark, output)
+        redo_unfinished_steps(spark, config, run)
+        clock.lap("resume_checks")
     if not run.done("measure"):
         shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
         delta.write_table(
