@@ -53,6 +53,8 @@ class Release:
     for_release: bool
     summary: Any
     """The release's own summary object (``.text()`` prints what the CLI prints)."""
+    evaluation: Path | None = None
+    """With ``evaluate``: the internal evaluation folder, beside the release (not part of it)."""
 
     @classmethod
     def of(cls, kind: str, output: Path, summary: Any) -> Release:
@@ -65,6 +67,7 @@ class Release:
             dict(manifest.get("guarantee_checks", {})),
             bool(manifest.get("for_release", True)),
             summary,
+            summary.evaluation_dir,
         )
 
 
@@ -94,6 +97,7 @@ def run_topdown(
     overwrite: bool = False,
     resume: bool = False,
     reuse_secret: bool = False,
+    evaluation_output: Path | None = None,
 ) -> Release:
     """Run the TopDown release of ``config`` (as ``censusdp topdown``)."""
     from censusdp_spark.topdown.config import load_config
@@ -102,8 +106,9 @@ def run_topdown(
 
     loaded = load_config(config)
     options = TopDownOptions(
-        _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret
-    )
+        _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret,
+        evaluation_output=_path(evaluation_output),
+    )  # fmt: skip
     summary = run(_session(spark, "topdown"), loaded, options)
     return Release.of("topdown", summary.output, summary)
 
@@ -119,6 +124,7 @@ def run_group_sizes(
     evaluate: bool = False,
     overwrite: bool = False,
     reuse_secret: bool = False,
+    evaluation_output: Path | None = None,
 ) -> Release:
     """Run the group-size release (PGSR) of ``config`` (as ``censusdp pgsr``)."""
     from censusdp_spark.group_sizes.config import load_pgsr_config
@@ -127,7 +133,7 @@ def run_group_sizes(
     loaded = load_pgsr_config(config)
     options = PgsrOptions(
         mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
-        reuse_secret,
+        reuse_secret, _path(evaluation_output),
     )  # fmt: skip
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return Release.of("group_sizes", summary.output, summary)
@@ -147,6 +153,7 @@ def run_synth(
     evaluate: bool = False,
     overwrite: bool = False,
     reuse_secret: bool = False,
+    evaluation_output: Path | None = None,
 ) -> Release:
     """Run the hierarchical synthetic-data release of ``config`` (as ``censusdp synth``)."""
     from censusdp_spark.synth.config import load_synth_config
@@ -165,6 +172,7 @@ def run_synth(
         evaluate,
         overwrite,
         reuse_secret,
+        _path(evaluation_output),
     )
     summary = run(_session(spark, "synth"), loaded, options)
     return Release.of("synth", summary.output, summary)

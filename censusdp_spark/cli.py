@@ -123,6 +123,7 @@ def _topdown(args: argparse.Namespace) -> int:
         args.resume,
         args.reuse_secret,
         args.variances,
+        args.evaluation_output,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options)

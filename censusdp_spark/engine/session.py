@@ -4,6 +4,12 @@ Delta's jars come from the project's ``jars/`` folder (filled from Maven Central
 ``scripts/setup.sh``) or from ``$CENSUSDP_JARS``. Under spark-submit, pass them with ``--jars``;
 an existing session is reused as it is.
 
+In local mode every listener is on the loopback address, the Spark UI included: Spark binds its
+UI to ``$SPARK_LOCAL_IP`` (else every interface, whatever ``spark.driver.bindAddress`` says), so
+the JVM is started with ``SPARK_LOCAL_IP`` set to ``$CENSUSDP_UI_HOST`` (default ``127.0.0.1``;
+``0.0.0.0`` exposes the UI on every interface). The UI shows no count: no release sets a job
+description or group, so Spark names each job by its call site.
+
 With ``remote`` (``--remote sc://HOST:PORT``) or ``$SPARK_REMOTE``, the session is a Spark Connect
 client: no JVM starts here, and the server must have Delta (its jars, extension and catalog; see
 README "Run over Spark Connect"). The releases use only the DataFrame API (no RDD, no
@@ -16,6 +22,8 @@ import argparse
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlparse
@@ -33,6 +41,9 @@ CONNECT_TIMEOUT_S = 10.0
 CONNECT_PROBE_RETRIES = 3
 # More rows than any cluster has cores, so every slice of the probe range holds at least one.
 PARALLELISM_PROBE_ROWS = 1 << 20
+UI_HOST_ENV = "CENSUSDP_UI_HOST"
+"""The address a local-mode Spark UI listens on (default loopback; ``0.0.0.0``: every interface)."""
+LOOPBACK = "127.0.0.1"
 # What a user with no jars must run; the image's Dockerfile runs the same script.
 NO_JARS_HINT = (
     "run scripts/setup.sh (in a container: build the project image, `docker compose build`,"
@@ -75,6 +86,7 @@ def spark_session(
     if url is not None:
         return _connect_session(app_name, url)
     builder = SparkSession.builder.appName(app_name)
+    ui_host: str | None = None  # set: the JVM starts here, in local mode
     if "CENSUSDP_JARS" in os.environ:
         delta_jars()  # a folder named on purpose (the image names its own) must hold the jars
     # Under spark-submit the master and --jars come from the command line; leave them alone.
@@ -84,22 +96,43 @@ def spark_session(
         if master.startswith("local"):
             # In local mode the driver JVM is the executor too: Spark's 1 GiB default heap cannot
             # cache a national input (8.1 M blocks), so default to a heap that can.
+            ui_host = os.environ.get(UI_HOST_ENV) or os.environ.get("SPARK_LOCAL_IP") or LOOPBACK
             builder = (
-                builder.config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1")
+                builder.config("spark.driver.host", LOOPBACK)
+                .config("spark.driver.bindAddress", LOOPBACK)
                 .config("spark.driver.memory", os.environ.get("CENSUSDP_DRIVER_MEMORY", "6g"))
             )
         builder = builder.master(master).config(
             "spark.jars", ",".join(str(j) for j in delta_jars())
         )
-    return _with_release_conf(
+    builder = _with_release_conf(
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
             "spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"
         )
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.log.level", "WARN")
-    ).getOrCreate()
+    )
+    if ui_host is None:
+        return builder.getOrCreate()
+    with _jvm_env("SPARK_LOCAL_IP", ui_host):
+        return builder.getOrCreate()
+
+
+@contextmanager
+def _jvm_env(name: str, value: str) -> Iterator[None]:
+    """``$name`` set to ``value`` while the JVM starts (it copies this process's environment),
+    restored afterwards so that processes started later (a standalone cluster's) do not inherit
+    it."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def default_parallelism(spark: SparkSession) -> int:

@@ -22,8 +22,8 @@ histograms (confidential, memory only) -> the noise pass, written once to
 ``noisy_measurements`` -> post-processing reading only that table, level by level (each level
 computed and checkpointed in executor storage before the next reads it) -> ``group_sizes``
 written in one transaction -> guarantees checked (a violation fails dp and cumulative loudly)
--> with ``--evaluate``, errors against the truth in ``evaluation/`` (internal) -> the
-manifest, last.
+-> with ``--evaluate``, errors against the truth in ``<output>.evaluation/``, beside the release
+and never inside it (internal) -> the manifest, last.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class PgsrOptions:
     evaluate: bool = False
     overwrite: bool = False
     reuse_secret: bool = False
+    evaluation_output: Path | None = None  # None: <output>.evaluation
 
 
 @dataclass
@@ -86,6 +87,7 @@ class PgsrSummary:
     optimality: dict[str, int] = field(default_factory=dict)
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
+    evaluation_dir: Path | None = None
 
     def text(self) -> str:
         lines = [
@@ -104,11 +106,8 @@ class PgsrSummary:
             lines.insert(
                 4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items())
             )
-        if self.evaluation:
-            lines.append(
-                "  evaluation (internal, not for release): "
-                + delta.table_path(self.output, delta.EVALUATION)
-            )
+        if self.evaluation_dir is not None:
+            lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
         return "\n".join(lines)
 
 
@@ -172,6 +171,8 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
         overwrite=options.overwrite,
         reuse_secret=options.reuse_secret,
         streams=f"{GROUP_SIZES}/{noise}",
+        evaluate=options.evaluate,
+        evaluation_output=options.evaluation_output,
     )
 
 
@@ -444,14 +445,16 @@ def _run_pgsr(
         raise GuaranteeViolation(f"the {config.mechanism} release breaks guarantees: {checks}")
 
     evaluation_rows: list[dict[str, Any]] = []
+    eval_dir: Path | None = None
     if options.evaluate:
-        delta.write_table(gs.evaluation(nodes, released), output, delta.EVALUATION)
-        frame = pd.DataFrame(delta.read_table(spark, output, delta.EVALUATION).toPandas())
+        eval_dir = run.evaluation_folder()
+        delta.write_table(gs.evaluation(nodes, released), eval_dir, delta.EVALUATION_TABLE)
+        frame = pd.DataFrame(delta.read_table(spark, eval_dir, delta.EVALUATION_TABLE).toPandas())
         order = {lv: i for i, lv in enumerate(hierarchy.names)}
         frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
+        frame.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
         evaluation_rows = frame.to_dict("records")
         clock.lap("evaluate")
-        tables.append(delta.EVALUATION)
 
     summary = PgsrSummary(
         output=output,
@@ -464,6 +467,7 @@ def _run_pgsr(
         optimality=optimality,
         evaluation=evaluation_rows,
         for_release=run.for_release,
+        evaluation_dir=eval_dir,
     )
     common = run.manifest_fields()
     if config.mechanism == "relaxed":
@@ -522,6 +526,7 @@ def run_pgsr_from_args(args: argparse.Namespace) -> int:
         args.evaluate,
         args.overwrite,
         args.reuse_secret,
+        args.evaluation_output,
     )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
     summary = run_pgsr(spark, config, options)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -10,7 +12,9 @@ from pyspark.sql import functions as F
 NOISY_MEASUREMENTS = "noisy_measurements"
 ESTIMATES = "estimates"
 MICRODATA = "microdata"
-EVALUATION = "evaluation"
+EVALUATION_TABLE = "table"
+"""The Delta table of errors against the truth, in a run's evaluation folder (never its output)."""
+EVALUATION_CSV = "errors.csv"
 
 
 def table_path(output: Path, name: str) -> str:
@@ -39,6 +43,41 @@ def write_level(df: DataFrame, output: Path, name: str, level: str) -> None:
 
 def read_table(spark: SparkSession, output: Path, name: str) -> DataFrame:
     return spark.read.format("delta").load(table_path(output, name))
+
+
+def is_table(output: Path, name: str) -> bool:
+    """Whether ``output/name`` holds a Delta table (at least one commit)."""
+    return any((output / name / "_delta_log").glob("*.json"))
+
+
+def remove_uncommitted_files(spark: SparkSession, output: Path, name: str) -> list[Path]:
+    """Delete what a killed write left in table ``name``: the data files its Delta log does not
+    reference (the whole folder when nothing was committed). Delta readers never see such files,
+    but a plain-Parquet reader of the folder would count them. Only files the current version
+    does not reference go, as ``VACUUM ... RETAIN 0 HOURS`` would remove them: older versions
+    are not kept for time travel. Call only under the run's lock (no concurrent writer).
+    Returns what was removed."""
+    folder = output / name
+    if not folder.is_dir():
+        return []
+    if not is_table(output, name):
+        shutil.rmtree(folder)
+        return [folder]
+    live = {
+        Path(unquote(urlparse(uri).path)).resolve()
+        for uri in read_table(spark, output, name).inputFiles()
+    }
+    removed = []
+    for path in sorted(folder.rglob("*.parquet")):
+        if "_delta_log" in path.relative_to(folder).parts or path.resolve() in live:
+            continue
+        path.unlink()
+        path.with_name(f".{path.name}.crc").unlink(missing_ok=True)  # the local file system's
+        removed.append(path)
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        if "_delta_log" not in sub.relative_to(folder).parts and not any(sub.iterdir()):
+            sub.rmdir()
+    return removed
 
 
 def long_cells(hist: DataFrame) -> DataFrame:

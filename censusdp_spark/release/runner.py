@@ -26,6 +26,11 @@ The registry is ``$CENSUSDP_SECRET_REGISTRY`` (default ``~/.censusdp/secret_bind
 0700); it holds fingerprints only, never a secret. On a cluster in deploy-mode ``cluster``, point
 it at storage every driver host shares.
 
+Evaluation against the truth (``--evaluate``) is internal: it goes to its own folder beside the
+release (``<output>.evaluation/`` or ``--evaluation-output``), never inside it, and the manifest,
+which travels with the release, does not list it. The folder carries a marker naming the release
+it evaluates; only a folder with that marker is ever replaced.
+
 The run state (``state.json`` in the private folder) records the input and measurement
 fingerprints and the secret's fingerprint; ``--resume`` continues only the same run. A run holds
 an exclusive lock on its private folder from start to end, taken before anything is written.
@@ -60,6 +65,9 @@ REGISTRY_ENV = "CENSUSDP_SECRET_REGISTRY"
 RELEASE_MARKER = ".censusdp-release"
 """Written into an output folder when a run prepares it: ``--overwrite`` replaces only a folder
 holding this marker or a manifest."""
+EVALUATION_MARKER = ".censusdp-evaluation"
+"""Written into an evaluation folder (JSON: the release it evaluates); only a folder holding it
+is ever replaced."""
 _HASH_CONTENT_LIMIT = 4 * 2**30
 """Inputs up to this many bytes are fingerprinted by content; larger ones by (path, size,
 modification time) of every file, which a rewrite at the same path still changes."""
@@ -113,11 +121,22 @@ class RunState:
         if not target.exists():
             return None
         try:
-            return cls(**json.loads(target.read_text()))
+            state = cls(**json.loads(target.read_text()))
         except (ValueError, TypeError) as err:
             raise ResumeError(
                 f"{target}: unreadable run state ({err}); start a fresh run"
             ) from None
+        text = (state.release, state.output, state.measurement_sha256, state.secret_fingerprint)
+        if (
+            not all(isinstance(v, str) for v in text)
+            or not isinstance(state.measured, bool)
+            or not isinstance(state.steps_done, list)
+            or not all(isinstance(v, str) for v in state.steps_done)
+        ):
+            raise ResumeError(
+                f"{target}: unreadable run state (a field of the wrong type); start a fresh run"
+            )
+        return state
 
 
 def input_fingerprint(paths: Sequence[Path]) -> str:
@@ -174,7 +193,14 @@ def add_release_flags(parser: argparse.ArgumentParser) -> None:
         "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
     )
     parser.add_argument(
-        "--evaluate", action="store_true", help="also write error against the truth (internal)"
+        "--evaluate",
+        action="store_true",
+        help="also write error against the truth (internal, beside the release, never in it)",
+    )
+    parser.add_argument(
+        "--evaluation-output",
+        type=Path,
+        help="where --evaluate writes (default: <output>.evaluation beside the release)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument(
@@ -188,6 +214,11 @@ def add_release_flags(parser: argparse.ArgumentParser) -> None:
 def private_dir_for(output: Path) -> Path:
     """The private folder of a run writing to ``output``: beside it, never inside it."""
     return output.parent / f"{output.name}.private"
+
+
+def evaluation_dir_for(output: Path) -> Path:
+    """The default evaluation folder of a release at ``output``: beside it, never inside it."""
+    return output.parent / f"{output.name}.evaluation"
 
 
 class Clock:
@@ -231,6 +262,9 @@ class ReleaseRun:
 
     ``streams`` names the family of noise streams the release draws from (default: the release
     kind); a secret is bound once per family, since distinct families share no stream.
+
+    With ``evaluate``, the evaluation against the truth goes to :meth:`evaluation_folder`
+    (``evaluation_output``, default ``<output>.evaluation``), checked on entry like the output.
     """
 
     def __init__(
@@ -245,6 +279,8 @@ class ReleaseRun:
         resume: bool = False,
         reuse_secret: bool = False,
         streams: str | None = None,
+        evaluate: bool = False,
+        evaluation_output: Path | None = None,
     ) -> None:
         self.release = release
         self.streams = streams or release
@@ -255,6 +291,8 @@ class ReleaseRun:
         self.overwrite = overwrite
         self.resume = resume
         self.reuse_secret = reuse_secret
+        self.evaluate = evaluate
+        self.evaluation_dir = evaluation_output or evaluation_dir_for(output)
         self.clock = Clock()
         self.state: RunState | None = None
         self._secret: bytes | None = None
@@ -263,6 +301,8 @@ class ReleaseRun:
 
     def __enter__(self) -> ReleaseRun:
         self._check_output_folder()
+        if self.evaluate:
+            self._check_evaluation_folder()
         self._take_lock()
         try:
             if self.resume:
@@ -371,6 +411,7 @@ class ReleaseRun:
                     " (no manifest.json or marker here); choose another --output"
                 )
             shutil.rmtree(self.output)
+        self._drop_stale_evaluation()
         self.output.mkdir(parents=True, exist_ok=True)
         (self.output / RELEASE_MARKER).write_text(f"{self.release}\n")
         self.state = RunState(
@@ -382,6 +423,65 @@ class ReleaseRun:
         self.state.save(self.private_dir)
         return self.state
 
+    def evaluation_folder(self) -> Path:
+        """The evaluation folder, emptied (only an earlier one censusdp wrote is removed) and
+        marked with the release it evaluates; call once the release's tables are written."""
+        assert self.evaluate and self.state is not None, "prepare_output first, with evaluate"
+        folder = self.evaluation_dir
+        if _holds_anything(folder):
+            if not (folder / EVALUATION_MARKER).exists():  # checked on entry; raced since
+                raise OutputExistsError(self._foreign_evaluation())
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = {
+            "release_kind": self.release,
+            "evaluates": str(self.output),
+            "measurement_sha256": self.measurement_sha256,
+            "note": "errors against the confidential truth: internal, never for release",
+        }
+        (folder / EVALUATION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        return folder
+
+    def _check_evaluation_folder(self) -> None:
+        folder, output = self.evaluation_dir.resolve(), self.output.resolve()
+        if folder == output or output in folder.parents:
+            raise OutputExistsError(
+                f"{self.evaluation_dir}: the evaluation against the truth must not be inside the"
+                f" release folder {self.output}; choose an --evaluation-output beside it"
+            )
+        if folder.exists() and not folder.is_dir():
+            raise OutputExistsError(f"{self.evaluation_dir}: --evaluation-output is a file")
+        if not _holds_anything(folder):
+            return
+        if not (folder / EVALUATION_MARKER).exists():
+            raise OutputExistsError(self._foreign_evaluation())
+        if not (self.overwrite or self.resume):
+            raise OutputExistsError(
+                f"{self.evaluation_dir}: an earlier evaluation is there; pass --overwrite to"
+                " replace it (or --resume)"
+            )
+
+    def _foreign_evaluation(self) -> str:
+        return (
+            f"{self.evaluation_dir}: holds files censusdp did not write (no {EVALUATION_MARKER});"
+            " choose another --evaluation-output"
+        )
+
+    def _drop_stale_evaluation(self) -> None:
+        """A fresh run replaces the release at its output: an evaluation censusdp wrote of the
+        release there before (or, with ``evaluate``, the one in the folder this run writes to)
+        no longer describes anything released."""
+        folder = self.evaluation_dir
+        marker = folder / EVALUATION_MARKER
+        if not marker.exists():
+            return
+        try:
+            evaluates = json.loads(marker.read_text()).get("evaluates")
+        except ValueError:
+            evaluates = None
+        if self.evaluate or evaluates == str(self.output):
+            shutil.rmtree(folder)
+
     def commit(self, step: str) -> None:
         """Record ``step`` as committed (its table is written) so a resumed run skips it."""
         assert self.state is not None, "prepare_output first"
@@ -389,6 +489,17 @@ class ReleaseRun:
             self.state.measured = True
         elif step not in self.state.steps_done:
             self.state.steps_done.append(step)
+        self.state.save(self.private_dir)
+
+    def redo(self, steps: Iterable[str]) -> None:
+        """Forget that ``steps`` were committed (their tables were found missing or incomplete on
+        resume), so this run computes them again."""
+        assert self.state is not None, "prepare_output first"
+        for step in steps:
+            if step == "measure":
+                self.state.measured = False
+            elif step in self.state.steps_done:
+                self.state.steps_done.remove(step)
         self.state.save(self.private_dir)
 
     def done(self, step: str) -> bool:

@@ -9,7 +9,7 @@ Stages:
 4. ``synthetic_households`` and ``synthetic_persons`` (N_G households, labels as in the config)
    and ``noisy_measurements`` written to Delta;
 5. with ``--evaluate``: max and mean error on Q_G, Q_I and Q_R against the truth, in
-   ``evaluation/`` (internal, not for release);
+   ``<output>.evaluation/``, beside the release and never inside it (internal, not for release);
 6. the manifest, last: ρ per round, method, hyperparameters, public totals, versions, timings.
    No secret (only its fingerprint) and no true answer.
 
@@ -62,7 +62,6 @@ if TYPE_CHECKING:  # Spark is imported when a run starts, so the CLI stays quick
 SYNTHETIC_HOUSEHOLDS = "synthetic_households"
 SYNTHETIC_PERSONS = "synthetic_persons"
 NOISY_MEASUREMENTS = "noisy_measurements"
-EVALUATION = "evaluation"
 RHO_GRID = 10**12
 """ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
 
@@ -79,6 +78,7 @@ class SynthOptions:
     evaluate: bool = False
     overwrite: bool = False
     reuse_secret: bool = False
+    evaluation_output: Path | None = None  # None: <output>.evaluation
 
 
 @dataclass
@@ -94,6 +94,7 @@ class SynthSummary:
     timings: dict[str, float] = field(default_factory=dict)
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
+    evaluation_dir: Path | None = None
 
     def text(self) -> str:
         lines = [
@@ -114,6 +115,8 @@ class SynthSummary:
                 f"  evaluation {row['target']:>6} {row['query_class']:<4} "
                 f"max {row['max_error']:.4f} mean {row['mean_error']:.5f}"
             )
+        if self.evaluation_dir is not None:
+            lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
         return "\n".join(lines)
 
 
@@ -164,6 +167,8 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         overwrite=options.overwrite,
         reuse_secret=options.reuse_secret,
         streams=f"{SYNTH}/{options.method}",
+        evaluate=options.evaluate,
+        evaluation_output=options.evaluation_output,
     )
     with release:
         return _run_synth(spark, config, options, release, rho, delta_, rounds)
@@ -242,6 +247,7 @@ def _run_synth(
     clock.lap("write")
 
     error_table: list[dict[str, Any]] = []
+    eval_dir: Path | None = None
     if options.evaluate:
         true_eval = truth[candidates.n_queries :]
         model_set = marginal_workloads(domain, config.degree)
@@ -256,9 +262,9 @@ def _run_synth(
         frame = pd.DataFrame(error_table)[
             ["method", "target", "query_class", "queries", "max_error", "mean_error"]
         ]
-        eval_dir = output / EVALUATION
-        delta.write_table(spark.createDataFrame(frame), eval_dir, "table")
-        frame.to_csv(eval_dir / "errors.csv", index=False)
+        eval_dir = release.evaluation_folder()
+        delta.write_table(spark.createDataFrame(frame), eval_dir, delta.EVALUATION_TABLE)
+        frame.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
         clock.lap("evaluate")
 
     summary = SynthSummary(
@@ -273,6 +279,7 @@ def _run_synth(
         clock.timings,
         error_table,
         release.for_release,
+        eval_dir,
     )
     write_manifest(
         output / "manifest.json",
@@ -355,6 +362,7 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
             args.evaluate,
             args.overwrite,
             args.reuse_secret,
+            args.evaluation_output,
         )
         spark = spark_session(f"censusdp-synth-{config.run.name}", args.master, args.remote)
         summary = run_synth(spark, config, options)

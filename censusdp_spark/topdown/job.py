@@ -7,7 +7,8 @@ Stages (each a Spark job; nothing per node is collected to the driver):
 4. estimation level by level from the noisy table, each level written to ``estimates`` before
    the next level reads it;
 5. guarantees checked; ``microdata`` regenerated from the block estimates;
-6. with ``evaluate``: error against the truth in ``evaluation/`` (internal, not for release);
+6. with ``evaluate``: error against the truth in ``<output>.evaluation/``, beside the release
+   and never inside it (internal, not for release);
 7. the manifest, last.
 """
 
@@ -50,6 +51,7 @@ from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
 from censusdp_spark.topdown.readers import read_blocks
+from censusdp_spark.topdown.resume import redo_unfinished_steps, remove_uncommitted_files
 
 TOPDOWN = "topdown"
 
@@ -64,6 +66,7 @@ class TopDownOptions:
     resume: bool = False
     reuse_secret: bool = False
     variances: bool = False  # write total_variances (full_information only)
+    evaluation_output: Path | None = None  # None: <output>.evaluation
 
 
 @dataclass
@@ -78,6 +81,7 @@ class RunSummary:
     timings: dict[str, float] = field(default_factory=dict)
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
+    evaluation_dir: Path | None = None
 
     def text(self) -> str:
         lines = [
@@ -92,8 +96,8 @@ class RunSummary:
             f"  tables: {', '.join(delta.table_path(self.output, t) for t in (delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA))}",
             f"  manifest: {self.output / 'manifest.json'}",
         ]
-        if self.evaluation:
-            lines.append(f"  evaluation (internal, not for release): {self.output / 'evaluation'}")
+        if self.evaluation_dir is not None:
+            lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
         return "\n".join(lines)
 
 
@@ -135,6 +139,8 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
         overwrite=options.overwrite,
         resume=options.resume,
         reuse_secret=options.reuse_secret,
+        evaluate=options.evaluate,
+        evaluation_output=options.evaluation_output,
     )
 
 
@@ -174,6 +180,10 @@ def _run_topdown(
 
     secret = run.secret()  # only once the input has passed validation
     run.prepare_output()
+    if options.resume:
+        remove_uncommitted_files(spark, output)
+        redo_unfinished_steps(spark, config, run)
+        clock.lap("resume_checks")
     if not run.done("measure"):
         shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
         delta.write_table(
@@ -251,16 +261,16 @@ def _run_topdown(
         clock.lap("total_variances")
 
     evaluation_rows: list[dict[str, Any]] = []
+    eval_dir: Path | None = None
     if options.evaluate:
         truth = delta.long_cells(nodes)
         evaluation = topdown_errors(truth, released, node_counts, config).unionByName(
             baseline_errors(blocks, config, secret)
         )
-        eval_dir = output / "evaluation"
-        shutil.rmtree(eval_dir, ignore_errors=True)
-        evaluation.coalesce(1).write.format("delta").save(str((eval_dir / "table").absolute()))
+        eval_dir = run.evaluation_folder()
+        delta.write_table(evaluation.coalesce(1), eval_dir, delta.EVALUATION_TABLE)
         table: pd.DataFrame = evaluation.toPandas()
-        table.to_csv(eval_dir / "errors.csv", index=False)
+        table.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
         plot_errors(
             table,
             hierarchy.names,
@@ -282,6 +292,7 @@ def _run_topdown(
         timings=clock.timings,
         evaluation=evaluation_rows,
         for_release=run.for_release,
+        evaluation_dir=eval_dir,
     )
     write_manifest(
         output / "manifest.json",

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from censusdp_spark.cli import main
 from tests.conftest import assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,16 +67,39 @@ def test_killed_python_worker_is_retried_with_identical_noise(
     assert_same_tables(spark, reference_release, out)
 
 
-def test_killed_driver_resumes_from_the_last_complete_level(
-    spark, county_csv, fixed_secret, reference_release, tmp_path
-):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def killed_after_tract(county_csv, fixed_secret, tmp_path_factory) -> Path:
+    """The output of a run whose driver was killed once the tract level was committed."""
+    out = tmp_path_factory.mktemp("killed") / "out"
     killed = censusdp(
         *topdown_args(county_csv, fixed_secret, out),
         env={"CENSUSDP_TEST_FAULT": "driver_after_level:tract"},
     )
     assert killed.returncode == 17, killed.stderr[-3000:]
     assert not (out / "manifest.json").exists() and not (out / "microdata").exists()
+    return out
+
+
+def copy_of(killed: Path, out: Path) -> Path:
+    """The killed run's output and private folder at ``out`` (the run state names its output)."""
+    shutil.copytree(killed, out)
+    private = out.parent / f"{out.name}.private"
+    shutil.copytree(killed.parent / f"{killed.name}.private", private)
+    state = json.loads((private / "state.json").read_text())
+    (private / "state.json").write_text(json.dumps({**state, "output": str(out)}))
+    return private
+
+
+def plain_parquet_rows(spark, table: Path) -> int:
+    """What a reader that ignores the Delta log counts: every Parquet file in the folder."""
+    return spark.read.option("basePath", str(table)).parquet(str(table / "level=*")).count()
+
+
+def test_killed_driver_resumes_from_the_last_complete_level(
+    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path
+):
+    out = tmp_path / "out"
+    copy_of(killed_after_tract, out)
     commits_before = noisy_commits(out)
     resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -86,3 +114,72 @@ def test_resume_refuses_a_run_with_another_config(county_csv, fixed_secret, tmp_
     resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
     assert resumed.returncode == 2
     assert "no run state to resume from" in resumed.stderr
+
+
+def test_resume_removes_the_parquet_files_no_delta_commit_references(
+    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path
+):
+    """A block write killed mid-way leaves data files outside the Delta log: a plain-Parquet
+    reader would count them. The resumed run removes them before it writes."""
+    out = tmp_path / "out"
+    copy_of(killed_after_tract, out)
+    estimates = out / "estimates"
+    written = next((estimates / "level=tract").glob("*.parquet"))
+    orphans = [estimates / "level=block" / "part-09999-killed.c000.snappy.parquet"]
+    orphans.append(estimates / "level=tract" / "part-09998-killed.c000.snappy.parquet")
+    for orphan in orphans:
+        orphan.parent.mkdir(exist_ok=True)
+        shutil.copy(written, orphan)
+    resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not any(orphan.exists() for orphan in orphans)
+    assert "removed 2 uncommitted file(s) from estimates" in resumed.stderr
+    delta_rows = spark.read.format("delta").load(str(estimates)).count()
+    assert plain_parquet_rows(spark, estimates) == delta_rows
+    assert_same_tables(spark, reference_release, out)
+
+
+def test_resume_redoes_a_level_the_run_state_claims_but_its_table_lacks(
+    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path
+):
+    out = tmp_path / "out"
+    private = copy_of(killed_after_tract, out)
+    state = json.loads((private / "state.json").read_text())
+    assert state["steps_done"][-1] == "tract"
+    state["steps_done"] += ["block_group", "block"]  # claimed, never written
+    (private / "state.json").write_text(json.dumps(state))
+    resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "block_group is done but its table is missing or incomplete" in resumed.stderr
+    assert "estimate_tract" not in resumed.stderr and "estimate_block_group" in resumed.stderr
+    assert_same_tables(spark, reference_release, out)
+
+
+@pytest.mark.parametrize(
+    "garbled",
+    ["", "{not json", "[]", '{"release": "topdown"}', "TYPES"],
+    ids=["empty", "not_json", "a_list", "missing_fields", "wrong_types"],
+)
+def test_a_garbled_run_state_is_one_line_naming_the_file(
+    spark, county_csv, fixed_secret, tmp_path, capsys, garbled
+):
+    out = tmp_path / "out"
+    private = tmp_path / "out.private"
+    private.mkdir(mode=0o700)
+    if garbled == "TYPES":
+        garbled = json.dumps(
+            {
+                "release": "topdown",
+                "output": str(out),
+                "measurement_sha256": "0" * 64,
+                "secret_fingerprint": "f",
+                "measured": "yes",
+                "steps_done": "tract",
+            }
+        )
+    (private / "state.json").write_text(garbled)
+    code = main([*topdown_args(county_csv, fixed_secret, out, "local[2]"), "--resume"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("[censusdp]")]
+    assert code == 2
+    assert len(err) == 1 and str(private / "state.json") in err[0], err
+    assert "unreadable run state" in err[0] and "fresh run" in err[0]

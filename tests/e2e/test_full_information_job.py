@@ -13,6 +13,7 @@ import scipy.sparse as sparse
 from scipy.sparse.linalg import LinearOperator, cg
 
 from censusdp_spark.cli import main
+from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.topdown.config import load_config
 from tests.conftest import assert_same_tables
 from tests.e2e.test_faults import censusdp
@@ -168,7 +169,7 @@ def test_tract_totals_are_closer_to_the_whole_tree_gls_than_topdown(
 
 def test_county_detail_is_more_accurate_than_topdown(spark, fi_release, reference_release):
     def county_detailed_l1(release: Path) -> float:
-        rows = table(spark, release / "evaluation" / "table").filter(
+        rows = table(spark, evaluation_dir_for(release) / "table").filter(
             "method = 'topdown' AND level = 'county' AND query = 'detailed'"
         )
         return float(rows.first()["value"])

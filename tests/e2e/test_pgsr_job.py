@@ -14,6 +14,7 @@ from censusdp_spark.cli import main
 from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes, load_pgsr_config
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.model.errors import ConfigError, InputError
+from censusdp_spark.release.runner import evaluation_dir_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pgsr_calm.toml"
@@ -187,12 +188,12 @@ def test_cumulative_release_holds_every_guarantee_with_scale_l_over_epsilon(spar
 
 
 def test_evaluation_is_a_delta_table_with_emd_and_l1_per_level(spark, dp):
-    rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
+    rows = {r["level"]: r for r in table(spark, evaluation_dir_for(dp), "table").collect()}
     assert set(rows) == set(LEVELS) and all(
         r["emd_mean"] >= 0 and r["l1_mean"] >= 0 and r["nodes"] == LEVELS[lv]
         for lv, r in rows.items()
     )
-    assert "evaluation" in manifest(dp)["tables"]
+    assert "evaluation" not in manifest(dp)["tables"]  # internal, beside the release
 
 
 def test_evaluation_l1_and_emd_are_the_mean_distances_per_node(spark, dp):
@@ -202,7 +203,7 @@ def test_evaluation_l1_and_emd_are_the_mean_distances_per_node(spark, dp):
     released: dict[tuple[str, str], list[int]] = {}
     for r in table(spark, dp, "group_sizes").collect():
         released.setdefault((r["level"], r["geocode"]), [0] * 4)[r["size"] - 1] = r["count"]
-    rows = {r["level"]: r for r in table(spark, dp, "evaluation").collect()}
+    rows = {r["level"]: r for r in table(spark, evaluation_dir_for(dp), "table").collect()}
     for level in LEVELS:
         diffs = [
             np.array(x) - np.array(truth[node]) for node, x in released.items() if node[0] == level

@@ -239,3 +239,49 @@ def test_an_unusable_secret_file_is_one_line_and_writes_nothing(
     err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and str(secret) in err[0], err
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_evaluation_is_written_beside_the_release_never_inside_it(
+    spark, kind, tract_csv, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    assert run(kind, tract_csv, out, "--evaluate") == 0
+    evaluation = tmp_path / "out.evaluation"
+    assert (evaluation / "table" / "_delta_log").is_dir() and (evaluation / "errors.csv").exists()
+    marker = json.loads((evaluation / ".censusdp-evaluation").read_text())
+    assert marker["evaluates"] == str(out) and "never for release" in marker["note"]
+    assert str(evaluation) in capsys.readouterr().out  # the summary says where it went
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not any("evaluation" in name for name in [*manifest, *manifest["tables"]]), manifest
+    assert not any("evaluation" in p.name or p.name == "errors.csv" for p in out.rglob("*"))
+
+
+def test_overwrite_replaces_the_evaluation_of_the_release_it_replaces(spark, tract_csv, tmp_path):
+    out, evaluation = tmp_path / "out", tmp_path / "out.evaluation"
+    assert run("topdown", tract_csv, out, "--evaluate") == 0
+    stale = evaluation / "errors.csv"
+    stale.write_text("stale")
+    assert run("topdown", tract_csv, out, "--evaluate") == 2  # a fresh run needs --overwrite
+    assert run("topdown", tract_csv, out, "--evaluate", "--overwrite") == 0
+    assert stale.read_text() != "stale"
+    # A new release at this output without --evaluate leaves no evaluation of the old one.
+    assert run("topdown", tract_csv, out, "--overwrite") == 0
+    assert not evaluation.exists()
+
+
+def test_an_evaluation_folder_censusdp_did_not_write_is_never_touched(
+    spark, tract_csv, tmp_path, capsys
+):
+    out, theirs = tmp_path / "out", tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("keep me")
+    inside = ["--evaluate", "--evaluation-output", str(out / "eval")]
+    assert run("topdown", tract_csv, out, *inside) == 2
+    assert "must not be inside the release folder" in capsys.readouterr().err
+    code = run(
+        "topdown", tract_csv, out, "--evaluate", "--overwrite", "--evaluation-output", str(theirs)
+    )
+    err = error_lines(capsys.readouterr().err)
+    assert code == 2 and len(err) == 1 and "did not write" in err[0], err
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"] and not out.exists()

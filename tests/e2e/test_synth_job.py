@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.cli import main as synth_main
+from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.synth.config import load_synth_config
 from censusdp_spark.synth.domain import Binning, encode_tables
 from censusdp_spark.synth.spark import binning_hits, read_linked, workload_counts
@@ -91,7 +92,6 @@ def test_job_writes_synthetic_tables_evaluation_and_manifest(spark, release):
         "synthetic_households",
         "synthetic_persons",
         "noisy_measurements",
-        "evaluation/table",
     ):
         assert (release / table / "_delta_log").is_dir(), table
     households = delta(spark, release / "synthetic_households")
@@ -105,7 +105,7 @@ def test_job_writes_synthetic_tables_evaluation_and_manifest(spark, release):
     assert len(persons) == households["members"].sum()
     heads = persons[persons["member"] == 1]
     assert (heads["relationship"] == "householder").all() and len(heads) == 3414
-    evaluation = delta(spark, release / "evaluation" / "table")
+    evaluation = delta(spark, evaluation_dir_for(release) / "table")
     assert set(zip(evaluation["target"], evaluation["query_class"], strict=True)) == {
         ("model", "Q_G"),
         ("model", "Q_I"),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from censusdp_spark.release.runner import evaluation_dir_for
 from tests.conftest import assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def true_total(county_csv: Path) -> int:
 
 
 def test_release_writes_the_delta_tables_and_manifest(spark, release):
-    for table in ("noisy_measurements", "estimates", "microdata", "evaluation/table"):
+    for table in ("noisy_measurements", "estimates", "microdata"):
         assert (release / table / "_delta_log").is_dir(), table
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["guarantee_checks"] == {
@@ -73,13 +74,13 @@ def test_estimates_hold_the_state_invariant_and_microdata_matches(spark, release
 
 def test_topdown_beats_the_block_by_block_baseline_at_tract_level(spark, release):
     rows = (
-        delta(spark, release / "evaluation" / "table")
+        delta(spark, evaluation_dir_for(release) / "table")
         .filter("metric = 'mae_total' AND level = 'tract'")
         .collect()
     )
     mae = {r["method"]: r["value"] for r in rows}
     assert mae["topdown"] < mae["block_by_block"]
-    assert (release / "evaluation" / "error_by_level.png").stat().st_size > 1000
+    assert (evaluation_dir_for(release) / "error_by_level.png").stat().st_size > 1000
 
 
 def test_same_secret_reproduces_the_release_exactly(spark, release, county_csv, secret, tmp_path):
