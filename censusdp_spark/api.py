@@ -125,15 +125,17 @@ def run_group_sizes(
     overwrite: bool = False,
     reuse_secret: bool = False,
     evaluation_output: Path | None = None,
+    epsilon: Fraction | str | None = None,
 ) -> Release:
-    """Run the group-size release (PGSR) of ``config`` (as ``censusdp pgsr``)."""
+    """Run the group-size release (PGSR) of ``config`` (as ``censusdp pgsr``); ``epsilon``
+    (exact) replaces the config's total, each level keeping its share."""
     from censusdp_spark.group_sizes.config import load_pgsr_config
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
     loaded = load_pgsr_config(config)
     options = PgsrOptions(
         mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
-        reuse_secret, _path(evaluation_output),
+        reuse_secret, _path(evaluation_output), None if epsilon is None else Fraction(epsilon),
     )  # fmt: skip
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return Release.of("group_sizes", summary.output, summary)

@@ -10,7 +10,7 @@ norm of its objective and the definition of faithfulness (``"level"``, the paper
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from censusdp_spark.model.config import (
     require_spine,
     resolve,
 )
+from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_epsilon
 
@@ -210,6 +211,22 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
         document.source, run, hierarchy, groups, budget.split(fail, hierarchy), m.default, m.norm,
         m.faithfulness, spec, spine, document,
     )  # fmt: skip
+
+
+def with_epsilon(config: PgsrConfig, epsilon: Fraction) -> PgsrConfig:
+    """``config`` at another total ε (``pgsr --epsilon``), each level keeping its share; an ε
+    that is not positive, or gives a level an ε whose noise is not computable, is refused in
+    one line naming ``budget.epsilon``."""
+    fail = partial(ConfigError, config.source)
+    if epsilon <= 0:
+        raise fail("budget.epsilon", f"--epsilon {epsilon} must be positive")
+    budget_in_range(fail, "budget.epsilon", epsilon, "epsilon")
+    old = config.budget
+    shares = {lv: e / old.total_epsilon for lv, e in old.level_epsilon.items()}
+    split = split_epsilon(epsilon, shares)
+    for level, eps in split.level_epsilon.items():
+        budget_in_range(fail, f"budget.levels.{level}", eps, "epsilon")
+    return replace(config, budget=split)
 
 
 def budget_text(config: PgsrConfig) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,17 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
 from censusdp_spark.engine.session import add_remote_flag, default_parallelism
 from censusdp_spark.group_sizes import spark as gs
-from censusdp_spark.group_sizes.config import MECHANISMS, PgsrConfig, load_pgsr_config
+from censusdp_spark.group_sizes.config import (
+    MECHANISMS,
+    PgsrConfig,
+    load_pgsr_config,
+    with_epsilon,
+)
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.solvers.cost_tables import WindowTooNarrow
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
 from censusdp_spark.io import delta
-from censusdp_spark.model.errors import GuaranteeViolation
+from censusdp_spark.model.errors import ConfigError, GuaranteeViolation
 from censusdp_spark.model.geography import Level
 from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
@@ -73,6 +79,7 @@ class PgsrOptions:
     overwrite: bool = False
     reuse_secret: bool = False
     evaluation_output: Path | None = None  # None: <output>.evaluation
+    epsilon: Fraction | None = None  # None: the config's; else each level keeps its share
 
 
 @dataclass
@@ -108,7 +115,31 @@ class PgsrSummary:
             )
         if self.evaluation_dir is not None:
             lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
+            lines += [
+                f"    {r['level']:<14} L1 {r['l1_mean']:.2f}, EMD {r['emd_mean']:.2f} per node"
+                for r in self.evaluation
+            ]
         return "\n".join(lines)
+
+
+def plot_level_errors(frame: pd.DataFrame, path: Path, title: str) -> None:
+    """PNG of the mean L1 and EMD per node, level by level (internal, like the table)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for metric, label in (("l1_mean", "L1 per node"), ("emd_mean", "EMD per node")):
+        ax.plot(frame["level"], frame[metric], marker="o", label=label)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylabel("mean error per node (groups)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
@@ -122,6 +153,8 @@ def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
             f"{config.source}: [input] missing: the group-size release needs an input table"
         )
     spec = config.input if options.input is None else replace(config.input, path=options.input)
+    if options.epsilon is not None:
+        config = with_epsilon(config, options.epsilon)
     return replace(config, run=run, input=spec, mechanism=options.mechanism or config.mechanism)
 
 
@@ -160,7 +193,7 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
         config.document.doc,
         input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
-        {"noise": noise},
+        {"noise": noise, "epsilon": str(config.budget.total_epsilon)},
     )
     return ReleaseRun(
         GROUP_SIZES,
@@ -453,6 +486,8 @@ def _run_pgsr(
         order = {lv: i for i, lv in enumerate(hierarchy.names)}
         frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
         frame.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
+        title = f"{config.run.name}: {config.mechanism}, epsilon = {config.budget.total_epsilon}"
+        plot_level_errors(frame, eval_dir / "error_by_level.png", title)
         evaluation_rows = frame.to_dict("records")
         clock.lap("evaluate")
 
@@ -507,10 +542,24 @@ def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)"
     )
     parser.add_argument("--input", type=Path, help="override [input].path")
+    parser.add_argument(
+        "--epsilon",
+        help="total epsilon, exact (e.g. 1/2); each level keeps its config share",
+    )
     add_release_flags(parser)
     parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
     add_remote_flag(parser)
     return parser
+
+
+def _exact_epsilon(config: PgsrConfig, text: str | None) -> Fraction | None:
+    if text is None:
+        return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        rule = f"--epsilon {text!r} is not an exact fraction like 1/2"
+        raise ConfigError(config.source, "budget.epsilon", rule) from None
 
 
 def run_pgsr_from_args(args: argparse.Namespace) -> int:
@@ -527,6 +576,7 @@ def run_pgsr_from_args(args: argparse.Namespace) -> int:
         args.overwrite,
         args.reuse_secret,
         args.evaluation_output,
+        _exact_epsilon(config, args.epsilon),
     )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
     summary = run_pgsr(spark, config, options)

@@ -98,7 +98,25 @@ class RunSummary:
         ]
         if self.evaluation_dir is not None:
             lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
+            lines += _headline(self.evaluation, self.levels)
         return "\n".join(lines)
+
+
+def _headline(rows: list[dict[str, Any]], levels: list[str]) -> list[str]:
+    """Total-population MAE per level: each method's, the baseline's drawn and expected."""
+    mae = {(r["method"], r["level"], r["metric"]): r["value"] for r in rows}
+    methods = sorted({r["method"] for r in rows} - {"block_by_block"})
+    out = []
+    for level in levels:
+        here = [f"{m} {mae[(m, level, 'mae_total')]:.2f}" for m in methods]
+        base = ("block_by_block", level)
+        if (*base, "mae_total") in mae:
+            here.append(
+                f"block_by_block {mae[(*base, 'mae_total')]:.2f}"
+                f" (expected {mae[(*base, 'expected_mae_total')]:.2f})"
+            )
+        out.append(f"    {level:<12} total-population MAE: " + ", ".join(here))
+    return out
 
 
 def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
@@ -264,7 +282,8 @@ def _run_topdown(
     eval_dir: Path | None = None
     if options.evaluate:
         truth = delta.long_cells(nodes)
-        evaluation = topdown_errors(truth, released, node_counts, config).unionByName(
+        method = config.estimation_method
+        evaluation = topdown_errors(truth, released, node_counts, config, method).unionByName(
             baseline_errors(blocks, config, secret)
         )
         eval_dir = run.evaluation_folder()

@@ -418,3 +418,24 @@ def test_noise_added_to_the_written_measurements_has_scale_sensitivity_times_l_o
     assert abs(variance / geometric_variance(scale) - 1) < 0.16
     assert abs(variance / geometric_variance(1.3 * scale) - 1) > 0.25
     assert abs(variance / geometric_variance(scale / 1.3) - 1) > 0.25
+
+
+def test_epsilon_on_the_command_line_rescales_every_level_exactly(spark, tmp_path, secret):
+    out = tmp_path / "half"
+    code = pgsr(
+        "--config", str(CONFIG), "--epsilon", "1/2", "--output", str(out),
+        "--secret-file", str(secret), "--reuse-secret",
+    )  # fmt: skip
+    assert code == 0
+    privacy = manifest(out)["privacy"]
+    assert privacy["epsilon"] == "1/2"
+    assert {lv["geometric_scale"] for lv in privacy["levels"]} == {"20"}  # 2 / (1/10)
+
+
+@pytest.mark.parametrize(("epsilon", "rule"), [("0", "must be positive"), ("x", "exact fraction")])
+def test_a_bad_command_line_epsilon_is_one_line_and_writes_nothing(tmp_path, capsys, epsilon, rule):
+    out = tmp_path / "out"
+    assert pgsr("--config", str(CONFIG), "--epsilon", epsilon, "--output", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "budget.epsilon" in err and rule in err, err
+    assert not out.exists()
