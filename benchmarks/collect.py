@@ -21,6 +21,7 @@ ORDER = [
     "pgsr",
     "pgsr_speed",
     "pgsr_national",
+    "cumulative_scaling",
     "synth",
 ]
 

@@ -66,8 +66,10 @@ or lowers (a > b) ``H[c, a..b-1]`` by one. ``solve_cumulative_family``:
    cycle lowers its cost), and node potentials proving it follow in closed form: hub j gets
    ``Pi_j = 2 sum_{i<j} s_i``, rail node ``v[c,j]`` the cheapest walk to it from a hub along
    the rail (prefix and suffix minima, O(k m)). Any shift is valid; a good one only makes the
-   remaining excess small (measured: ~200 units at N = 5,000 where ~10^4 would remain from s
-   = 0).
+   remaining excess small (measured at N = 5,000: 140-170 units per family, against 650-1,400
+   from ``s = 0``, and 3-5 phases instead of 14-19). Where a child's optimum is tied
+   (half-way targets), the first children take the upper one, as many as bring the column
+   sums closest to ``P``.
 2. *Balancing*, from the start (optimal for its own column sums) to the balanced optimum, by
    one of two exact engines (``DENSE_SIZES`` picks; both end with the same certificate):
 
@@ -85,8 +87,8 @@ or lowers (a > b) ``H[c, a..b-1]`` by one. ``solve_cumulative_family``:
      then a maximum flow (scipy, Dinic) from the hubs in excess to the hubs in deficit
      through the arcs of reduced cost 0, each rail arc with capacity 1 (the next unit on it
      costs 2 more). Pushed along arcs of reduced cost 0 the flow keeps every reduced cost
-     non-negative, so it stays optimal for its column sums, and one phase serves every
-     deficit reachable at the current distances.
+     non-negative, so it stays optimal for its column sums; one phase pushes as many units
+     as the current shortest paths can carry, and the next phase's paths are longer.
 
    If no deficit hub is reachable, no feasible point exists (``ValueError``).
 3. *Certificate*, checked on every family: the final hub potentials give the shift
@@ -96,18 +98,29 @@ or lowers (a > b) ``H[c, a..b-1]`` by one. ``solve_cumulative_family``:
    [f_c(H') - 2 s . H'^c] + 2 s . P >= sum_c [f_c(H) - 2 s . H^c] + 2 s . P = sum_c
    f_c(H)``: H is the integer optimum.
 
-Work per family: the start is O(k m) per dual step (20 steps at most), each phase O(k m log
-(k m)) for Dijkstra plus a Dinic max flow on the same graph, memory O(k m). Measured on a
-heavy-tailed 28-leaf, 3-level tree (``benchmarks/bench_cumulative_scaling.py``): 3-5 phases
-per family from N = 100 to N = 5,000, whatever N. The old solver needed (k, m, m) arrays
-(2 GB at N = 5,000) and one Bellman-Ford per unit of excess. Integer costs are held exactly in
-float64 for Dijkstra (they stay far below 2^53) and capacities in int32 (clipped; a phase then
-sends less, which is still correct).
+Why this design (issue 17). The old solver balanced one unit per Bellman-Ford on the dense
+hub graph, with ``(k, m, m)`` arrays for the one-chain fits: O(units x m^2) time, 2.5 GB and
+more than 20 minutes at N = 4,919; profiling showed 80% of the time in the Bellman-Ford loop
+and ~1-2 units of excess per column left by its start. Here the start comes from the dual
+(the problem is a Lagrangian on the column sums over independent isotonic chains), the
+one-chain fits are O(m), and the balancing runs on the sparse network (``4 k m`` arcs instead
+of ``k (m + 1)^2``), many units per phase.
 
-Limits: time and memory grow like k N (times log for Dijkstra); the practical limit is the
-Python driver's time, not memory (the arrays are a few MB at N = 5,000; N = 10^6 would need
-~100 MB per family of 7 and minutes). Dinic's max flow is not near-linear in the worst case;
-here it meets unit-capacity rails and few phases.
+Work per family of k children and m sizes: the start is O(k m) per dual step (at most
+``DUAL_STEPS_LONG``), each phase O(k m log(k m)) for Dijkstra plus a Dinic max flow on the
+same graph (not linear in the worst case; here unit-capacity rails, and it costs about as
+much as the Dijkstra), memory O(k m). Counted, not assumed: 3-5 phases per family from N = 100 to
+N = 50,000 on the heavy-tailed benchmark tree and on the unit tests' families, whatever N.
+Integer costs are held exactly in float64 for Dijkstra (far below 2^53) and capacities in
+int32 (clipped: a phase then sends less, which is still correct).
+
+Measured (``benchmarks/bench_cumulative_scaling.py``, ``BENCHMARKS.md``): a root -> 4 -> 28
+tree with 300,000 groups takes ~1 s at N = 5,000 (about 2x ``dp``'s post-processing; the old
+solver did not finish) and ~11 s at N = 50,000; at N = 7 and on the real CALM tree (N = 4) it
+is at least as fast as the old solver. Limits: about 600 bytes and 10-15 µs per (child, size)
+cell of a family, so one family of 7 children at N = 400,000 (2.8 M cells) takes ~45 s and
+1.9 GiB; a 24 GiB machine holds families of roughly 30 M cells. Beyond that, or for many
+families at such N per Spark task, memory is the limit.
 
 The top-down sequence as a whole is *not* the global optimum of Model 2 over the tree (a
 parent is fixed before its children are seen), exactly as in TopDown; every family step is.
@@ -115,6 +128,7 @@ parent is fixed before its children are seen), exactly as in TopDown; every fami
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,13 +170,19 @@ def _rounded(sums: np.ndarray, lengths: np.ndarray, scale: int, halves_up: bool)
     return -((scale * lengths - 2 * sums) // (2 * scale * lengths))
 
 
+@functools.cache
+def _spans(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """``unordered[a, b]`` (a > b) and ``span[a, b]``, the number of columns a..b (1 if a > b)."""
+    length = np.arange(m)[None, :] - np.arange(m)[:, None] + 1
+    return length < 1, np.maximum(length, 1)
+
+
 def _dense_isotonic(targets: np.ndarray, scale: int | None, halves_up: bool = False) -> np.ndarray:
     """Per row the max-min formula over all (a, b): with ``scale`` an integer, the integer fit
     ``ceil(h* - 1/2)`` (or ``floor(h* + 1/2)``) of ``targets / scale`` (integer arithmetic:
     rounding is monotone, so it commutes with max-min); with None, ``h*`` (floats)."""
     k, m = targets.shape
-    length = np.arange(m)[None, :] - np.arange(m)[:, None] + 1
-    ordered, span = length >= 1, np.maximum(length, 1)
+    unordered, span = _spans(m)
     prefix = np.zeros((k, m + 1), dtype=targets.dtype)
     np.cumsum(targets, axis=1, out=prefix[:, 1:])
     sums = prefix[:, None, 1:] - prefix[:, :-1, None]  # [c, a, b]: sum of a..b
@@ -172,9 +192,9 @@ def _dense_isotonic(targets: np.ndarray, scale: int | None, halves_up: bool = Fa
     else:
         means = _rounded(sums, span, scale, halves_up)
         limit = int(np.iinfo(np.int64).max)
-    means[:, ~ordered] = limit
+    means[:, unordered] = limit
     lowest_after = np.minimum.accumulate(means[:, :, ::-1], axis=2)[:, :, ::-1]
-    lowest_after[:, ~ordered] = -limit
+    lowest_after[:, unordered] = -limit
     return lowest_after.max(axis=1)  # max_{a<=j} min_{b>=j}
 
 
