@@ -116,8 +116,8 @@ int32 (clipped: a phase then sends less, which is still correct).
 
 Measured (``benchmarks/bench_cumulative_scaling.py``, ``BENCHMARKS.md``): a root -> 4 -> 28
 tree with 300,000 groups takes ~1 s at N = 5,000 (about 2x ``dp``'s post-processing; the old
-solver did not finish) and ~11 s at N = 50,000; at N = 7 and on the real CALM tree (N = 4) it
-is at least as fast as the old solver. Limits: about 600 bytes and 10-15 µs per (child, size)
+solver did not finish at N = 400) and 7-11 s at N = 50,000 (1.5-2.3x ``dp``); at N = 4-7 (the
+real CALM tree, a national-like spine) it is 1.1-2x faster than the old solver. Limits: about 600 bytes and 10-15 µs per (child, size)
 cell of a family, so one family of 7 children at N = 400,000 (2.8 M cells) takes ~45 s and
 1.9 GiB; a 24 GiB machine holds families of roughly 30 M cells. Beyond that, or for many
 families at such N per Spark task, memory is the limit.
@@ -146,6 +146,7 @@ DUAL_STEPS_SHORT = 8
 DUAL_STEPS_LONG = 20
 _SHIFT_DENOMINATOR = 2  # the start's target shifts are multiples of 1/2
 _INT32_MAX = np.iinfo(np.int32).max
+_INT64_SAFE = 2**62  # int64 intermediate products stay below this (room for a sum of two)
 
 
 def to_cumulative(counts: np.ndarray) -> np.ndarray:
@@ -214,7 +215,10 @@ def _integer_pav(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _isotonic_blocks(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The isotonic regression's blocks of an integer row (sums, lengths), exactly: scipy's PAV
-    proposes them, integers verify the optimality conditions, an integer PAV redoes a failure."""
+    proposes them, integers verify the optimality conditions, an integer PAV redoes a failure
+    (and rows whose products ``sum x length`` could overflow int64)."""
+    if int(np.abs(row).max(initial=0)) * row.size**2 >= _INT64_SAFE:
+        return _integer_pav(row)
     bounds = isotonic_regression(row.astype(np.float64)).blocks
     starts, lengths = bounds[:-1], np.diff(bounds)
     sums = np.add.reduceat(row, starts)
@@ -255,8 +259,12 @@ def _real_isotonic(targets: np.ndarray, caps: np.ndarray) -> np.ndarray:
 
 
 def _shifted_cost(chains: np.ndarray, noisy: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """Per child, ``4 sum_j (H_j - H~_j - shift_j / 2)^2`` (shift in halves; exact integers)."""
-    return np.square(2 * chains - 2 * noisy - shift).sum(axis=1)
+    """Per child, ``4 sum_j (H_j - H~_j - shift_j / 2)^2`` (shift in halves; exact integers,
+    Python's where int64 could overflow)."""
+    gaps = 2 * chains - 2 * noisy - shift
+    if int(np.abs(gaps).max(initial=0)) ** 2 * gaps.shape[1] >= _INT64_SAFE:
+        gaps = gaps.astype(object)
+    return np.square(gaps).sum(axis=1)
 
 
 # --- a family: convex-cost flow ----------------------------------------------------------------
