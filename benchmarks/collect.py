@@ -22,6 +22,7 @@ ORDER = [
     "pgsr",
     "pgsr_speed",
     "pgsr_national",
+    "cumulative_scaling",
     "synth",
 ]
 

@@ -12,7 +12,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from censusdp_spark.group_sizes.config import load_pgsr_config
-from censusdp_spark.group_sizes.solvers import batch
+from censusdp_spark.group_sizes.solvers import batch, cumulative
 from censusdp_spark.group_sizes.solvers.batch import LeafFamilies, TableFamilies, Tables
 from censusdp_spark.group_sizes.solvers.cost_tables import (
     CostTable,
@@ -28,6 +28,7 @@ from censusdp_spark.group_sizes.solvers.cumulative import (
     cumulative_release,
     from_cumulative,
     solve_cumulative_family,
+    solve_family_certified,
     to_cumulative,
 )
 from censusdp_spark.group_sizes.solvers.reference_milp import solve_exact_milp
@@ -598,12 +599,22 @@ def test_naive_rounding_can_break_consistency_and_violations_count_it():
 # --- the cumulative mechanism ------------------------------------------------------------------
 
 
+@pytest.fixture(params=["unit paths", "primal-dual"])
+def engine(request, monkeypatch):
+    """Both family engines on the same (small) families: short chains take unit paths on the
+    dense hub graph, long ones primal-dual phases on the sparse network (and the isotonic fits
+    by PAV); a threshold of 0 sends every family down the long path."""
+    if request.param == "primal-dual":
+        monkeypatch.setattr(cumulative, "DENSE_SIZES", 0)
+    return request.param
+
+
 def test_cumulative_round_trip():
     x = np.array([[3, 0, 2, 5], [0, 0, 0, 1]])
     assert (from_cumulative(to_cumulative(x), x.sum(1)) == x).all()
 
 
-def test_cumulative_family_is_the_exact_integer_optimum():
+def test_cumulative_family_is_the_exact_integer_optimum(engine):
     rng = np.random.default_rng(11)
 
     def chains(g: int, m: int) -> list[tuple[int, ...]]:
@@ -769,7 +780,7 @@ def assert_feasible(found: np.ndarray, caps: np.ndarray, parent: np.ndarray | No
     assert parent is None or (found.sum(axis=0) == parent).all()
 
 
-def test_cumulative_family_matches_brute_force_on_300_small_random_families():
+def test_cumulative_family_matches_brute_force_on_300_small_random_families(engine):
     rng = np.random.default_rng(21)
     for i in range(300):
         noisy, caps, parent = random_family(rng, 3, 4, twins=i % 3 == 0)
@@ -778,7 +789,7 @@ def test_cumulative_family_matches_brute_force_on_300_small_random_families():
         assert int(np.square(found - noisy).sum()) == brute_force_family(noisy, caps, parent)
 
 
-def test_cumulative_family_matches_highs_with_big_counts():
+def test_cumulative_family_matches_highs_with_big_counts(engine):
     rng = np.random.default_rng(22)
     for _ in range(60):
         noisy, caps, parent = random_family(rng, 100_000, 300)
@@ -788,7 +799,7 @@ def test_cumulative_family_matches_highs_with_big_counts():
         assert np.square(found - noisy).sum() == np.square(reference - noisy).sum()
 
 
-def test_cumulative_family_matches_highs_on_many_children():
+def test_cumulative_family_matches_highs_on_many_children(engine):
     rng = np.random.default_rng(23)
     for _ in range(20):
         k, m = int(rng.integers(10, 40)), 7
@@ -801,12 +812,86 @@ def test_cumulative_family_matches_highs_on_many_children():
         assert np.square(found - noisy).sum() == np.square(reference - noisy).sum()
 
 
-def test_cumulative_family_without_a_feasible_point_raises():
+def test_cumulative_family_without_a_feasible_point_raises(engine):
     noisy = np.array([[1, 2], [0, 3]])
     with pytest.raises(ValueError, match="no monotone"):
         solve_cumulative_family(noisy, np.array([2, 2]), np.array([1, 5]))
     with pytest.raises(ValueError, match="no monotone"):
         solve_cumulative_family(noisy, np.array([2, 2]), np.array([3, 2]))
+
+
+def heavy_tailed_family(
+    rng: np.random.Generator, k: int, m: int, groups: int, noise: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """k children with Poisson(groups) groups of sizes 1..m drawn with probability ~ 1/size^2:
+    noisy cumulative counts (truth + uniform noise in -noise..noise) and the true ones."""
+    law = np.arange(1, m + 1, dtype=np.float64) ** -2.0
+    counts = np.stack([rng.multinomial(g, law / law.sum()) for g in rng.poisson(groups, k)])
+    truth = np.cumsum(counts, axis=1)
+    return truth + rng.integers(-noise, noise + 1, size=truth.shape), truth
+
+
+@pytest.mark.parametrize("faithfulness", ["level", "node"])
+def test_long_cumulative_families_match_highs(faithfulness):
+    """N up to 1,000 (the primal-dual engine) against the independent HiGHS optimum; under node
+    faithfulness every child's cap (its number of groups) binds the last column."""
+    rng = np.random.default_rng(24)
+    for k, m in [(1, 40), (2, 60), (4, 200), (7, 400), (7, 1_000)]:
+        noisy, truth = heavy_tailed_family(rng, k, m, 2_000, 3)
+        if faithfulness == "level":
+            caps, parent = np.full(k, 10**6), truth.sum(axis=0)
+        else:
+            caps, parent, noisy = truth[:, -1], truth[:, :-1].sum(axis=0), noisy[:, :-1]
+        found = solve_cumulative_family(noisy, caps, parent)
+        assert_feasible(found, caps, parent)
+        reference = highs_window_family(noisy, caps, parent)
+        assert np.square(found - noisy).sum() == np.square(reference - noisy).sum()
+
+
+def test_cumulative_phases_do_not_grow_with_the_number_of_sizes():
+    """The work of the long-family engine, counted (not timed): primal-dual phases (one
+    Dijkstra and one max flow each) stay a small constant from N = 100 to N = 5,000. Up to
+    N = 1,000 the certificate's shift is checked again with the dense max-min formula (the
+    other implementation of the one-chain fit): every child is its own optimum under it."""
+    rng = np.random.default_rng(25)
+    for m in [100, 1_000, 5_000]:
+        for _ in range(3):
+            noisy, truth = heavy_tailed_family(rng, 7, m, 10_000, 3)
+            caps = np.full(7, 10**6)
+            solution = solve_family_certified(noisy, caps, truth.sum(axis=0))
+            assert solution.phases <= 8
+            assert_feasible(solution.cumulative, caps, truth.sum(axis=0))
+            if m <= 1_000:
+                targets = 2 * noisy + solution.shift  # in halves
+                own = np.clip(cumulative._dense_isotonic(targets, 2), 0, caps[:, None])
+                assert (
+                    np.square(2 * solution.cumulative - targets).sum(axis=1)
+                    == np.square(2 * own - targets).sum(axis=1)
+                ).all()
+
+
+def test_isotonic_blocks_are_exact_and_match_the_dense_formula():
+    rng = np.random.default_rng(26)
+    for _ in range(200):
+        m = int(rng.integers(1, 24))
+        row = rng.integers(-50, 50, size=m) + rng.integers(0, 3) * np.arange(m)
+        sums, lengths = cumulative._isotonic_blocks(row)
+        assert (sums == cumulative._integer_pav(row)[0]).all()
+        assert (lengths == cumulative._integer_pav(row)[1]).all()
+        for scale in (1, 2):
+            for halves_up in (False, True):
+                dense = cumulative._dense_isotonic(row[None, :], scale, halves_up)[0]
+                by_blocks = np.repeat(cumulative._rounded(sums, lengths, scale, halves_up), lengths)
+                assert (dense == by_blocks).all()
+
+
+def test_wrong_floating_point_blocks_are_caught_and_redone_in_integers(monkeypatch):
+    class OneBlock:
+        blocks = np.array([0, 8])  # pools everything: not the isotonic regression
+
+    monkeypatch.setattr(cumulative, "isotonic_regression", lambda y: OneBlock)
+    sums, lengths = cumulative._isotonic_blocks(np.array([5, 1, 7, 7, 2, 9, 9, 30]))
+    assert sums.tolist() == [6, 16, 18, 30] and lengths.tolist() == [2, 3, 2, 1]
 
 
 # --- noise scales -------------------------------------------------------------------------------

@@ -1,0 +1,262 @@
+"""Group-size release: post-processing time of M_c (cumulative) against M_H^dp as the number of
+sizes N grows, and against the previous cumulative solver (issue 17). Writes
+benchmarks/results/cumulative_scaling.md.
+
+    .venv/bin/python benchmarks/bench_cumulative_scaling.py [--sizes 7 100 400 1000 5000]
+        [--groups 300000] [--old-timeout 60]
+
+The tree is synthetic and heavy-tailed: root -> 4 -> 28 leaves, each leaf Poisson(groups / 28)
+groups with sizes 1..N drawn with probability ~ 1/size^2 (so a few hundred groups above size
+1,000 at N = 5,000). Noise is the project's own (keyed geometric, eps = 1, L = 3: scale 6 for
+histograms, 3 for cumulative counts), level faithfulness. `dp` and `cumulative` post-process
+the same truth in the same process, one after the other (best of 3 runs each); the ratio is
+cumulative / dp. The previous solver (``OLD_COMMIT``'s ``cumulative.py``, read from git) solves
+the very families the new one solved (same parents), in a child process killed after
+``--old-timeout`` seconds; once it times out, larger N are not tried. Small trees (the real
+CALM tree, N = 4, and a synthetic national-like spine, N = 7) compare new and old on every
+family the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import time
+import types
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from bench_pgsr import PUMS_SIZES, Dataset, calm, noisy, peak_memory_gib, reset_peak_memory
+
+from censusdp_spark.group_sizes.solvers import cumulative
+from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD_COMMIT = "cf7a790"  # the last commit with the unit-by-unit Bellman-Ford solver
+RUNS = 3  # best of 3 runs; the old solver once, and 3 more (in turn with the new) if quick
+QUICK_S = 5.0
+EPSILON = Fraction(1)
+
+
+def heavy_tailed(sizes: int, groups: int, seed: int = 1) -> Dataset:
+    """root -> 4 -> 28 leaves; leaf sizes 1..N with probability ~ 1/size^2."""
+    rng = np.random.default_rng(seed)
+    parent = np.array([-1] + [0] * 4 + [1 + i // 7 for i in range(28)])
+    depth = np.array([0] + [1] * 4 + [2] * 28)
+    law = np.arange(1, sizes + 1, dtype=np.float64) ** -2.0
+    truth = np.zeros((parent.size, sizes), dtype=np.int64)
+    for leaf, g in zip(range(5, 33), rng.poisson(groups / 28, 28), strict=True):
+        truth[leaf] = rng.multinomial(g, law / law.sum())
+    for r in range(parent.size - 1, 0, -1):
+        truth[parent[r]] += truth[r]
+    return Dataset(f"heavy-tailed 1-4-28, N={sizes:,}", parent, depth, truth)
+
+
+def spine(fanouts: list[int], households: int, seed: int = 3) -> Dataset:
+    """A full tree with the given fan-outs, PUMS size law folded to sizes 1..7+ (national's)."""
+    rng = np.random.default_rng(seed)
+    parent, depth, frontier = [-1], [0], [0]
+    for level, fanout in enumerate(fanouts, start=1):
+        nxt = []
+        for p in frontier:
+            for _ in range(fanout):
+                parent.append(p)
+                depth.append(level)
+                nxt.append(len(parent) - 1)
+        frontier = nxt
+    parents = np.array(parent)
+    law = np.concatenate([PUMS_SIZES[:6], [PUMS_SIZES[6:].sum()]])
+    truth = np.zeros((parents.size, law.size), dtype=np.int64)
+    for leaf, g in zip(frontier, rng.poisson(households, len(frontier)), strict=True):
+        truth[leaf] = rng.multinomial(g, law / law.sum())
+    for r in range(parents.size - 1, 0, -1):
+        truth[parents[r]] += truth[r]
+    shape = "x".join(map(str, fanouts))
+    return Dataset(
+        f"synthetic {shape} ({parents.size:,} nodes), N=7", parents, np.array(depth), truth
+    )
+
+
+@functools.cache
+def old_module() -> types.ModuleType:
+    source = subprocess.run(
+        ["git", "show", f"{OLD_COMMIT}:censusdp_spark/group_sizes/solvers/cumulative.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    module = types.ModuleType("old_cumulative")
+    exec(compile(source, f"{OLD_COMMIT}:cumulative.py", "exec"), module.__dict__)
+    return module
+
+
+def best_of(runs: int, work) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(runs):
+        started = time.perf_counter()
+        result = work()
+        times.append(time.perf_counter() - started)
+    return min(times), result
+
+
+def families(
+    tree: GroupTree, counts: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Every family's inputs (noisy, parent's histogram, caps) below the released ``counts``."""
+    total = int(tree.groups[0])
+    kids = tree.children()
+    return [
+        (tree.noisy[kids[r]], counts[r], np.full(kids[r].size, total))
+        for r in range(len(kids))
+        if kids[r].size
+    ]
+
+
+def family_costs(solver, inputs) -> list[int]:
+    costs = []
+    for noisy_rows, parent, caps in inputs:
+        found = np.cumsum(solver(noisy_rows, parent, "level", caps), axis=1)
+        costs.append(int(np.square(found - noisy_rows).sum()))
+    return costs
+
+
+def solve_old(old: types.ModuleType, tree: GroupTree, inputs) -> list[int]:
+    old.cumulative_root(tree.noisy[0], int(tree.groups[0]), "level")
+    return family_costs(old.cumulative_family, inputs)
+
+
+def _old_child(tree: GroupTree, inputs, queue) -> None:
+    old = old_module()
+    reset_peak_memory()
+    seconds, costs = best_of(1, lambda: solve_old(old, tree, inputs))
+    queue.put((seconds, costs, peak_memory_gib()))
+
+
+def run_old(tree: GroupTree, inputs, timeout: float) -> tuple[float, list[int], float] | None:
+    """The previous solver on the same root and families, one run in a child process:
+    seconds, family objectives, peak GiB (None: timed out)."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_old_child, args=(tree, inputs, queue))
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return None
+    return queue.get()
+
+
+def release(tree: GroupTree) -> np.ndarray:
+    return cumulative.cumulative_release(tree)
+
+
+def compare(data: Dataset, old_timeout: float | None) -> dict:
+    cum = noisy(data, "cumulative", EPSILON, 0, "level")
+    hist = noisy(data, "histogram", EPSILON, 0, "level")
+    dp_s, _ = best_of(RUNS, lambda: dp_release(hist, "l2"))
+    reset_peak_memory()
+    new_s, counts = best_of(RUNS, lambda: release(cum))
+    new_peak = peak_memory_gib()
+    inputs = families(cum, np.asarray(counts))
+    phases = [cumulative.solve_family_certified(n, c, np.cumsum(p)).phases for n, p, c in inputs]
+    row = {
+        "tree": data.name,
+        "cells": cum.noisy.size,
+        "dp_s": dp_s,
+        "new_s": new_s,
+        "new_peak": new_peak,
+        "phases": max(phases, default=0),
+        "engine": "unit paths" if data.truth.shape[1] <= cumulative.DENSE_SIZES else "primal-dual",
+        "old": None,
+    }
+    if old_timeout is not None:
+        old = run_old(cum, inputs, old_timeout)
+        if old is None:
+            row["old"] = "timeout"
+            return row
+        old_s, old_costs, old_peak = old
+        paired_s = new_s
+        if old_s < QUICK_S:  # quick: old and new in turn in this process (the load varies)
+            module = old_module()
+            for _ in range(RUNS):
+                old_s = min(old_s, best_of(1, lambda: solve_old(module, cum, inputs))[0])
+                paired_s = min(paired_s, best_of(1, lambda: release(cum))[0])
+        same = old_costs == family_costs(cumulative.cumulative_family, inputs)
+        row["old"] = (old_s, paired_s, same)
+    return row
+
+
+def old_cells(row: dict, timeout: float) -> tuple[str, str, str]:
+    if row["old"] is None:
+        return "not run", "", ""
+    if row["old"] == "timeout":
+        return f"> {timeout:.0f} s", "", ""
+    old_s, paired_s, same = row["old"]
+    return f"{old_s:.3f}", f"{old_s / paired_s:.1f}", "yes" if same else "NO"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--sizes", nargs="+", type=int, default=[7, 100, 400, 1_000, 5_000, 20_000, 50_000]
+    )
+    parser.add_argument("--groups", type=int, default=300_000)
+    parser.add_argument("--old-timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    started = time.perf_counter()
+    rows, timed_out = [], False
+    for sizes in args.sizes:
+        row = compare(heavy_tailed(sizes, args.groups), None if timed_out else args.old_timeout)
+        timed_out = timed_out or row["old"] == "timeout"
+        rows.append(row)
+        print(row, f"({time.perf_counter() - started:.0f} s)", flush=True)
+    small = [compare(data, args.old_timeout) for data in (calm(), spine([10, 10, 10], 30))]
+    for row in small:
+        print(row, flush=True)
+    command = "python benchmarks/bench_cumulative_scaling.py " + " ".join(sys.argv[1:])
+    lines = [
+        "# Group-size release: cumulative (M_c) post-processing time as N grows (issue 17)",
+        "",
+        f"Command: `{command.strip()}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"load average at start {load} (shared machine; ratios compare runs in the same process).  ",
+        f"Wall time {time.perf_counter() - started:.0f} s. eps = 1, level faithfulness, one trial.",
+        "",
+        f"Heavy-tailed synthetic tree (root -> 4 -> 28 leaves, {args.groups:,} groups, sizes 1..N",
+        "with probability ~ 1/size^2). `dp s` and `cumulative s`: best of 3 in-process runs of",
+        "`dp_release` and `cumulative_release` on their own noisy measurements of the same truth.",
+        "`phases`: the most primal-dual phases (or unit paths, for N <= 24) any family needed.",
+        "`peak GiB`: the process's peak resident memory during the cumulative runs (Python, numpy,",
+        f"scipy and pandas included). `old s`: the previous solver (`{OLD_COMMIT}`) on the very",
+        "families the new one solved: one run in a child process stopped at the timeout (then",
+        f"larger N are not tried); where it took < {QUICK_S:.0f} s, {RUNS} more runs alternating with",
+        "the new solver's in this process (best of each). `same optima`: every family's",
+        "objective equal, old vs new; `old / new` divides by the new solver's best run of those.",
+        "",
+        "| tree | cells | dp s | cumulative s | cumulative / dp | phases | peak GiB | old s | old / new | same optima |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows + small:
+        old_s, ratio, same = old_cells(row, args.old_timeout)
+        lines.append(
+            f"| {row['tree']} | {row['cells']:,} | {row['dp_s']:.3f} | {row['new_s']:.3f} | "
+            f"{row['new_s'] / row['dp_s']:.2f} | {row['phases']} ({row['engine']}) | "
+            f"{row['new_peak']:.2f} | {old_s} | {ratio} | {same} |"
+        )
+    out = ROOT / "benchmarks" / "results" / "cumulative_scaling.md"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
