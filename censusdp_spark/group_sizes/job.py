@@ -41,6 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
+from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.engine.session import add_remote_flag, default_parallelism
 from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import (
@@ -59,11 +60,10 @@ from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
     Clock,
     ReleaseRun,
-    SecretSource,
     add_release_flags,
     input_fingerprint,
     measurement_fingerprint,
-    private_dir_for,
+    with_command_line,
 )
 
 GROUP_SIZES = "group_sizes"
@@ -143,11 +143,7 @@ def plot_level_errors(frame: pd.DataFrame, path: Path, title: str) -> None:
 
 
 def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
-    run = config.run
-    if options.output is not None:
-        run = replace(run, output=options.output, private_dir=private_dir_for(options.output))
-    if options.secret_file is not None:
-        run = replace(run, secret_file=options.secret_file)
+    run = with_command_line(config.run, options.output, options.secret_file)
     if config.input is None:
         raise ValueError(
             f"{config.source}: [input] missing: the group-size release needs an input table"
@@ -195,18 +191,8 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
         POST_PROCESSING_KEYS,
         {"noise": noise, "epsilon": str(config.budget.total_epsilon)},
     )
-    return ReleaseRun(
-        GROUP_SIZES,
-        config.run.output,
-        config.run.private_dir,
-        SecretSource(config.run.secret_file, config.run.secret_env),
-        measured,
-        overwrite=options.overwrite,
-        reuse_secret=options.reuse_secret,
-        streams=f"{GROUP_SIZES}/{noise}",
-        evaluate=options.evaluate,
-        evaluation_output=options.evaluation_output,
-    )
+    streams = f"{GROUP_SIZES}/{noise}"
+    return ReleaseRun.of(GROUP_SIZES, config.run, measured, options, streams)
 
 
 def _root_release(
@@ -415,7 +401,7 @@ def _union(levels: list[DataFrame]) -> DataFrame:
 
 def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
     config = _apply_options(config, options)
-    with release_run(config, options) as run:
+    with release_run(config, options) as run, reporting_progress(spark):
         return _run_pgsr(spark, config, options, run)
 
 

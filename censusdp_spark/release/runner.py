@@ -49,10 +49,10 @@ import shutil
 import time
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from censusdp_spark.model.config import RunOptions
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
@@ -216,6 +216,33 @@ def private_dir_for(output: Path) -> Path:
     return output.parent / f"{output.name}.private"
 
 
+def with_command_line(run: RunOptions, output: Path | None, secret_file: Path | None) -> RunOptions:
+    """``[run]`` with ``--output`` and ``--secret-file`` applied. A different output is a
+    different run: its private folder (state, generated secret) sits beside it rather than in
+    the config's ``private_dir``."""
+    if output is not None:
+        run = replace(run, output=output, private_dir=private_dir_for(output))
+    if secret_file is not None:
+        run = replace(run, secret_file=secret_file)
+    return run
+
+
+class ReleaseFlags(Protocol):
+    """The command-line choices every release's runner reads (``add_release_flags``)."""
+
+    @property
+    def overwrite(self) -> bool: ...
+
+    @property
+    def reuse_secret(self) -> bool: ...
+
+    @property
+    def evaluate(self) -> bool: ...
+
+    @property
+    def evaluation_output(self) -> Path | None: ...
+
+
 def evaluation_dir_for(output: Path) -> Path:
     """The default evaluation folder of a release at ``output``: beside it, never inside it."""
     return output.parent / f"{output.name}.evaluation"
@@ -298,6 +325,31 @@ class ReleaseRun:
         self._secret: bytes | None = None
         self._lock: IO[str] | None = None
         self._made_private_dir = False
+
+    @classmethod
+    def of(
+        cls,
+        release: str,
+        run: RunOptions,
+        measurement_sha256: str,
+        flags: ReleaseFlags,
+        streams: str | None = None,
+    ) -> ReleaseRun:
+        """The runner of a release of ``run`` (command line applied) with ``flags``; a release
+        without ``--resume`` has no ``resume`` flag."""
+        return cls(
+            release,
+            run.output,
+            run.private_dir,
+            SecretSource(run.secret_file, run.secret_env),
+            measurement_sha256,
+            overwrite=flags.overwrite,
+            resume=bool(getattr(flags, "resume", False)),
+            reuse_secret=flags.reuse_secret,
+            streams=streams,
+            evaluate=flags.evaluate,
+            evaluation_output=flags.evaluation_output,
+        )
 
     def __enter__(self) -> ReleaseRun:
         self._check_output_folder()

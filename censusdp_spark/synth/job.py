@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
@@ -39,11 +40,10 @@ from censusdp_spark.release.runner import (
     OutputExistsError,
     ReleaseRun,
     SecretError,
-    SecretSource,
     add_release_flags,
     input_fingerprint,
     measurement_fingerprint,
-    private_dir_for,
+    with_command_line,
 )
 from censusdp_spark.synth.config import METHODS, SynthConfig, load_synth_config
 from censusdp_spark.synth.domain import decode
@@ -143,13 +143,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
     if options.method not in METHODS:
         raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
     rho, delta_ = resolve_rho(config, options)
-    run_options = config.run
-    if options.output is not None:
-        run_options = replace(
-            run_options, output=options.output, private_dir=private_dir_for(options.output)
-        )
-    if options.secret_file is not None:
-        run_options = replace(run_options, secret_file=options.secret_file)
+    run_options = with_command_line(config.run, options.output, options.secret_file)
     config = replace(config, run=run_options)
     rounds = options.rounds or config.budget.rounds_for(rho)
     measured = measurement_fingerprint(
@@ -158,19 +152,8 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         input_fingerprint([config.input.households, config.input.persons]),
         settings={"method": options.method, "rho": str(rho), "rounds": rounds},
     )
-    release = ReleaseRun(
-        SYNTH,
-        run_options.output,
-        run_options.private_dir,
-        SecretSource(run_options.secret_file, run_options.secret_env),
-        measured,
-        overwrite=options.overwrite,
-        reuse_secret=options.reuse_secret,
-        streams=f"{SYNTH}/{options.method}",
-        evaluate=options.evaluate,
-        evaluation_output=options.evaluation_output,
-    )
-    with release:
+    release = ReleaseRun.of(SYNTH, run_options, measured, options, f"{SYNTH}/{options.method}")
+    with release, reporting_progress(spark):
         return _run_synth(spark, config, options, release, rho, delta_, rounds)
 
 

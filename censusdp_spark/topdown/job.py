@@ -27,14 +27,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import node_histograms, node_totals
+from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.io import delta
 from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
     ReleaseRun,
-    SecretSource,
     input_fingerprint,
     measurement_fingerprint,
-    private_dir_for,
+    with_command_line,
 )
 from censusdp_spark.topdown.bottom_up import (
     BOTTOM_UP,
@@ -120,13 +120,7 @@ def _headline(rows: list[dict[str, Any]], levels: list[str]) -> list[str]:
 
 
 def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
-    run = config.run
-    if options.output is not None:
-        # A different output is a different run: its private area (state, generated secret)
-        # sits beside it rather than in the config's private_dir.
-        run = replace(run, output=options.output, private_dir=private_dir_for(options.output))
-    if options.secret_file is not None:
-        run = replace(run, secret_file=options.secret_file)
+    run = with_command_line(config.run, options.output, options.secret_file)
     spec = config.input
     if spec is None:
         raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
@@ -148,18 +142,7 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
         input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
     )
-    return ReleaseRun(
-        TOPDOWN,
-        config.run.output,
-        config.run.private_dir,
-        SecretSource(config.run.secret_file, config.run.secret_env),
-        measured,
-        overwrite=options.overwrite,
-        resume=options.resume,
-        reuse_secret=options.reuse_secret,
-        evaluate=options.evaluate,
-        evaluation_output=options.evaluation_output,
-    )
+    return ReleaseRun.of(TOPDOWN, config.run, measured, options)
 
 
 def _driver_fault(after_level: str) -> None:
@@ -178,7 +161,7 @@ def invariant_levels(config: RunConfig) -> list[str]:
 
 def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions) -> RunSummary:
     config = _apply_options(config, options)
-    with release_run(config, options) as run:
+    with release_run(config, options) as run, reporting_progress(spark):
         return _run_topdown(spark, config, options, run)
 
 

@@ -3,8 +3,8 @@ it (a ``censusdp`` subprocess per case), keeps the same promise. Exit code 2; on
 one line of its own, naming the file and the rule (Spark's start-up log lines aside), no
 traceback; nothing under ``--output`` and no private folder (``<output>.private``) left behind.
 
-Each case starts a JVM (about half a minute here), so the fast suite runs one case per release
-and the slow suite all of them. The per-rule tests beside each reader (``tests/topdown/
+Each case starts a JVM subprocess (about half a minute here), so every case is ``slow`` (the
+fast suite, ``-m "not slow"``, starts no JVM subprocess); the per-rule tests beside each reader (``tests/topdown/
 test_readers.py``, ``test_pgsr_job.py``, ``test_synth_job.py``) check the rules in process."""
 
 from __future__ import annotations
@@ -132,7 +132,6 @@ def past_int64(lines: list[str]) -> list[str]:
 
 
 BLOCKS = in_folder("blocks.csv")
-FAST = {"unquoted-comma-in-vtd", "pgsr-count-past-int64", "synth-person-listed-twice"}
 CASES = {
     # issue #18: silently accepted (wrong numbers released) or a traceback on main before
     "more-fields-than-the-header": Case(
@@ -183,10 +182,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in CASES],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
 def test_a_bad_input_is_one_line_naming_file_and_rule_and_writes_nothing(name, tmp_path):
     case = CASES[name]
     output = tmp_path / "out"

@@ -14,6 +14,8 @@ import pytest
 from censusdp_spark.cli import main
 from tests.conftest import assert_same_tables
 
+pytestmark = pytest.mark.slow  # every test here runs the CLI in a JVM subprocess (issue 14)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
