@@ -35,6 +35,7 @@ from censusdp_spark.privacy.accounting import (
 )
 from censusdp_spark.topdown.queries import MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
+from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
 
 INPUT_LAYOUTS = ("block_counts", "microdata")
 EstimationMethod = Literal["topdown", "full_information"]
@@ -359,6 +360,12 @@ def load_config(path: Path | str, project_root: Path | None = None) -> RunConfig
     method = _estimation_method(
         r, estimation, hierarchy.leaf.name, queries[hierarchy.leaf.name], zeros, schema.n_cells
     )
+    if method == "full_information":
+        every = [q.cell_to_marginal for level in hierarchy.names for q in queries[level]]
+        try:
+            covariance_layout(schema.shape, schema.names, zeros, every)
+        except ValueError as err:
+            raise r.fail("estimation.method", str(err)) from None
     return RunConfig(
         source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine, method
     )
