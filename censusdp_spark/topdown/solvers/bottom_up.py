@@ -121,9 +121,9 @@ Covariance = np.ndarray | SymmetricMatrix
 
 @dataclass(frozen=True)
 class Gaussian:
-    """A node's bottom-up estimate: ``mean`` (length ``n``), ``covariance`` (``n x n``) and,
-    when its total is exact, ``total`` (then ``1^T mean = total`` and ``covariance 1 = 0`` up
-    to round-off); else ``total`` is None."""
+    """A node's bottom-up estimate: ``mean`` (length ``n``), ``covariance`` (``n x n``, dense
+    or compact) and, when its total is exact, ``total`` (then ``1^T mean = total`` and
+    ``covariance 1 = 0`` up to round-off); else ``total`` is None."""
 
     mean: np.ndarray
     covariance: Covariance
