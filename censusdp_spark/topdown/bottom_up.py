@@ -9,11 +9,17 @@ are exact constraints. Nothing is random, so a level recomputed after a crash is
 
 Table ``bottom_up``: ``level, geocode, mean, covariance, exact_total``, partitioned by level.
 ``mean`` is over the non-structural-zero cells of the schema, in cell order; ``covariance`` is
-the upper triangle (row by row) of its ``n x n`` covariance, except at the leaf level, where it
-is null: every leaf has the same covariance (it depends only on the level's queries, weights and
-whether its totals are invariant), which ``solvers.bottom_up.leaf_covariance`` recomputes from
-the config, so 8 M blocks do not store 8 M copies. ``exact_total`` marks nodes whose total is
-invariant (the mean meets it exactly and the covariance is singular along all-ones).
+the packed covariance: for a dense covariance the upper triangle (row by row) of its ``n x n``
+matrix; for a compact one (``config_layout``: the config's schema, queries and structural
+zeros decide, as in ``solvers.symmetric_covariance``) the upper triangles of its ``2^k`` blocks
+``B_c`` over the ``n_N`` core cells, block ``c = 0`` (the one that carries the total) first:
+``2^k n_N (n_N + 1) / 2`` numbers, 480 for the 2,016-cell production schema. The table's schema
+is the same either way; a reader recomputes the layout from the config and refuses a length that
+does not match it. The column is null at the leaf level: every leaf has the same covariance (it
+depends only on the level's queries, weights and whether its totals are invariant), which
+``solvers.bottom_up.leaf_covariance`` recomputes from the config, so 8 M blocks do not store
+8 M copies. ``exact_total`` marks nodes whose total is invariant (the mean meets it exactly and
+the covariance is singular along all-ones).
 
 ``total_variances`` turns the table into the variance of every node's bottom-up total (the
 ``--variances`` table).
@@ -51,15 +57,23 @@ from censusdp_spark.topdown.estimate import (
     worker_fault,
 )
 from censusdp_spark.topdown.solvers.bottom_up import (
+    Covariance,
     Gaussian,
     LevelDesign,
+    fitting_targets,
     leaf_covariance,
     leaf_estimates,
     node_estimate,
+    total_variance,
 )
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.rounding import round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem
+from censusdp_spark.topdown.solvers.symmetric_covariance import (
+    SymmetricLayout,
+    SymmetricMatrix,
+    covariance_layout,
+)
 
 BOTTOM_UP = "bottom_up"
 TOTAL_VARIANCES = "total_variances"
@@ -69,8 +83,20 @@ BOTTOM_UP_SCHEMA = (
 )
 
 
-def level_design(plan: LevelPlan) -> LevelDesign:
-    """A level's queries restricted to the non-structural-zero cells."""
+def config_layout(config: RunConfig) -> SymmetricLayout | None:
+    """The covariance layout of the run (None: dense), from its schema, every level's queries
+    and its structural zeros (``solvers.symmetric_covariance.covariance_layout``)."""
+    return covariance_layout(
+        config.schema.shape,
+        config.schema.names,
+        config.structural_zero_cells,
+        [q.cell_to_marginal for level in config.hierarchy.names for q in config.queries[level]],
+    )
+
+
+def level_design(plan: LevelPlan, layout: SymmetricLayout | None = None) -> LevelDesign:
+    """A level's queries restricted to the non-structural-zero cells, with the run's covariance
+    ``layout``."""
     active = ~plan.structural_zero
     return LevelDesign(
         level=plan.level,
@@ -78,16 +104,33 @@ def level_design(plan: LevelPlan) -> LevelDesign:
         marginal_sizes=plan.marginal_sizes,
         weights=plan.weights,
         rule=f"budget.levels.{plan.level}.queries",
+        layout=layout,
     )
 
 
-def pack(covariance: np.ndarray) -> np.ndarray:
-    """The upper triangle of a symmetric matrix, row by row."""
+def pack(covariance: Covariance) -> np.ndarray:
+    """The upper triangle of a symmetric matrix, row by row; a compact one's blocks'."""
+    if isinstance(covariance, SymmetricMatrix):
+        return covariance.pack()
     return covariance[np.triu_indices(covariance.shape[0])]
 
 
+def unpack_covariance(packed: np.ndarray, design: LevelDesign) -> Covariance:
+    """Inverse of ``pack`` under ``design``'s layout; ``ValueError`` on a length that does not
+    match it."""
+    if design.layout is not None:
+        return SymmetricMatrix.unpack(design.layout, packed)
+    n = design.n_cells
+    if packed.shape != (n * (n + 1) // 2,):
+        raise ValueError(
+            f"a dense {n}-cell covariance has {n * (n + 1) // 2} packed entries, got"
+            f" {packed.shape[0]}: the bottom_up table was written under another config"
+        )
+    return unpack(packed, n)
+
+
 def unpack(packed: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of ``pack``."""
+    """Inverse of ``pack`` for a dense matrix."""
     out = np.zeros((n, n))
     out[np.triu_indices(n)] = packed
     return out + np.triu(out, 1).T
@@ -101,40 +144,39 @@ class _Children:
     def __init__(self, design: LevelDesign, is_leaf: bool) -> None:
         self.design = design
         self.is_leaf = is_leaf
-        self._leaf: dict[bool, np.ndarray] = {}
-        self._leaf_precision: dict[bool, np.ndarray] = {}
+        self._leaf: dict[bool, Covariance] = {}
+        self._leaf_precision: dict[bool, Covariance] = {}
 
-    def precisions(self, rows: pd.DataFrame, estimates: list[Gaussian]) -> np.ndarray:
-        """``(k, n, n)``: each child's ``Gaussian.precision``."""
+    def precisions(self, rows: pd.DataFrame, estimates: list[Gaussian]) -> list[Covariance]:
+        """Each child's ``Gaussian.precision``."""
         if not self.is_leaf:
-            return np.stack([e.precision() for e in estimates])
+            return [e.precision() for e in estimates]
         out = []
         for exact, estimate in zip(rows["exact_total"], estimates, strict=True):
             if bool(exact) not in self._leaf_precision:
                 self._leaf_precision[bool(exact)] = estimate.precision()
             out.append(self._leaf_precision[bool(exact)])
-        return np.stack(out)
+        return out
 
     def estimates(self, rows: pd.DataFrame) -> list[Gaussian]:
-        n = self.design.n_cells
         out = []
         for mean, packed, exact in zip(
             rows["mean"], rows["covariance"], rows["exact_total"], strict=True
         ):
             mean = np.asarray(mean, dtype=np.float64)
+            covariance: Covariance
             if self.is_leaf:
                 if bool(exact) not in self._leaf:
                     self._leaf[bool(exact)] = leaf_covariance(self.design, bool(exact))
                 covariance = self._leaf[bool(exact)]
             else:
-                covariance = unpack(np.asarray(packed, dtype=np.float64), n)
+                covariance = unpack_covariance(np.asarray(packed, dtype=np.float64), self.design)
             total = float(np.round(mean.sum())) if exact else None
             out.append(Gaussian(mean, covariance, total))
         return out
 
 
-def _leaf_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    design = level_design(plan)
+def _leaf_task(plan: LevelPlan, design: LevelDesign) -> Callable[[pd.DataFrame], pd.DataFrame]:
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
         geocodes, noisy, totals = family_arrays(plan, family)
@@ -152,8 +194,9 @@ def _leaf_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
     return task
 
 
-def _node_task(plan: LevelPlan, below: _Children) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    design = level_design(plan)
+def _node_task(
+    plan: LevelPlan, design: LevelDesign, below: _Children
+) -> Callable[[pd.DataFrame], pd.DataFrame]:
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
         measured = dict(
@@ -187,6 +230,7 @@ def bottom_up_level(
     child_is_leaf: bool,
     parent_digits: int,
     digits: int,
+    layout: SymmetricLayout | None = None,
 ) -> DataFrame:
     """One level's bottom-up rows (lazy).
 
@@ -194,7 +238,7 @@ def bottom_up_level(
     the level below's ``bottom_up`` rows and ``child_plan`` its plan (both None at the leaves);
     ``child_is_leaf`` says whether the level below is the leaf level.
     Leaves are grouped by their parent (``parent_digits``), parents by their own geocode
-    (``digits``).
+    (``digits``). ``layout``: the run's covariance layout (``config_layout``).
     """
     own = noisy.select("geocode", "query", "noisy").join(invariant_totals, "geocode", "left")
     if below is None or child_plan is None:
@@ -202,7 +246,7 @@ def bottom_up_level(
             own.withColumn("parent", geocode_prefix(parent_digits)),
             family=["parent"],
             order=["geocode", "query"],
-            solve=_leaf_task(plan),
+            solve=_leaf_task(plan, level_design(plan, layout)),
             schema=BOTTOM_UP_SCHEMA,
         )
     measured = own.groupBy("geocode").agg(
@@ -221,7 +265,11 @@ def bottom_up_level(
         parents,
         geocode_prefix(digits),
         order=["geocode"],
-        solve=_node_task(plan, _Children(level_design(child_plan), child_is_leaf)),
+        solve=_node_task(
+            plan,
+            level_design(plan, layout),
+            _Children(level_design(child_plan, layout), child_is_leaf),
+        ),
         schema=BOTTOM_UP_SCHEMA,
     )
 
@@ -245,9 +293,10 @@ def write_bottom_up(
     Raises ``ValueError`` naming the level and the config key when the leaf level's queries do
     not identify every cell."""
     levels = config.hierarchy.levels
+    layout = config_layout(config)
     leaf_plan = level_plan(config, config.hierarchy.leaf.name)
     # Fail on the driver, before any Spark job, when the leaves are not identified.
-    leaf_covariance(level_design(leaf_plan), with_totals=False)
+    leaf_covariance(level_design(leaf_plan, layout), with_totals=False)
     for i in reversed(range(len(levels))):
         level = levels[i]
         if level.name in done:
@@ -269,6 +318,7 @@ def write_bottom_up(
             i + 2 == len(levels),
             levels[i - 1].digits if i else 0,
             level.digits,
+            layout,
         )
         delta.write_level(rows, output, BOTTOM_UP, level.name)
         committed(level.name)
@@ -297,11 +347,9 @@ def solve_family_from_bottom_up(
         x[0] = parent[active]
     elif active.size:
         estimates = below.estimates(children)
-        full = below.precisions(children, estimates)
-        means = np.stack([e.mean for e in estimates])
-        precisions = full[:, free][:, :, free]
-        linear = (full @ means[:, :, None])[:, free, 0]
-        targets = np.linalg.solve(precisions, linear[:, :, None])[:, :, 0]
+        targets, precisions = fitting_targets(
+            estimates, below.precisions(children, estimates), free
+        )
         parent_active = None if parent is None else parent[active].astype(np.int64)
         x_hat = solve_to_targets(PrecisionProblem(targets, precisions, parent_active, totals))
         x = round_children(
@@ -338,16 +386,17 @@ def estimate_level_from_bottom_up(
     parent_estimates: DataFrame | None,
     parent_digits: int,
     fault: str = "",
+    layout: SymmetricLayout | None = None,
 ) -> DataFrame:
     """Estimates of one level's nodes (lazy), as ``engine.estimate.estimate_level`` but fitted
     to this level's ``bottom_up`` rows. ``child_is_leaf``: this level is the leaf level (whose
-    covariance is not stored)."""
+    covariance is not stored); ``layout``: the run's covariance layout (``config_layout``)."""
     children = with_parent_estimates(
         _children_columns(bottom_up).join(invariant_totals, "geocode", "left"),
         parent_estimates,
         parent_digits,
     )
-    below = _Children(level_design(plan), child_is_leaf)
+    below = _Children(level_design(plan, layout), child_is_leaf)
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
         parent = None if plan.is_root else parent_histogram(family, plan.n_cells)
@@ -372,15 +421,19 @@ def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
     released total, which the top-down pass then fits to its parent and rounds, not that
     released value's own variance."""
     leaf = config.hierarchy.leaf.name
-    design = level_design(level_plan(config, leaf))
-    leaf_variance = float(leaf_covariance(design, with_totals=False).sum())
-    n = design.n_cells
+    layout = config_layout(config)
+    design = level_design(level_plan(config, leaf), layout)
+    leaf_variance = total_variance(leaf_covariance(design, with_totals=False))
+    # Dense: 1^T C 1 from C's packed upper triangle. Compact: M 1_N^T B_0 1_N, B_0 the first
+    # packed block (the other blocks are orthogonal to all-ones).
+    n, factor = (design.n_cells, 1.0) if layout is None else (layout.core_cells, layout.spread)
     # Row i of the packed upper triangle starts, with its diagonal entry, at i n - i (i - 1) / 2.
     diagonal = [F.element_at("covariance", i * n - i * (i - 1) // 2 + 1) for i in range(n)]
-    packed = F.aggregate("covariance", F.lit(0.0), lambda a, b: a + b)
+    first = F.slice("covariance", 1, n * (n + 1) // 2)
+    packed = F.aggregate(first, F.lit(0.0), lambda a, b: a + b)
     variance = (
         F.when(F.col("exact_total"), F.lit(0.0))
         .when(F.col("level") == leaf, F.lit(leaf_variance))
-        .otherwise(2.0 * packed - reduce(add, diagonal))
+        .otherwise(factor * (2.0 * packed - reduce(add, diagonal)))
     )
     return bottom_up.select("level", "geocode", variance.alias("variance"))

@@ -47,6 +47,7 @@ from censusdp_spark.privacy.accounting import (
 )
 from censusdp_spark.topdown.queries import MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
+from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
 
 InputLayout = Literal["block_counts", "microdata"]
 INPUT_LAYOUTS: tuple[str, ...] = get_args(InputLayout)
@@ -388,6 +389,12 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
         require_spine(fail, spine, spec.layout)
     method, leaf = model.estimation.method, hierarchy.leaf.name
     _check_method(fail, method, leaf, queries[leaf], zeros, schema.n_cells)
+    if method == "full_information":
+        every = [q.cell_to_marginal for level in hierarchy.names for q in queries[level]]
+        try:
+            covariance_layout(schema.shape, schema.names, zeros, every)
+        except ValueError as err:
+            raise fail("estimation.method", str(err)) from None
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
         method, document,

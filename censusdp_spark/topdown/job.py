@@ -39,6 +39,7 @@ from censusdp_spark.release.runner import (
 from censusdp_spark.topdown.bottom_up import (
     BOTTOM_UP,
     TOTAL_VARIANCES,
+    config_layout,
     estimate_level_from_bottom_up,
     total_variances,
     write_bottom_up,
@@ -225,6 +226,7 @@ def _run_topdown(
                     parent_estimates,
                     parent_digits,
                     fault_marker,
+                    config_layout(config),
                 )
             else:
                 estimates = estimate_level(

@@ -210,3 +210,42 @@ def test_a_leaf_query_set_that_does_not_identify_cells_is_one_line(
     assert err.count("\n") == 0 and "unidentified.toml: [estimation.method]" in err
     assert '"full_information" needs' in err and "[budget.levels.block.queries]" in err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_2016_cell_production_schema_runs_with_compact_covariances(spark, tmp_path):
+    """The shipped production config on its Perry County PPMF: 4 packed 15 x 15 blocks per
+    inner node in ``bottom_up`` (not 2,016 x 2,016), the guarantees hold, and the Spark
+    ``total_variances`` are the compact covariances' ``1^T C 1``."""
+    from censusdp_spark.topdown.bottom_up import config_layout
+    from censusdp_spark.topdown.solvers.symmetric_covariance import SymmetricMatrix
+
+    production = ROOT / "conf" / "pl94_2020_production.toml"
+    config_path = tmp_path / "pl94_fi.toml"
+    config_path.write_text(
+        production.read_text().replace(
+            "[estimation]\n", '[estimation]\nmethod = "full_information"\n'
+        )
+    )
+    secret = tmp_path / "secret.hex"  # its own: a secret makes one release of one input
+    secret.write_text("c0" * 32 + "\n")
+    secret.chmod(0o600)
+    out = tmp_path / "out"
+    args = ["topdown", "--config", str(config_path), "--output", str(out), "--secret-file"]
+    assert main([*args, str(secret), "--master", "local[2]", "--variances"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["guarantee_checks"].values()) == {0}
+    layout = config_layout(load_config(config_path, ROOT))
+    assert layout is not None and layout.n_cells == 1890
+    rows = table(spark, out / "bottom_up").toPandas()
+    inner = rows[rows.level != "block"]
+    assert (inner.covariance.map(len) == 4 * 15 * 16 // 2).all()
+    assert (rows["mean"].map(len) == 1890).all()
+    variances = table(spark, out / "total_variances").toPandas()
+    variance = variances.set_index(["level", "geocode"])["variance"]
+    for level, geocode, packed, exact in zip(
+        inner.level, inner.geocode, inner.covariance, inner.exact_total, strict=True
+    ):
+        expected = SymmetricMatrix.unpack(layout, np.asarray(packed)).total_variance()
+        assert variance[(level, geocode)] == (0.0 if exact else pytest.approx(expected, rel=1e-9))
+    assert (variances[variances.level == "block"]["variance"] > 0).all()

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.linalg import null_space
 
+from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.solvers.bottom_up import (
     Gaussian,
     LevelDesign,
+    fitting_targets,
     leaf_covariance,
     leaf_estimates,
     node_estimate,
 )
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.subproblem import PrecisionProblem
+from censusdp_spark.topdown.solvers.symmetric_covariance import SymmetricMatrix, covariance_layout
 from tests.topdown.test_least_squares import marginal_queries
+from tests.topdown.test_symmetric_covariance import random_schema
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -231,3 +238,132 @@ def test_a_lone_child_is_released_as_the_roots_blue():
         PrecisionProblem(means, np.linalg.inv(covariance)[None], released_root, None)
     )
     np.testing.assert_array_equal(child_fit[0], released_root)
+
+
+def compact_designs(
+    rng: np.random.Generator, depth: int
+) -> tuple[list[LevelDesign], list[LevelDesign]]:
+    """The same random levels twice: with dense covariances and with the compact layout, over a
+    random schema with symmetric and recoded attributes and structural zeros on recoded ones."""
+    while True:
+        shape, zeros, per_level, _ = random_schema(rng, depth, max_cells=36)
+        every = [q for queries in per_level for q, _ in queries]
+        names = [f"a{a}" for a in range(len(shape))]
+        layout = covariance_layout(shape, names, zeros, every, small_cells=0)
+        if layout is not None:
+            break
+    active = np.setdiff1d(np.arange(int(np.prod(shape))), zeros)
+    dense, compact = [], []
+    for level, queries in enumerate(per_level):
+        weights = rng.uniform(0.2, 5.0, len(queries))
+        if level < depth - 1 and rng.random() < 0.2:
+            weights[rng.integers(len(queries))] = 0.0
+        marginals = tuple(q[active] for q, _ in queries)
+        sizes = tuple(size for _, size in queries)
+        dense.append(LevelDesign(str(level), marginals, sizes, weights))
+        compact.append(LevelDesign(str(level), marginals, sizes, weights, layout=layout))
+    return dense, compact
+
+
+def assert_compact_equals(got: Gaussian, expected: Gaussian, rtol: float = 1e-9) -> None:
+    assert isinstance(got.covariance, SymmetricMatrix)
+    assert got.total == expected.total
+    assert_close(got.mean, expected.mean, max(1.0, float(np.abs(expected.mean).max())))
+    dense = np.asarray(expected.covariance)
+    assert_close(
+        got.covariance.to_dense(), dense, max(1e-6, float(np.abs(dense).max())) * rtol / 1e-9
+    )
+    precision = np.asarray(expected.precision())
+    compact_precision = got.precision()
+    assert isinstance(compact_precision, SymmetricMatrix)
+    assert_close(
+        compact_precision.to_dense(), precision, float(np.abs(precision).max()) * rtol / 1e-9
+    )
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_the_compact_covariance_gives_every_node_the_dense_gls_of_its_subtree(seed):
+    """Random schemas with symmetric and recoded attributes, random query sets, structural
+    zeros and invariants: the compact pass equals the independent dense GLS and the dense pass
+    (means, covariances and precisions), and so do the top-down pass's targets."""
+    rng = np.random.default_rng(1000 + seed)
+    depth = int(rng.integers(2, 5))
+    dense_levels, compact_levels = compact_designs(rng, depth)
+    tree = random_tree(rng, dense_levels, invariant_depth=int(rng.integers(-1, depth)))
+    dense: dict[int, Gaussian] = {}
+    compact: dict[int, Gaussian] = {}
+    bottom_up(tree, dense_levels, dense)
+    bottom_up(tree, compact_levels, compact)
+    for node in tree.nodes():
+        mean, covariance = dense_gls(node, dense_levels)
+        got = compact[id(node)]
+        assert_close(got.mean, mean, max(1.0, float(np.abs(mean).max())))
+        assert isinstance(got.covariance, SymmetricMatrix)
+        assert_close(
+            got.covariance.to_dense(), covariance, max(1e-6, float(np.abs(covariance).max()))
+        )
+        assert_compact_equals(got, dense[id(node)])
+    children = [c for c in tree.children] or [tree]
+    free = rng.random(dense_levels[0].n_cells) < 0.7
+    free[0] = True
+    expected = fitting_targets(
+        [dense[id(c)] for c in children], [dense[id(c)].precision() for c in children], free
+    )
+    got_targets = fitting_targets(
+        [compact[id(c)] for c in children], [compact[id(c)].precision() for c in children], free
+    )
+    for a, b in zip(got_targets, expected, strict=True):
+        assert_close(a, b, max(1.0, float(np.abs(b).max())))
+
+
+def production_designs() -> tuple[list[LevelDesign], list[LevelDesign]]:
+    """The 2,016-cell production config's block group and block levels (its queries and noise
+    variances), dense and compact."""
+    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    every = [q.cell_to_marginal for lv in config.hierarchy.names for q in config.queries[lv]]
+    layout = covariance_layout(
+        config.schema.shape, config.schema.names, config.structural_zero_cells, every
+    )
+    assert layout is not None and layout.names == ("hispanic", "cenrace")
+    assert layout.core_cells == 15 and layout.n_components == 4
+    active = np.setdiff1d(np.arange(config.schema.n_cells), config.structural_zero_cells)
+    dense, compact = [], []
+    for level in ("tract", "block_group", "block"):
+        queries = config.queries[level]
+        marginals = tuple(q.cell_to_marginal[active] for q in queries)
+        sizes = tuple(q.size for q in queries)
+        weights = np.array([1.0 / float(config.budget.sigma2_for(level, q.name)) for q in queries])
+        dense.append(LevelDesign(level, marginals, sizes, weights))
+        compact.append(LevelDesign(level, marginals, sizes, weights, layout=layout))
+    return dense, compact
+
+
+@pytest.mark.slow
+def test_the_production_schemas_compact_covariance_equals_the_dense_one_on_a_small_tree():
+    """2,016 cells (1,890 active: 126 are structural zeros): a tract with an exact total,
+    two block groups, three blocks; every node's compact estimate and covariance equal the dense
+    pass's (relative 1e-9), which the 16-cell tests check against the whole-tree GLS."""
+    dense_levels, compact_levels = production_designs()
+    rng = np.random.default_rng(19)
+    n = dense_levels[0].n_cells
+    tree = Node(0, [Node(1, [Node(2), Node(2)]), Node(1, [Node(2)])])
+    for leaf in tree.leaves():
+        leaf.truth = rng.poisson(0.3, n).astype(float)
+    for middle in tree.children:
+        middle.truth = np.sum([c.truth for c in middle.children], axis=0)
+    tree.truth = np.sum([c.truth for c in tree.children], axis=0)
+    for node in tree.nodes():
+        design = dense_levels[node.depth]
+        node.answers = tuple(
+            np.bincount(m, node.truth, minlength=s) + rng.normal(0, 1 / np.sqrt(w), s)
+            for m, s, w in zip(design.marginals, design.marginal_sizes, design.weights, strict=True)
+        )
+    tree.total = float(tree.truth.sum())
+    dense: dict[int, Gaussian] = {}
+    compact: dict[int, Gaussian] = {}
+    bottom_up(tree, dense_levels, dense)
+    bottom_up(tree, compact_levels, compact)
+    for node in tree.nodes():
+        assert_compact_equals(compact[id(node)], dense[id(node)])
+    packed = compact[id(tree)].covariance
+    assert isinstance(packed, SymmetricMatrix) and packed.pack().size == 4 * 15 * 16 // 2

@@ -1,3 +1,4 @@
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -168,3 +169,20 @@ def test_the_demo_declares_its_total_column_and_microdata_may_not(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"\[input\.total\] only for layout = 'block_counts'"):
         load_config(path, ROOT)
+
+
+def test_full_information_on_the_production_schema_holds_two_attributes_symmetric(tmp_path):
+    production = ROOT / "conf" / "pl94_2020_production.toml"
+    fi = '[estimation]\nmethod = "full_information"\n'
+    assert load_config(edited(tmp_path, "[estimation]\n", fi, production), ROOT)
+    # A structural zero that depends on hispanic and cenrace leaves only votingage symmetric:
+    # blocks of 1,000 cells, refused in one line with the rule.
+    zero = 'structural_zeros = [ { hispanic = ["hispanic"], cenrace = ["01"] } ]'
+    text = production.read_text().replace("[estimation]\n", fi)
+    path = tmp_path / "refused.toml"
+    path.write_text(re.sub(r"^structural_zeros = .*$", zero, text, flags=re.M))
+    with pytest.raises(
+        ConfigError, match=r"\[estimation\.method\] \"full_information\" holds"
+    ) as e:
+        load_config(path, ROOT)
+    assert "\n" not in str(e.value) and "DENSE_BLOCK_MAX_CELLS = 512" in str(e.value)

@@ -3,7 +3,9 @@
 ``solve_children`` is the weighted non-negative least-squares (L2) stage and
 ``round_children`` the controlled rounding that turns its answer into integers; both take a
 ``ChildrenProblem``. ``solve_to_targets`` is the full-information top-down fit (per-child
-targets and precisions, a ``PrecisionProblem``); ``bottom_up`` computes those targets.
+targets and precisions, a ``PrecisionProblem``); ``bottom_up`` computes those targets, with
+covariances dense or compact (``symmetric_covariance``: attributes only ever kept whole or summed
+out held symmetric, ``2^k`` dense blocks over the other attributes' cells).
 """
 
 from censusdp_spark.topdown.solvers.least_squares import (

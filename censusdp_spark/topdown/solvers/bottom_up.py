@@ -27,11 +27,16 @@ Recursion (exact for this model, time linear in the number of nodes):
   singular along ``1``. When every child's total is already exact the parent's total is implied
   (the update keeps ``C 1 = 0`` and ``1^T m = t``), and only round-off is removed.
 
-Representation. Covariances are dense ``n x n`` arrays, fine for the 16-cell demo schemas. All
-the algebra above goes through ``sum_of``, ``update`` and ``condition_on_total`` and the query
-matrix of a ``LevelDesign``; a compact (Kronecker / symmetric-in-an-attribute) covariance for the
-2,016-cell production schema would replace the ``covariance`` array and those three functions.
-It is not implemented.
+Representation. A covariance is a dense ``n x n`` array when the schema is small (at most
+``symmetric_covariance.SMALL_SCHEMA_CELLS`` active cells: the 16-cell demos) or no attribute can
+be held symmetric, else a ``SymmetricMatrix``: ``2^k`` dense blocks over the cells of the
+attributes that are not symmetric (``symmetric_covariance``, which states the algebra and why
+every step above stays exact in it). ``LevelDesign.layout`` says which; ``leaf_estimates``,
+``sum_of``, ``update`` and ``condition_on_total`` take either and return the same kind. The
+compact ``update`` is the information form ``C = (I + S A)^{-1} S``, ``m = s + C (h - A s)``
+(``A = M^T R^{-1} M``, ``h = M^T R^{-1} y``: the Kalman step by Woodbury's identity, also
+without an inverse of ``S``); the dense path keeps the Joseph form, so its numbers are
+unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from censusdp_spark.topdown.solvers.symmetric_covariance import (
+    SymmetricLayout,
+    SymmetricMatrix,
+    information_matrix,
+)
 
 IDENTIFIED_TOLERANCE = 1e-10
 """The information matrix is singular when its smallest eigenvalue is below this times its
@@ -53,6 +64,7 @@ class LevelDesign:
     ``marginals[q]`` maps each of the ``n`` active cells to its marginal cell in
     ``[0, marginal_sizes[q])``; ``weights[q] = 1 / sigma_q**2`` (finite, ``>= 0``). ``level``
     and ``rule`` name the level and the config key that sets its queries, for error messages.
+    ``layout``: the compact covariance layout of every level, or None for dense covariances.
     """
 
     level: str
@@ -60,6 +72,7 @@ class LevelDesign:
     marginal_sizes: tuple[int, ...]
     weights: np.ndarray
     rule: str = "budget.levels.<level>.queries"
+    layout: SymmetricLayout | None = None
 
     @property
     def n_cells(self) -> int:
@@ -93,22 +106,36 @@ class LevelDesign:
             return np.zeros(np.shape(answers[0])[:-1] + (0,))
         return np.concatenate(kept, axis=-1)
 
+    def back_projection(self, answers: Sequence[np.ndarray]) -> np.ndarray:
+        """``M^T R^{-1} y``: ``sum_q w_q Q_q^T y_q`` over the measured queries (last axis)."""
+        out = np.zeros(np.shape(answers[0])[:-1] + (self.n_cells,))
+        for cell_to_marginal, weight, y in zip(self.marginals, self.weights, answers, strict=True):
+            if weight > 0:
+                out += float(weight) * np.asarray(y, dtype=np.float64)[..., cell_to_marginal]
+        return out
+
+
+Covariance = np.ndarray | SymmetricMatrix
+"""A node's covariance: dense ``n x n``, or compact (``symmetric_covariance``)."""
+
 
 @dataclass(frozen=True)
 class Gaussian:
-    """A node's bottom-up estimate: ``mean`` (length ``n``), ``covariance`` (``n x n``) and,
-    when its total is exact, ``total`` (then ``1^T mean = total`` and ``covariance 1 = 0`` up
-    to round-off); else ``total`` is None."""
+    """A node's bottom-up estimate: ``mean`` (length ``n``), ``covariance`` (``n x n``, dense
+    or compact) and, when its total is exact, ``total`` (then ``1^T mean = total`` and
+    ``covariance 1 = 0`` up to round-off); else ``total`` is None."""
 
     mean: np.ndarray
-    covariance: np.ndarray
+    covariance: Covariance
     total: float | None = None
 
-    def precision(self) -> np.ndarray:
+    def precision(self) -> Covariance:
         """The inverse covariance; with an exact total, the inverse on ``1^perp`` plus
         ``(1/s) u u^T`` (``u = 1/sqrt(n)``, ``s`` the mean eigenvalue on ``1^perp``), which adds
         only a constant to ``(x - mean)^T P (x - mean)`` on the set ``1^T x = total``."""
         n = self.mean.shape[0]
+        if isinstance(self.covariance, SymmetricMatrix):
+            return _compact_precision(self.covariance, self.total is not None)
         if self.total is None:
             return _symmetric(np.linalg.inv(self.covariance))
         if n == 1:
@@ -119,7 +146,7 @@ class Gaussian:
 
 def leaf_estimates(
     design: LevelDesign, answers: Sequence[np.ndarray], totals: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, Covariance]:
     """GLS estimates of ``k`` leaves from their own measurements: ``(means (k, n), covariance)``,
     the covariance shared by all of them.
 
@@ -127,12 +154,14 @@ def leaf_estimates(
     totals, or None. Raises ``ValueError`` naming the level if its queries (with the total,
     when given) do not identify every cell.
     """
+    if design.layout is not None:
+        return _compact_leaf_estimates(design, design.layout, answers, totals)
     matrix, weight = design.matrix()
     information = matrix.T @ (weight[:, None] * matrix)
     linear = design.stacked_answers(answers) @ (weight[:, None] * matrix)
     n = design.n_cells
     if totals is None:
-        _require_identified(design, information)
+        _require_identified(design, _eigenvalues(information))
         covariance = _symmetric(np.linalg.inv(information))
         return linear @ covariance, covariance
     totals = np.asarray(totals, dtype=np.float64)
@@ -140,14 +169,14 @@ def leaf_estimates(
         return totals[:, None].copy(), np.zeros((1, 1))
     basis = _complement_basis(n)
     reduced = basis.T @ information @ basis
-    _require_identified(design, reduced, with_total=True)
+    _require_identified(design, _eigenvalues(reduced), with_total=True)
     covariance = _symmetric(basis @ np.linalg.inv(reduced) @ basis.T)
     start = np.outer(totals, np.full(n, 1.0 / n))
     means = start + (linear - start @ information) @ covariance
     return means, covariance
 
 
-def leaf_covariance(design: LevelDesign, with_totals: bool) -> np.ndarray:
+def leaf_covariance(design: LevelDesign, with_totals: bool) -> Covariance:
     """The covariance shared by every leaf of ``design``'s level (see ``leaf_estimates``)."""
     empty = [np.zeros((1, size)) for size in design.marginal_sizes]
     return leaf_estimates(design, empty, np.zeros(1) if with_totals else None)[1]
@@ -158,9 +187,16 @@ def sum_of(children: Sequence[Gaussian]) -> Gaussian:
     if not children:
         raise ValueError("sum_of: a parent needs at least one child")
     totals = [c.total for c in children]
+    covariances = [c.covariance for c in children]
+    covariance: Covariance
+    if isinstance(covariances[0], SymmetricMatrix):
+        blocks = [c.blocks for c in covariances if isinstance(c, SymmetricMatrix)]
+        covariance = SymmetricMatrix(covariances[0].layout, np.sum(blocks, axis=0))
+    else:
+        covariance = np.sum([np.asarray(c) for c in covariances], axis=0)
     return Gaussian(
         mean=np.sum([c.mean for c in children], axis=0),
-        covariance=np.sum([c.covariance for c in children], axis=0),
+        covariance=covariance,
         total=None
         if any(t is None for t in totals)
         else float(sum(t for t in totals if t is not None)),
@@ -170,6 +206,8 @@ def sum_of(children: Sequence[Gaussian]) -> Gaussian:
 def update(prior: Gaussian, design: LevelDesign, answers: Sequence[np.ndarray]) -> Gaussian:
     """``prior`` combined with one node's own measurements (``answers[q]`` of length ``m_q``):
     the BLUE from both, exact for a singular prior covariance. An exact total is kept."""
+    if isinstance(prior.covariance, SymmetricMatrix):
+        return _compact_update(prior, prior.covariance, design, answers)
     matrix, weight = design.matrix()
     if matrix.shape[0] == 0:
         return prior
@@ -196,6 +234,15 @@ def condition_on_total(estimate: Gaussian, total: float, level: str = "") -> Gau
                 f" not the node's {total:g}"
             )
         return _exact_total(estimate, total)
+    if isinstance(estimate.covariance, SymmetricMatrix):
+        blocks = estimate.covariance.blocks.copy()
+        along = blocks[0].sum(axis=1)
+        spread = along[estimate.covariance.layout.core_of]
+        variance = estimate.covariance.total_variance()
+        mean = estimate.mean + spread * (total - float(estimate.mean.sum())) / variance
+        blocks[0] -= np.outer(along, along) / float(along.sum())
+        conditioned = SymmetricMatrix(estimate.covariance.layout, blocks).symmetric()
+        return _exact_total(Gaussian(mean, conditioned, None), total)
     spread = estimate.covariance.sum(axis=1)
     variance = float(spread.sum())
     mean = estimate.mean + spread * (total - float(estimate.mean.sum())) / variance
@@ -220,10 +267,106 @@ def _exact_total(estimate: Gaussian, total: float) -> Gaussian:
     orthogonal projection onto ``1^perp`` of the covariance and an even shift of the mean, both
     the identity in exact arithmetic for an estimate that already meets them."""
     n = estimate.mean.shape[0]
-    projection = np.eye(n) - np.full((n, n), 1.0 / n)
     mean = estimate.mean + (total - float(estimate.mean.sum())) / n
+    if isinstance(estimate.covariance, SymmetricMatrix):
+        # Only E_0 is not orthogonal to all-ones; its block is projected onto 1_N^perp.
+        blocks = estimate.covariance.blocks.copy()
+        core = blocks.shape[1]
+        projection = np.eye(core) - np.full((core, core), 1.0 / core)
+        blocks[0] = projection @ blocks[0] @ projection
+        compact = SymmetricMatrix(estimate.covariance.layout, blocks).symmetric()
+        return Gaussian(mean, compact, float(total))
+    projection = np.eye(n) - np.full((n, n), 1.0 / n)
     covariance = _symmetric(projection @ estimate.covariance @ projection)
     return Gaussian(mean, covariance, float(total))
+
+
+def total_variance(covariance: Covariance) -> float:
+    """``1^T C 1``: the variance of the estimate's total."""
+    if isinstance(covariance, SymmetricMatrix):
+        return covariance.total_variance()
+    return float(covariance.sum())
+
+
+def fitting_targets(
+    estimates: Sequence[Gaussian], precisions: Sequence[Covariance], free: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each child's quadratic ``(x - b)^T P (x - b)`` restricted to the cells ``free`` (a mask
+    over the active cells; the others are fixed at zero): ``(targets (k, r), precisions
+    (k, r, r))`` with target ``P_II^{-1} (P b)_I`` under precision ``P_II`` (the same quadratic
+    up to a constant). Compact precisions are expanded on the free cells only."""
+    means = np.stack([e.mean for e in estimates])
+    if not isinstance(precisions[0], SymmetricMatrix):
+        full = np.stack([np.asarray(p) for p in precisions])
+        restricted = full[:, free][:, :, free]
+        linear = (full @ means[:, :, None])[:, free, 0]
+    else:
+        cells = np.flatnonzero(free)
+        compact = [p for p in precisions if isinstance(p, SymmetricMatrix)]
+        restricted = np.stack([p.submatrix(cells) for p in compact])
+        linear = np.stack([p.apply(m)[free] for p, m in zip(compact, means, strict=True)])
+    targets = np.linalg.solve(restricted, linear[:, :, None])[:, :, 0]
+    return targets, restricted
+
+
+def _compact_leaf_estimates(
+    design: LevelDesign,
+    layout: SymmetricLayout,
+    answers: Sequence[np.ndarray],
+    totals: np.ndarray | None,
+) -> tuple[np.ndarray, SymmetricMatrix]:
+    """``leaf_estimates`` in the compact form: block by block, the total only in block 0."""
+    information = information_matrix(layout, design.marginals, design.weights)
+    linear = design.back_projection(answers)
+    if totals is None:
+        _require_identified(design, information.eigenvalues())
+        covariance = information.inverse().symmetric()
+        return covariance.apply(linear), covariance
+    totals = np.asarray(totals, dtype=np.float64)
+    core = layout.core_cells
+    blocks = information.blocks.copy()
+    others = information.blocks[1:]
+    if core == 1:
+        reduced_eigenvalues = np.zeros(0)
+        blocks[0] = np.zeros((1, 1))
+    else:
+        basis = _complement_basis(core)
+        reduced = basis.T @ information.blocks[0] @ basis
+        reduced_eigenvalues = _eigenvalues(reduced)
+        blocks[0] = basis @ np.linalg.inv(reduced) @ basis.T
+    eigenvalues = np.concatenate([reduced_eigenvalues, np.linalg.eigvalsh(others).ravel()])
+    _require_identified(design, eigenvalues, with_total=True)
+    blocks[1:] = np.linalg.inv(others)
+    covariance = SymmetricMatrix(layout, blocks).symmetric()
+    start = np.outer(totals, np.full(design.n_cells, 1.0 / design.n_cells))
+    means = start + covariance.apply(linear - information.apply(start))
+    return means, covariance
+
+
+def _compact_update(
+    prior: Gaussian, covariance: SymmetricMatrix, design: LevelDesign, answers: Sequence[np.ndarray]
+) -> Gaussian:
+    """``update`` in the information form, block by block."""
+    if not np.any(np.asarray(design.weights) > 0):
+        return prior
+    information = information_matrix(covariance.layout, design.marginals, design.weights)
+    identity = SymmetricMatrix.identity(covariance.layout)
+    updated = (identity + covariance @ information).solve(covariance).symmetric()
+    residual = design.back_projection(answers) - information.apply(prior.mean)
+    result = Gaussian(prior.mean + updated.apply(residual), updated, prior.total)
+    return result if prior.total is None else _exact_total(result, prior.total)
+
+
+def _compact_precision(covariance: SymmetricMatrix, exact_total: bool) -> SymmetricMatrix:
+    """``Gaussian.precision`` in the compact form (``1 1^T / n = E_0 (x) 1_N 1_N^T / n_N``)."""
+    if not exact_total:
+        return covariance.inverse().symmetric()
+    n = covariance.layout.n_cells
+    core = covariance.layout.core_cells
+    scale = max(covariance.trace() / (n - 1), np.finfo(float).tiny)
+    blocks = covariance.blocks.copy()
+    blocks[0] = blocks[0] + scale * np.full((core, core), 1.0 / core)
+    return SymmetricMatrix(covariance.layout, blocks).inverse().symmetric()
 
 
 def _complement_basis(n: int) -> np.ndarray:
@@ -232,11 +375,14 @@ def _complement_basis(n: int) -> np.ndarray:
     return q[:, 1:]
 
 
+def _eigenvalues(information: np.ndarray) -> np.ndarray:
+    return np.linalg.eigvalsh(information) if information.size else np.zeros(1)
+
+
 def _require_identified(
-    design: LevelDesign, information: np.ndarray, with_total: bool = False
+    design: LevelDesign, eigenvalues: np.ndarray, with_total: bool = False
 ) -> None:
-    eigenvalues = np.linalg.eigvalsh(information) if information.size else np.zeros(1)
-    if eigenvalues[0] <= IDENTIFIED_TOLERANCE * max(float(eigenvalues[-1]), 0.0):
+    if float(eigenvalues.min()) <= IDENTIFIED_TOLERANCE * max(float(eigenvalues.max()), 0.0):
         given = " together with the invariant total" if with_total else ""
         raise ValueError(
             f"level {design.level}: its queries{given} do not identify every cell (information"
