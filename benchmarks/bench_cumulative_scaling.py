@@ -3,18 +3,18 @@ sizes N grows, and against the previous cumulative solver (issue 17). Writes
 benchmarks/results/cumulative_scaling.md.
 
     .venv/bin/python benchmarks/bench_cumulative_scaling.py [--sizes 7 100 400 1000 5000]
-        [--groups 300000] [--old-timeout 60]
+        [--epsilons 1 1/10] [--groups 300000] [--old-timeout 60]
 
 The tree is synthetic and heavy-tailed: root -> 4 -> 28 leaves, each leaf Poisson(groups / 28)
 groups with sizes 1..N drawn with probability ~ 1/size^2 (so a few hundred groups above size
-1,000 at N = 5,000). Noise is the project's own (keyed geometric, eps = 1, L = 3: scale 6 for
-histograms, 3 for cumulative counts), level faithfulness. `dp` and `cumulative` post-process
-the same truth in the same process, one after the other (best of 3 runs each); the ratio is
-cumulative / dp. The previous solver (``OLD_COMMIT``'s ``cumulative.py``, read from git) solves
-the very families the new one solved (same parents), in a child process killed after
-``--old-timeout`` seconds; once it times out, larger N are not tried. Small trees (the real
-CALM tree, N = 4, and a synthetic national-like spine, N = 7) compare new and old on every
-family the same way.
+1,000 at N = 5,000). Noise is the project's own (keyed geometric, L = 3: scale 6/eps for
+histograms, 3/eps for cumulative counts), level faithfulness. `dp` and `cumulative`
+post-process the same truth in the same process, one after the other (best of 3 runs each);
+the ratio is cumulative / dp. The previous solver (``OLD_COMMIT``'s ``cumulative.py``, read
+from git) solves the very families the new one solved (same parents), at the first eps only,
+in a child process killed after ``--old-timeout`` seconds; once it times out, larger N are not
+tried. Small trees (the real CALM tree, N = 4, and a synthetic national-like spine, N = 7)
+compare new and old on every family the same way.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "cf7a790"  # the last commit with the unit-by-unit Bellman-Ford solver
 RUNS = 3  # best of 3 runs; the old solver once, and 3 more (in turn with the new) if quick
 QUICK_S = 5.0
-EPSILON = Fraction(1)
 
 
 def heavy_tailed(sizes: int, groups: int, seed: int = 1) -> Dataset:
@@ -158,9 +157,9 @@ def release(tree: GroupTree) -> np.ndarray:
     return cumulative.cumulative_release(tree)
 
 
-def compare(data: Dataset, old_timeout: float | None) -> dict:
-    cum = noisy(data, "cumulative", EPSILON, 0, "level")
-    hist = noisy(data, "histogram", EPSILON, 0, "level")
+def compare(data: Dataset, old_timeout: float | None, epsilon: Fraction = Fraction(1)) -> dict:
+    cum = noisy(data, "cumulative", epsilon, 0, "level")
+    hist = noisy(data, "histogram", epsilon, 0, "level")
     dp_s, _ = best_of(RUNS, lambda: dp_release(hist, "l2"))
     reset_peak_memory()
     new_s, counts = best_of(RUNS, lambda: release(cum))
@@ -169,6 +168,7 @@ def compare(data: Dataset, old_timeout: float | None) -> dict:
     phases = [cumulative.solve_family_certified(n, c, np.cumsum(p)).phases for n, p, c in inputs]
     row = {
         "tree": data.name,
+        "eps": epsilon,
         "cells": cum.noisy.size,
         "dp_s": dp_s,
         "new_s": new_s,
@@ -209,16 +209,22 @@ def main() -> int:
         "--sizes", nargs="+", type=int, default=[7, 100, 400, 1_000, 5_000, 20_000, 50_000]
     )
     parser.add_argument("--groups", type=int, default=300_000)
+    parser.add_argument(
+        "--epsilons", nargs="+", type=Fraction, default=[Fraction(1), Fraction(1, 10)]
+    )
     parser.add_argument("--old-timeout", type=float, default=60.0)
     args = parser.parse_args()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     started = time.perf_counter()
-    rows, timed_out = [], False
-    for sizes in args.sizes:
-        row = compare(heavy_tailed(sizes, args.groups), None if timed_out else args.old_timeout)
-        timed_out = timed_out or row["old"] == "timeout"
-        rows.append(row)
-        print(row, f"({time.perf_counter() - started:.0f} s)", flush=True)
+    rows = []
+    for i, epsilon in enumerate(args.epsilons):
+        timed_out = i > 0  # the old solver at the first eps only
+        for sizes in args.sizes:
+            data = heavy_tailed(sizes, args.groups)
+            row = compare(data, None if timed_out else args.old_timeout, epsilon)
+            timed_out = timed_out or row["old"] == "timeout"
+            rows.append(row)
+            print(row, f"({time.perf_counter() - started:.0f} s)", flush=True)
     small = [compare(data, args.old_timeout) for data in (calm(), spine([10, 10, 10], 30))]
     for row in small:
         print(row, flush=True)
@@ -229,7 +235,7 @@ def main() -> int:
         f"Command: `{command.strip()}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
         f"load average at start {load} (shared machine; ratios compare runs in the same process).  ",
-        f"Wall time {time.perf_counter() - started:.0f} s. eps = 1, level faithfulness, one trial.",
+        f"Wall time {time.perf_counter() - started:.0f} s. Level faithfulness, one trial per row.",
         "",
         f"Heavy-tailed synthetic tree (root -> 4 -> 28 leaves, {args.groups:,} groups, sizes 1..N",
         "with probability ~ 1/size^2). `dp s` and `cumulative s`: best of 3 in-process runs of",
@@ -242,13 +248,13 @@ def main() -> int:
         "the new solver's in this process (best of each). `same optima`: every family's",
         "objective equal, old vs new; `old / new` divides by the new solver's best run of those.",
         "",
-        "| tree | cells | dp s | cumulative s | cumulative / dp | phases | peak GiB | old s | old / new | same optima |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| tree | eps | cells | dp s | cumulative s | cumulative / dp | phases | peak GiB | old s | old / new | same optima |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows + small:
         old_s, ratio, same = old_cells(row, args.old_timeout)
         lines.append(
-            f"| {row['tree']} | {row['cells']:,} | {row['dp_s']:.3f} | {row['new_s']:.3f} | "
+            f"| {row['tree']} | {row['eps']} | {row['cells']:,} | {row['dp_s']:.3f} | {row['new_s']:.3f} | "
             f"{row['new_s'] / row['dp_s']:.2f} | {row['phases']} ({row['engine']}) | "
             f"{row['new_peak']:.2f} | {old_s} | {ratio} | {same} |"
         )

@@ -59,15 +59,19 @@ or lowers (a > b) ``H[c, a..b-1]`` by one. ``solve_cumulative_family``:
 1. *Dual start.* By Lagrangian duality on the column sums, a flow is optimal iff there is a
    common shift ``s`` of the targets (one number per column) under which every child's chain
    is its own optimum for ``H~^c + s`` (a one-chain problem, above) and the columns sum to
-   ``P``. A few steps of gradient ascent on the continuous dual, ``s += (P - sum_c
-   h*^c(H~^c + s)) / k`` (step 1/k: the column sums are k-Lipschitz in s), bring ``s`` near
-   the optimal shift; rounded to multiples of 1/2, it gives the start: each child's integer
-   optimum for ``H~^c + s``. The start is optimal *for the column sums it has* (no residual
-   cycle lowers its cost), and node potentials proving it follow in closed form: hub j gets
-   ``Pi_j = 2 sum_{i<j} s_i``, rail node ``v[c,j]`` the cheapest walk to it from a hub along
-   the rail (prefix and suffix minima, O(k m)). Any shift is valid; a good one only makes the
-   remaining excess small (measured at N = 5,000: 140-170 units per family, against 650-1,400
-   from ``s = 0``, and 3-5 phases instead of 14-19). Where a child's optimum is tied
+   ``P``. Accelerated (Nesterov) gradient ascent on the continuous dual,
+   ``s += (P - sum_c h*^c(H~^c + s)) / k`` at a look-ahead point (step 1/k: the column sums
+   are k-Lipschitz in s; at most ``DUAL_STEPS_SHORT`` / ``DUAL_STEPS_LONG`` steps), brings
+   ``s`` near the optimal shift; rounded to multiples of 1/2, it gives the start: each child's
+   integer optimum for ``H~^c + s``. The start is optimal *for the column sums it has* (no
+   residual cycle lowers its cost), and node potentials proving it follow in closed form: hub
+   j gets ``Pi_j = 2 sum_{i<j} s_i``, rail node ``v[c,j]`` the cheapest walk to it from a hub
+   along the rail (prefix and suffix minima, O(k m)). Any shift is valid; a good one only
+   makes the remaining excess small (measured at N = 5,000: 60-100 units per family, against
+   650-1,400 from ``s = 0``, and 2-5 phases instead of 14-19). The phases grow with the
+   distance left between the start's shift and the optimal one, so with the noise scale when
+   the start is poor: plain gradient steps (20) left 20-30 phases at eps = 0.1 and 200-400 at
+   eps = 0.01; the accelerated 60 leave 2-5 and 3-17. Where a child's optimum is tied
    (half-way targets), the first children take the upper one, as many as bring the column
    sums closest to ``P``.
 2. *Balancing*, from the start (optimal for its own column sums) to the balanced optimum, by
@@ -108,18 +112,21 @@ of ``k (m + 1)^2``), many units per phase.
 
 Work per family of k children and m sizes: the start is O(k m) per dual step (at most
 ``DUAL_STEPS_LONG``), each phase O(k m log(k m)) for Dijkstra plus a Dinic max flow on the
-same graph (not linear in the worst case; here unit-capacity rails, and it costs about as
-much as the Dijkstra), memory O(k m). Counted, not assumed: 3-5 phases per family from N = 100 to
-N = 50,000 on the heavy-tailed benchmark tree and on the unit tests' families, whatever N.
-Integer costs are held exactly in float64 for Dijkstra (far below 2^53) and capacities in
-int32 (clipped: a phase then sends less, which is still correct).
+same graph (not linear in the worst case; here unit-capacity rails, and it costs about as much
+as the Dijkstra), memory O(k m). Counted, not assumed: 2-5 phases per family from N = 100 to
+N = 50,000 on the heavy-tailed benchmark tree (eps = 1 and 1/10) and on the unit tests'
+families, whatever N; not bounded in theory: the count grows with the distance between the
+start's shift and the optimal one (above). Integer costs are held exactly in
+float64 for Dijkstra (far below 2^53) and capacities in int32 (clipped: a phase then sends
+less, which is still correct).
 
 Measured (``benchmarks/bench_cumulative_scaling.py``, ``BENCHMARKS.md``): a root -> 4 -> 28
-tree with 300,000 groups takes ~1 s at N = 5,000 (about 2x ``dp``'s post-processing; the old
-solver did not finish at N = 400) and 7-11 s at N = 50,000 (1.5-2.3x ``dp``); at N = 4-7 (the
-real CALM tree, a national-like spine) it is 1.1-2x faster than the old solver. Limits: about 600 bytes and 10-15 µs per (child, size)
-cell of a family, so one family of 7 children at N = 400,000 (2.8 M cells) takes ~45 s and
-1.9 GiB; a 24 GiB machine holds families of roughly 30 M cells. Beyond that, or for many
+tree with 300,000 groups takes 0.4-0.7 s at N = 5,000 (2.3-2.4x ``dp``'s post-processing,
+eps = 1 and 1/10; the old solver took 8 s at N = 100 and did not finish at N = 400) and 3-4 s
+at N = 50,000 (1.3-1.9x ``dp``); at N = 4-7 (the real CALM tree, a national-like spine) it is
+1.5-2.4x faster than the old solver. Limits: about 600 bytes and 5-15 µs per (child, size)
+cell of a family, so one family of 7 children at N = 400,000 (2.8 M cells) takes 15 s and
+1.8 GiB; a 24 GiB machine holds families of roughly 30 M cells. Beyond that, or for many
 families at such N per Spark task, memory is the limit.
 
 The top-down sequence as a whole is *not* the global optimum of Model 2 over the tree (a
@@ -141,9 +148,10 @@ from censusdp_spark.group_sizes.solvers.tree import GroupTree
 # Chains up to this length use the vectorised O(m^2) formulas and unit paths (faster there).
 DENSE_SIZES = 24
 # Gradient steps on the continuous dual for the start, at most: a unit path of a short family
-# costs about two steps, a phase of a long one about ten (measured), so long ones take more.
+# costs about two steps, a phase of a long one about ten, and at small eps (large noise) the
+# phases grow with the distance left to the optimal shift (measured), so long ones take more.
 DUAL_STEPS_SHORT = 8
-DUAL_STEPS_LONG = 20
+DUAL_STEPS_LONG = 60
 _SHIFT_DENOMINATOR = 2  # the start's target shifts are multiples of 1/2
 _INT32_MAX = np.iinfo(np.int32).max
 _INT64_SAFE = 2**62  # int64 intermediate products stay below this (room for a sum of two)
@@ -272,15 +280,17 @@ def _shifted_cost(chains: np.ndarray, noisy: np.ndarray, shift: np.ndarray) -> n
 
 def _dual_start(noisy: np.ndarray, caps: np.ndarray, parent: np.ndarray) -> np.ndarray:
     """A shift of the targets (in halves, one per column) near the continuous optimum's:
-    gradient ascent on the dual of the column-sum constraints, step 1/k."""
+    accelerated (Nesterov) gradient ascent on the dual of the column-sum constraints, step
+    1/k (the column sums are k-Lipschitz in the shift)."""
     k, m = noisy.shape
     targets = noisy.astype(np.float64)
-    shift = np.zeros(m)
-    for _ in range(DUAL_STEPS_SHORT if m <= DENSE_SIZES else DUAL_STEPS_LONG):
-        missing = parent - _real_isotonic(targets + shift, caps).sum(axis=0)
+    shift = previous = np.zeros(m)
+    for step in range(DUAL_STEPS_SHORT if m <= DENSE_SIZES else DUAL_STEPS_LONG):
+        ahead = shift + step / (step + 3) * (shift - previous)
+        missing = parent - _real_isotonic(targets + ahead, caps).sum(axis=0)
+        previous, shift = shift, ahead + missing / k
         if np.abs(missing).max(initial=0.0) < 1 / 2:
             break
-        shift += missing / k
     return np.rint(shift * _SHIFT_DENOMINATOR).astype(np.int64)
 
 
