@@ -20,12 +20,14 @@ NO_SERVER_LIMIT_S = 30
 
 @pytest.mark.connect
 def test_topdown_over_spark_connect_is_identical_to_local(
-    spark, county_csv, fixed_secret, reference_release, tmp_path
+    spark, county_csv, fixed_secret, reference_release, tmp_path, monkeypatch
 ):
     """The reference release ran in local mode with the same config, input and secret (and
     ``--evaluate``, left out here to keep the suite short; the pandas UDF paths of measurement
-    and estimation run on the server's Python workers either way)."""
+    and estimation run on the server's Python workers either way). Progress lines come from
+    the server's progress messages."""
     out, log = tmp_path / "connect", tmp_path / "client.log"
+    monkeypatch.setenv("CENSUSDP_PROGRESS_SECONDS", "1")
     with connect_server(tmp_path) as remote:
         run = run_cli(
             "topdown",
@@ -39,6 +41,7 @@ def test_topdown_over_spark_connect_is_identical_to_local(
     assert run.returncode == 0, log.read_text()[-3000:]
     assert "TopDown release written to" in log.read_text()
     assert "log4j" not in log.read_text()  # no JVM started in the client
+    assert "[censusdp] progress (" in log.read_text()
     assert (out / "manifest.json").exists()
     assert_same_tables(spark, reference_release, out)
 
