@@ -1,10 +1,11 @@
-"""The bad-input catalogue: every refusal the command line makes at the door, run as a user runs
-it (a ``censusdp`` subprocess per case), keeps the same promise. Exit code 2; on stderr exactly
+"""The bad-input catalogue: every refusal the command line makes at the door keeps the same
+promise. Exit code 2; on stderr exactly
 one line of its own, naming the file and the rule (Spark's start-up log lines aside), no
 traceback; nothing under ``--output`` and no private folder (``<output>.private``) left behind.
 
-Each case starts a JVM subprocess (about half a minute here), so every case is ``slow`` (the
-fast suite, ``-m "not slow"``, starts no JVM subprocess); the per-rule tests beside each reader (``tests/topdown/
+Every case runs through the command line's ``main`` in this process's Spark session; two of
+them also through the installed ``censusdp`` in a JVM subprocess of its own (``slow``: about
+a minute each here). The per-rule tests beside each reader (``tests/topdown/
 test_readers.py``, ``test_pgsr_job.py``, ``test_synth_job.py``) check the rules in process."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from censusdp_spark.cli import main
 from tests.e2e.test_faults import censusdp
 from tests.e2e.test_secret_policy import error_lines
 from tests.e2e.test_synth_job import _duplicate_person, real_tables
@@ -182,19 +184,34 @@ CASES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
-def test_a_bad_input_is_one_line_naming_file_and_rule_and_writes_nothing(name, tmp_path):
-    case = CASES[name]
-    output = tmp_path / "out"
-    run = censusdp(*case.make(tmp_path, output))
-    assert run.returncode == 2, run.stderr[-3000:]
-    assert "Traceback" not in run.stderr, run.stderr[-3000:]
-    lines = [ln for ln in error_lines(run.stderr) if not SPARK_LOG.match(ln)]
+def check_refusal(name: str, folder: Path, code: int, stderr: str) -> None:
+    """Exit 2, one line of its own naming the case's file and rule, no traceback, nothing
+    written."""
+    case, output = CASES[name], folder / "out"
+    assert code == 2, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = [ln for ln in error_lines(stderr) if not SPARK_LOG.match(ln)]
     assert len(lines) == 1, lines
-    assert str(case.file(tmp_path)) in lines[0] and case.rule in lines[0], lines[0]
+    assert str(case.file(folder)) in lines[0] and case.rule in lines[0], lines[0]
     if name == "output-is-a-file":
         assert output.read_text() == "not a folder"
     else:
         assert not output.exists() or not any(output.iterdir())
-    assert not (tmp_path / "out.private").exists()
+    assert not (folder / "out.private").exists()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_is_one_line_naming_file_and_rule_and_writes_nothing(
+    name, spark, tmp_path, capsys
+):
+    """Every case through the command line's own ``main``, in this process's Spark session."""
+    code = main(CASES[name].make(tmp_path, tmp_path / "out"))
+    check_refusal(name, tmp_path, code, capsys.readouterr().err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["unquoted-comma-in-vtd", "synth-person-listed-twice"])
+def test_the_installed_command_refuses_it_the_same_way(name, tmp_path):
+    """The same promise from the installed ``censusdp`` entry point, in its own process."""
+    run = censusdp(*CASES[name].make(tmp_path, tmp_path / "out"))
+    check_refusal(name, tmp_path, run.returncode, run.stderr)
