@@ -248,6 +248,20 @@ def test_existing_output_is_refused_without_overwrite(spark, dp, secret):
     assert pgsr("--config", str(CONFIG), "--output", str(dp), "--secret-file", str(secret)) == 2
 
 
+def test_relaxed_beyond_its_cell_limit_is_refused_in_one_line_before_any_noise(
+    spark, tmp_path, secret, capsys, monkeypatch
+):
+    from censusdp_spark.group_sizes.solvers import relaxed
+
+    monkeypatch.setattr(relaxed, "RELAXED_MAX_CELLS", 100)  # CALM has 1,083 nodes x 4 sizes
+    out = tmp_path / "out"
+    args = ["--config", str(CONFIG), "--mechanism", "relaxed", "--output", str(out)]
+    assert pgsr(*args, "--secret-file", str(secret), "--reuse-secret") == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress lines
+    assert message.startswith("censusdp: error:") and "RELAXED_MAX_CELLS = 100" in message
+    assert not (out / "noisy_measurements").exists()
+
+
 def test_unknown_config_key_exits_2(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(CONFIG.read_text().replace("topcode = true", "topcode = true\nmin_size = 0"))
