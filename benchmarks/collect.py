@@ -23,6 +23,7 @@ ORDER = [
     "pgsr_speed",
     "pgsr_national",
     "cumulative_scaling",
+    "pgsr_large_n",
     "synth",
 ]
 

@@ -42,7 +42,7 @@ from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_epsilon
 
-Mechanism = Literal["dp", "relaxed", "cumulative"]
+Mechanism = Literal["dp", "relaxed", "relaxed_families", "cumulative"]
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
 Norm = Literal["l2", "l1"]
 NORMS: tuple[str, ...] = get_args(Norm)

@@ -10,11 +10,16 @@ Mechanisms:
   the release is the exact integer optimum and the run fails if its objective differs from
   the root tables' optimum; under ``"node"`` the manifest carries the certificate
   ``lower_bound <= opt <= objective``.
-* ``relaxed`` (M_H, the paper's baseline): the same noisy histograms; the convex relaxation
-  solved per family top-down (the parent's real-valued solution fixed; Clarabel), then rounded
-  cell by cell. Rounding may break consistency and faithfulness: the violations are counted
-  and reported, not raised. (Per-family, not one QP over the whole tree: the whole-tree QP is
-  ``group_sizes.solvers.relaxed.relaxed_qp`` on one machine, as in the benchmark.)
+* ``relaxed`` (M_H, the paper's baseline, as the README and benchmarks compare): the same
+  noisy histograms collected on the driver, the convex relaxation of the whole tree in one QP
+  (Clarabel, solved as a scaled step so large counts do not swamp the noise), checked
+  independently (equality residual and a weak-duality lower bound: the manifest's ``relaxed``
+  says ``reliable`` or not), then rounded cell by cell. Refused in one line beyond
+  ``RELAXED_MAX_CELLS`` (node, size) cells, before any noise is drawn.
+* ``relaxed_families``: the relaxation solved per family top-down on Spark (the parent's
+  real-valued solution fixed), then rounded: a scalable variant, not the paper's, and no better
+  than ``relaxed``. For both, rounding may break consistency and faithfulness: the violations
+  are counted and reported, not raised.
 * ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
 
 Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node
@@ -53,6 +58,7 @@ from censusdp_spark.group_sizes.config import (
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.solvers.cost_tables import WindowTooNarrow
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
+from censusdp_spark.group_sizes.solvers.relaxed import RelaxedTooLarge, check_relaxed_size
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import ConfigError, GuaranteeViolation
 from censusdp_spark.model.geography import Level
@@ -67,6 +73,7 @@ from censusdp_spark.release.runner import (
 )
 
 GROUP_SIZES = "group_sizes"
+RELAXED = ("relaxed", "relaxed_families")  # rounded relaxations: violations reported, not raised
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class PgsrSummary:
     elapsed_s: float
     timings: dict[str, float] = field(default_factory=dict)
     optimality: dict[str, int] = field(default_factory=dict)
+    relaxed: dict[str, Any] = field(default_factory=dict)  # the whole-tree QP's check
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
@@ -112,6 +120,15 @@ class PgsrSummary:
         if self.optimality:
             lines.insert(
                 4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items())
+            )
+        if self.relaxed:
+            r = self.relaxed
+            verdict = "reliable" if r["reliable"] else "UNRELIABLE (not an optimum)"
+            lines.insert(
+                4,
+                f"  relaxed QP: {verdict}; objective {r['objective']:.6g}, lower bound "
+                f"{r['lower_bound']:.6g}, relative gap {r['relative_gap']:.1e}, equality "
+                f"residual {r['equality_residual']:.1e} (Clarabel {r['solver_status']})",
             )
         if self.evaluation_dir is not None:
             lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
@@ -349,6 +366,14 @@ def _release_level(
 
 def _post_process_relaxed(
     spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+) -> tuple[list[DataFrame], dict[str, Any]]:
+    solution, solved = gs.relaxed_tree(spark, noisy, config.hierarchy, config.faithfulness)
+    clock.lap("relaxed_qp")
+    return [gs.rounded_release(solution)], solved.report()
+
+
+def _post_process_relaxed_families(
+    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
@@ -424,6 +449,11 @@ def _run_pgsr(
     )
     node_counts = {r["level"]: int(r["count"]) for r in nodes.groupBy("level").count().collect()}
     clock.lap("read_and_validate")
+    if config.mechanism == "relaxed":
+        try:
+            check_relaxed_size(sum(node_counts.values()) * config.groups.max_size)
+        except RelaxedTooLarge as error:
+            raise ConfigError(config.source, "mechanism", str(error)) from None
 
     secret = run.secret()  # only once the input has passed validation
     run.prepare_output()
@@ -442,10 +472,13 @@ def _run_pgsr(
         StorageLevel.MEMORY_AND_DISK
     )
     optimality: dict[str, int] = {}
+    relaxed: dict[str, Any] = {}
     if config.mechanism == "dp":
         levels, optimality = _post_process_dp(spark, config, noisy, clock)
     elif config.mechanism == "relaxed":
-        levels = _post_process_relaxed(spark, config, noisy, clock)
+        levels, relaxed = _post_process_relaxed(spark, config, noisy, clock)
+    elif config.mechanism == "relaxed_families":
+        levels = _post_process_relaxed_families(spark, config, noisy, clock)
     else:
         levels = _post_process_cumulative(spark, config, noisy, clock)
     delta.write_table(
@@ -460,7 +493,7 @@ def _run_pgsr(
     _, total, _ = gs.root_row(noisy, hierarchy)
     checks = gs.release_violations(released, noisy, hierarchy, config.faithfulness, total)
     clock.lap("check_guarantees")
-    if config.mechanism != "relaxed" and any(checks.values()):
+    if config.mechanism not in RELAXED and any(checks.values()):
         raise GuaranteeViolation(f"the {config.mechanism} release breaks guarantees: {checks}")
 
     evaluation_rows: list[dict[str, Any]] = []
@@ -486,12 +519,13 @@ def _run_pgsr(
         elapsed_s=clock.elapsed(),
         timings=clock.timings,
         optimality=optimality,
+        relaxed=relaxed,
         evaluation=evaluation_rows,
         for_release=run.for_release,
         evaluation_dir=eval_dir,
     )
     common = run.manifest_fields()
-    if config.mechanism == "relaxed":
+    if config.mechanism in RELAXED:
         common["versions"]["clarabel"] = version("clarabel")
     write_manifest(
         output / "manifest.json",
@@ -499,7 +533,7 @@ def _run_pgsr(
             "run": config.run.name,
             "release": "group sizes (PGSR)",
             "mechanism": config.mechanism,
-            "norm": config.norm if config.mechanism != "relaxed" else "l2",
+            "norm": config.norm if config.mechanism not in RELAXED else "l2",
             "faithfulness": config.faithfulness,
             "config_file": config.source,
             "config_text": config.document.text,
@@ -510,6 +544,7 @@ def _run_pgsr(
             "nodes": summary.nodes,
             "guarantee_checks": checks,
             "optimality": optimality,
+            **({"relaxed": relaxed} if relaxed else {}),
             **common,
             "tables": tables,
         },

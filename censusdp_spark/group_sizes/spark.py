@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import (
@@ -89,7 +89,7 @@ from censusdp_spark.group_sizes.solvers.cost_tables import (
     split_family,
 )
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_family, to_cumulative
-from censusdp_spark.group_sizes.solvers.relaxed import relaxed_qp
+from censusdp_spark.group_sizes.solvers.relaxed import RelaxedSolution, relaxed_qp, solve_relaxed
 from censusdp_spark.group_sizes.solvers.tree import GroupTree
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy import discrete_laplace, keyed_rng
@@ -587,7 +587,52 @@ def bound_cells(released: DataFrame, plan: DpPlan, widened: DataFrame | None) ->
     )
 
 
-# --- relaxed: per-family QPs top-down, rounded at the end --------------------------------------
+# --- relaxed: the whole-tree QP on the driver, rounded ----------------------------------------
+
+
+def collected_tree(
+    noisy: DataFrame, hierarchy: Hierarchy, faithfulness: str
+) -> tuple[pd.DataFrame, GroupTree]:
+    """Every node's noisy measurements on the driver, as a ``GroupTree`` (nodes by level, then
+    geocode) with their ``level, geocode`` rows. Under level faithfulness only the root's G is
+    public; the other nodes' ``groups`` are filled along one path so the tree is well formed
+    (the whole-tree QP reads only the root's)."""
+    pdf = pd.DataFrame(noisy.select("level", "geocode", "groups", "noisy").toPandas())
+    depth = pdf["level"].map({name: i for i, name in enumerate(hierarchy.names)})
+    pdf = pdf.assign(depth=depth).sort_values(["depth", "geocode"]).reset_index(drop=True)
+    index = {(d, g): i for i, (d, g) in enumerate(zip(pdf["depth"], pdf["geocode"], strict=True))}
+    digits = [lv.digits for lv in hierarchy.levels]
+    parent = np.array(
+        [
+            -1 if d == 0 else index[(d - 1, g[: digits[d - 1]])]
+            for d, g in zip(pdf["depth"], pdf["geocode"], strict=True)
+        ],
+        dtype=np.int64,
+    )
+    values = np.vstack([_ints(v) for v in pdf["noisy"]])
+    if faithfulness == "node":
+        groups = pdf["groups"].to_numpy(dtype=np.int64)
+    else:
+        groups = np.zeros(len(pdf), dtype=np.int64)
+        node = len(pdf) - 1  # the last node is a leaf: G along its path to the root
+        while node >= 0:
+            groups[node] = int(pdf["groups"].iat[0])
+            node = int(parent[node])
+    return pdf[["level", "geocode"]], GroupTree(parent, values, groups)
+
+
+def relaxed_tree(
+    spark: SparkSession, noisy: DataFrame, hierarchy: Hierarchy, faithfulness: str
+) -> tuple[DataFrame, RelaxedSolution]:
+    """The paper's M_H relaxation over the whole tree in one QP on the driver (the caller has
+    checked ``RELAXED_MAX_CELLS``), with its independent check; rows as ``SOLUTION_SCHEMA``."""
+    rows, tree = collected_tree(noisy, hierarchy, faithfulness)
+    solved = solve_relaxed(tree, faithfulness)
+    frame = rows.assign(solution=list(solved.x))
+    return spark.createDataFrame(frame, SOLUTION_SCHEMA), solved
+
+
+# --- relaxed_families: per-family QPs top-down, rounded at the end -----------------------------
 
 
 def relaxed_families(

@@ -16,9 +16,9 @@ with one secret on different data would differ exactly by the change in the data
   every config setting that reaches the noise). A later fresh run of the same kind with the same
   secret on another input or measurement config is refused in one line. Rerunning the identical
   measurement (the same data, the same noise) reveals nothing new and is allowed, as is a
-  different post-processing of the same measurements (``[estimation] method``, PGSR ``dp`` and
-  ``relaxed``). ``--reuse-secret`` lifts the rule for experiments; their manifest says
-  ``"for_release": false``.
+  different post-processing of the same measurements (``[estimation] method``, PGSR ``dp``,
+  ``relaxed`` and ``relaxed_families``). ``--reuse-secret`` lifts the rule for experiments;
+  their manifest says ``"for_release": false``.
 * Families of streams are disjoint, so one secret may serve one TopDown and one group-size
   release of a run date.
 

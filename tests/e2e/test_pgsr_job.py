@@ -8,6 +8,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from censusdp_spark.cli import main
@@ -59,6 +60,17 @@ def dp(spark, tmp_path_factory, secret) -> Path:
 @pytest.fixture(scope="module")
 def relaxed(spark, tmp_path_factory, secret) -> Path:
     return release(spark, tmp_path_factory, secret, "relaxed")
+
+
+@pytest.fixture(scope="module")
+def large_counts(tmp_path_factory) -> Path:
+    """The CALM input with every count x 10,000 (620 M households): the noise is 1e-7 of it."""
+    frame = pd.read_csv(ROOT / "data" / "calm" / "calm_taz_household_sizes.csv", dtype=str)
+    for j in range(1, 5):
+        frame[f"HHSIZE{j}"] = frame[f"HHSIZE{j}"].astype(np.int64) * 10_000
+    path = tmp_path_factory.mktemp("large") / "calm_x10000.csv"
+    frame.to_csv(path, index=False)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +187,24 @@ def test_relaxed_baseline_reports_the_violations_rounding_leaves(spark, relaxed)
     assert checks["negative_counts"] == 0
     assert checks["children_not_summing_to_parent"] + checks["unfaithful"] > 0
     assert "clarabel" in m["versions"]
+    assert m["mechanism"] == "relaxed" and m["relaxed"]["reliable"] is True
+    assert m["relaxed"]["relative_gap"] < 1e-6
+
+
+@pytest.mark.parametrize("mechanism", ["relaxed", "relaxed_families"])
+def test_relaxed_baselines_at_counts_times_10000_do_not_crash(
+    spark, tmp_path_factory, secret, large_counts, mechanism
+):
+    """Issue 17: the per-family QP stopped with "infeasible" and a traceback at these counts."""
+    out = release(
+        spark, tmp_path_factory, secret, mechanism, "--input", str(large_counts), "--reuse-secret"
+    )
+    m = manifest(out)
+    assert m["mechanism"] == mechanism and m["guarantee_checks"]["negative_counts"] == 0
+    if mechanism == "relaxed":
+        assert m["relaxed"]["reliable"] is True
+    root = table(spark, out, "group_sizes").filter("level = 'region'").collect()
+    assert abs(sum(r["count"] for r in root) - HOUSEHOLDS * 10_000) <= 2  # rounding of 4 sizes
 
 
 def test_cumulative_release_holds_every_guarantee_with_scale_l_over_epsilon(spark, cumulative):
@@ -216,6 +246,20 @@ def test_evaluation_l1_and_emd_are_the_mean_distances_per_node(spark, dp):
 
 def test_existing_output_is_refused_without_overwrite(spark, dp, secret):
     assert pgsr("--config", str(CONFIG), "--output", str(dp), "--secret-file", str(secret)) == 2
+
+
+def test_relaxed_beyond_its_cell_limit_is_refused_in_one_line_before_any_noise(
+    spark, tmp_path, secret, capsys, monkeypatch
+):
+    from censusdp_spark.group_sizes.solvers import relaxed
+
+    monkeypatch.setattr(relaxed, "RELAXED_MAX_CELLS", 100)  # CALM has 1,083 nodes x 4 sizes
+    out = tmp_path / "out"
+    args = ["--config", str(CONFIG), "--mechanism", "relaxed", "--output", str(out)]
+    assert pgsr(*args, "--secret-file", str(secret), "--reuse-secret") == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress lines
+    assert message.startswith("censusdp: error:") and "RELAXED_MAX_CELLS = 100" in message
+    assert not (out / "noisy_measurements").exists()
 
 
 def test_unknown_config_key_exits_2(tmp_path):

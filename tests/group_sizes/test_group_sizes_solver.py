@@ -12,7 +12,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from censusdp_spark.group_sizes.config import load_pgsr_config
-from censusdp_spark.group_sizes.solvers import batch, cumulative
+from censusdp_spark.group_sizes.solvers import batch, cumulative, relaxed
 from censusdp_spark.group_sizes.solvers.batch import LeafFamilies, TableFamilies, Tables
 from censusdp_spark.group_sizes.solvers.cost_tables import (
     CostTable,
@@ -32,7 +32,14 @@ from censusdp_spark.group_sizes.solvers.cumulative import (
     to_cumulative,
 )
 from censusdp_spark.group_sizes.solvers.reference_milp import solve_exact_milp
-from censusdp_spark.group_sizes.solvers.relaxed import relaxed_qp, round_naive
+from censusdp_spark.group_sizes.solvers.relaxed import (
+    RelaxedTooLarge,
+    RelaxedUnreliable,
+    check_relaxed_size,
+    relaxed_qp,
+    round_naive,
+    solve_relaxed,
+)
 from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release, objective, violations
 from censusdp_spark.group_sizes.spark import NoisePlan, noise_plan, noisy_group
 
@@ -580,6 +587,58 @@ def test_relaxed_qp_with_a_fixed_root_keeps_it():
         assert np.allclose(x[0], [3.5, 5.5]) and np.allclose(x[1:].sum(0), [3.5, 5.5], atol=1e-6)
 
 
+def big_tree(rng: np.random.Generator, factor: int) -> GroupTree:
+    """A 1-4-28 tree whose true counts are ``factor`` times a few dozen per cell, with noise of
+    scale ~10 (as the CLI's at eps = 1/2 over 3 levels): the noise is 1e-7 of the counts."""
+    parent = np.array([-1] + [0] * 4 + [1 + i // 7 for i in range(28)])
+    truth = np.zeros((parent.size, 5), dtype=np.int64)
+    truth[5:] = rng.integers(0, 60, (28, 5)) * factor
+    for r in range(parent.size - 1, 0, -1):
+        truth[parent[r]] += truth[r]
+    noisy = truth + rng.integers(-12, 13, truth.shape)
+    return GroupTree(parent, noisy, truth.sum(1))
+
+
+@pytest.mark.parametrize("faithfulness", ["level", "node"])
+def test_relaxed_qp_at_counts_times_10000_is_certified_and_below_the_integer_optimum(faithfulness):
+    """Unscaled, Clarabel reported "Solved" at 14x the optimum (issue 17): the step from the
+    clipped counts keeps the noise above its tolerances, and the dual bound confirms it."""
+    rng = np.random.default_rng(17)
+    for _ in range(3):
+        tree = big_tree(rng, 10_000)
+        solved = solve_relaxed(tree, faithfulness)
+        assert solved.reliable and solved.gap < 1e-6 and solved.residual < 1e-2
+        assert solved.lower_bound <= solved.objective * (1 + 1e-9)  # up to the residual
+        if faithfulness == "level":  # (node's dp lists tables up to each G^r: too large here)
+            integer = dp_release(tree, "l2", faithfulness).objective  # a feasible point
+            assert solved.objective <= integer * (1 + 1e-9)
+
+
+def test_relaxed_qp_below_a_fixed_root_at_large_counts_keeps_it():
+    rng = np.random.default_rng(18)
+    tree = big_tree(rng, 10_000)
+    whole = solve_relaxed(tree, "level").x
+    family = GroupTree(np.array([-1, 0, 0, 0, 0]), tree.noisy[:5], np.zeros(5, dtype=np.int64))
+    x = relaxed_qp(family, "level", fixed_root=whole[0])
+    assert np.allclose(x[1:].sum(0), whole[0], atol=1e-2) and (x >= 0).all()
+
+
+def test_an_unchecked_relaxed_solution_is_reported_unreliable_not_returned(monkeypatch):
+    monkeypatch.setattr(relaxed, "REFINEMENTS", 0)  # no solve: the clipped noisy counts
+    tree = big_tree(np.random.default_rng(19), 1)
+    solved = solve_relaxed(tree, "level")
+    assert not solved.reliable and solved.report()["reliable"] is False
+    with pytest.raises(RelaxedUnreliable, match="unreliable"):
+        relaxed_qp(tree, "level")
+
+
+def test_the_whole_tree_qp_is_refused_in_one_line_beyond_its_cell_limit():
+    check_relaxed_size(relaxed.RELAXED_MAX_CELLS)
+    with pytest.raises(RelaxedTooLarge, match="RELAXED_MAX_CELLS") as error:
+        check_relaxed_size(relaxed.RELAXED_MAX_CELLS + 1)
+    assert "\n" not in str(error.value)
+
+
 def test_naive_rounding_can_break_consistency_and_violations_count_it():
     tree = GroupTree(np.array([-1, 0, 0]), np.zeros((3, 2), dtype=np.int64), np.array([3, 1, 2]))
     x = round_naive(np.array([[1.0, 2.0], [0.5, 0.5], [0.5, 1.5]]))
@@ -902,7 +961,8 @@ def test_scales_are_2l_over_epsilon_for_histograms_and_l_over_epsilon_for_cumula
     levels = len(config.hierarchy.names)
     eps = config.budget.total_epsilon
     assert set(noise_plan(config, "dp").scales.values()) == {Fraction(2 * levels) / eps}
-    assert set(noise_plan(config, "relaxed").scales.values()) == {Fraction(2 * levels) / eps}
+    for histogram in ("relaxed", "relaxed_families"):
+        assert set(noise_plan(config, histogram).scales.values()) == {Fraction(2 * levels) / eps}
     assert set(noise_plan(config, "cumulative").scales.values()) == {Fraction(levels) / eps}
 
 

@@ -72,9 +72,11 @@ HiGHS as a reference.
 
 The relaxed baseline (``relaxed_qp``)
 -------------------------------------
-The paper's M_H: the same problem (same faithfulness) without integrality, solved by a
-generic interior-point QP solver (Clarabel), then rounded to the nearest integer; the rounding
-may break consistency and faithfulness, and ``violations`` counts how often.
+The paper's M_H: the same problem (same faithfulness) without integrality, over the whole
+tree, solved by a generic interior-point QP solver (Clarabel) and checked independently
+(``solvers/relaxed.py``), then rounded to the nearest integer; the rounding may break
+consistency and faithfulness, and ``violations`` counts how often. ``relaxed_families`` solves
+the same relaxation family by family top-down instead (not the paper's).
 """
 
 from __future__ import annotations
