@@ -38,9 +38,10 @@ EVALUATION_SCHEMA = (
 EVALUATION_COLUMNS = ["method", "level", "metric", "query", "nodes", "value"]
 MARGINALS_SCHEMA = "level string, cell long, metric string, query string, m int"
 BASELINE = "block_by_block"
-BASELINE_BLOCKS_PER_TASK = 4096
-"""Blocks per task of the baseline's draws (a few tenths of a second of sampling each), so that
-they spread over the cores even when the block table is one partition."""
+BASELINE_BLOCKS_PER_TASK = 8192
+"""Blocks per task of the baseline's draws (about a second of sampling each), so that they
+spread over the cores even when the block table is one partition; smaller tasks cost more JVM
+and Python overhead than they gain."""
 
 
 def evaluation_table(
