@@ -38,6 +38,7 @@ from censusdp_spark.model.config import (
     require_spine,
     resolve,
 )
+from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import (
     BudgetError,
@@ -113,6 +114,7 @@ class RunConfig:
     input: InputSpec | None
     spine: SpineSpec | None = None
     estimation_method: EstimationMethod = "topdown"
+    method_fallback: str = ""  # why a requested "full_information" runs as "topdown", if it does
     document: Document = field(default_factory=Document, compare=False, repr=False)
 
     def query(self, level: str, name: str) -> MarginalQuery:
@@ -179,6 +181,7 @@ class EstimationModel(Model):
     invariants: list[Name] = []
     structural_zeros: list[dict[str, list[str]]] = []
     method: EstimationMethod = "topdown"
+    fallback: Literal["topdown"] | None = None  # run "topdown" where full_information cannot
 
     @field_validator("method", mode="before")
     @classmethod
@@ -327,12 +330,25 @@ def _input(
     return InputSpec(*common, attributes=tuple(columns), ignore=tuple(model.ignore))
 
 
-def _check_method(fail: Fail, method: str, leaf: str, queries: tuple[MarginalQuery, ...],
-                  zeros: tuple[int, ...], n_cells: int) -> None:  # fmt: skip
+def _check_method(fail: Fail, method: str, hierarchy: Hierarchy,
+                  queries: Mapping[str, tuple[MarginalQuery, ...]], zeros: tuple[int, ...],
+                  schema: Schema) -> None:  # fmt: skip
     """``full_information`` needs the leaf level's queries to determine every cell that is not
-    a structural zero (its leaves are estimated from their own measurements)."""
+    a structural zero (its leaves are estimated from their own measurements), and a covariance
+    layout for the schema and every level's queries (``covariance_layout``)."""
     if method == "topdown":
         return
+    leaf = hierarchy.leaf.name
+    _check_leaf_queries(fail, leaf, queries[leaf], zeros, schema.n_cells)
+    every = [q.cell_to_marginal for level in hierarchy.names for q in queries[level]]
+    try:
+        covariance_layout(schema.shape, schema.names, zeros, every)
+    except ValueError as err:
+        raise fail("estimation.method", str(err)) from None
+
+
+def _check_leaf_queries(fail: Fail, leaf: str, queries: tuple[MarginalQuery, ...],
+                        zeros: tuple[int, ...], n_cells: int) -> None:  # fmt: skip
     active = np.setdiff1d(np.arange(n_cells), zeros)
     stacked = np.vstack(
         [np.eye(q.size)[q.cell_to_marginal[active]].T for q in queries]
@@ -387,15 +403,14 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
     spec = _input(fail, model.input, schema, zeros, base) if model.input else None
     if spec is not None and spec.layout == "microdata":
         require_spine(fail, spine, spec.layout)
-    method, leaf = model.estimation.method, hierarchy.leaf.name
-    _check_method(fail, method, leaf, queries[leaf], zeros, schema.n_cells)
-    if method == "full_information":
-        every = [q.cell_to_marginal for level in hierarchy.names for q in queries[level]]
-        try:
-            covariance_layout(schema.shape, schema.names, zeros, every)
-        except ValueError as err:
-            raise fail("estimation.method", str(err)) from None
+    method, fallback = model.estimation.method, ""
+    try:
+        _check_method(fail, method, hierarchy, queries, zeros, schema)
+    except ConfigError as err:
+        if model.estimation.fallback is None:
+            raise
+        method, fallback = model.estimation.fallback, err.rule
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
-        method, document,
+        method, fallback, document,
     )  # fmt: skip

@@ -83,12 +83,16 @@ class RunSummary:
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
+    method: str = "topdown"
+    method_fallback: str = ""
 
     def text(self) -> str:
         lines = [
             f"TopDown release written to {self.output}"
             + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             "  levels: " + ", ".join(f"{lv} ({self.nodes[lv]} nodes)" for lv in self.levels),
+            f"  estimation: {self.method}"
+            + (f" (fallback: {self.method_fallback})" if self.method_fallback else ""),
             f"  privacy: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
             f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
             f"  elapsed: {self.elapsed_s:.1f} s ("
@@ -130,7 +134,11 @@ def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     return replace(config, run=run, input=spec)
 
 
-POST_PROCESSING_KEYS = (("estimation", "method"), ("estimation", "passes"))
+POST_PROCESSING_KEYS = (
+    ("estimation", "method"),
+    ("estimation", "passes"),
+    ("estimation", "fallback"),
+)
 """Config keys that change only the estimation from the noisy measurements, not the noise."""
 
 
@@ -297,6 +305,8 @@ def _run_topdown(
         evaluation=evaluation_rows,
         for_release=run.for_release,
         evaluation_dir=eval_dir,
+        method=config.estimation_method,
+        method_fallback=config.method_fallback,
     )
     write_manifest(
         output / "manifest.json",
@@ -308,6 +318,10 @@ def _run_topdown(
             "spine": str(config.spine.path) if config.spine else None,
             "privacy": privacy,
             "budget": budget_rows(config),
+            "estimation": {
+                "method": config.estimation_method,
+                "fallback_reason": config.method_fallback or None,
+            },
             "nodes": summary.nodes,
             "guarantee_checks": checks,
             **run.manifest_fields(),

@@ -186,3 +186,34 @@ def test_full_information_on_the_production_schema_holds_two_attributes_symmetri
     ) as e:
         load_config(path, ROOT)
     assert "\n" not in str(e.value) and "DENSE_BLOCK_MAX_CELLS = 512" in str(e.value)
+
+
+def test_full_information_falls_back_to_topdown_only_when_asked(tmp_path):
+    production = ROOT / "conf" / "pl94_2020_production.toml"
+    zero = 'structural_zeros = [ { hispanic = ["hispanic"], cenrace = ["01"] } ]'
+    text = re.sub(r"^structural_zeros = .*$", zero, production.read_text(), flags=re.M)
+    refused = tmp_path / "refused.toml"
+    refused.write_text(
+        text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
+    )
+    with pytest.raises(ConfigError, match=r"\[estimation\.method\]"):
+        load_config(refused, ROOT)
+    asked = tmp_path / "asked.toml"
+    asked.write_text(
+        text.replace(
+            "[estimation]\n", '[estimation]\nmethod = "full_information"\nfallback = "topdown"\n'
+        )
+    )
+    config = load_config(asked, ROOT)
+    assert config.estimation_method == "topdown"
+    assert "DENSE_BLOCK_MAX_CELLS = 512" in config.method_fallback
+    # A config full_information supports ignores the fallback; other fallbacks are refused.
+    fine = edited(
+        tmp_path,
+        "[estimation]\n",
+        '[estimation]\nmethod = "full_information"\nfallback = "topdown"\n',
+    )
+    assert load_config(fine, ROOT).method_fallback == ""
+    bad = edited(tmp_path, "[estimation]\n", '[estimation]\nfallback = "gls"\n')
+    with pytest.raises(ConfigError, match=r"\[estimation\.fallback\]"):
+        load_config(bad, ROOT)
