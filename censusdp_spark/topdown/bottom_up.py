@@ -229,7 +229,9 @@ def _node_task(
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
         queries = family["parent_queries"].iat[0]
-        if queries is None or len(queries) == 0:  # a bypassed node: nothing of its own
+        # A bypassed node has nothing of its own: no row (NaN here) unless its total is
+        # invariant (then a row with null measurements).
+        if not isinstance(queries, np.ndarray | list) or len(queries) == 0:
             answers = [np.zeros(size) for size in plan.marginal_sizes]
             here = replace(design, weights=np.zeros(len(plan.query_names)))
         else:
