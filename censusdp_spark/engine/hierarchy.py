@@ -75,3 +75,78 @@ def nodes_per_level(leaves: DataFrame, hierarchy: Hierarchy) -> dict[str, int]:
     ).first()
     assert counts is not None
     return {lv.name: int(counts[lv.name]) for lv in hierarchy.levels}
+
+
+def single_child_chains(nodes: DataFrame, hierarchy: Hierarchy) -> DataFrame:
+    """The single-child structure of the geography, from the geocodes alone (lazy).
+
+    ``nodes`` has ``level, geocode`` for every node of every level (any other column is
+    ignored). Returns, for each node, ``level, geocode`` and:
+
+    * ``children``: its number of children (0 at the leaves);
+    * ``single_above``: per level above it, root first, whether its ancestor there has exactly
+      one child;
+    * ``chain_top``: the index of the highest level of the run of single-child ancestors
+      directly above it, its own level's index when its parent has two or more children (or it
+      is the root). The node and those ancestors hold the same leaves.
+
+    Built top-down, one join per level on the parent's geocode, each level kept before the
+    next reads it (one small job per level; the levels above the leaves are small). The result
+    is persisted and materialised here: ``unpersist`` it when done.
+    """
+    levels = hierarchy.levels
+    geocodes = nodes.select("level", "geocode")
+    frames: list[DataFrame] = []
+    above: DataFrame | None = None
+    for i, level in enumerate(levels):
+        here = geocodes.filter(F.col("level") == level.name).select("geocode")
+        if i + 1 < len(levels):
+            counts = (
+                geocodes.filter(F.col("level") == levels[i + 1].name)
+                .groupBy(geocode_prefix(level.digits).alias("geocode"))
+                .agg(F.count(F.lit(1)).cast("int").alias("children"))
+            )
+            here = here.join(counts, "geocode", "left").fillna(0, ["children"])
+        else:
+            here = here.withColumn("children", F.lit(0))
+        if above is None:
+            here = here.select(
+                "geocode",
+                "children",
+                F.array().cast("array<boolean>").alias("single_above"),
+                F.lit(i).alias("chain_top"),
+            )
+        else:
+            single = F.col("parent_children") == 1
+            parents = above.select(
+                F.col("geocode").alias("parent"),
+                F.col("children").alias("parent_children"),
+                F.col("single_above").alias("parent_single_above"),
+                F.col("chain_top").alias("parent_chain_top"),
+            ).select(
+                "parent",
+                F.concat("parent_single_above", F.array(single)).alias("single_above"),
+                F.when(single, F.col("parent_chain_top")).otherwise(F.lit(i)).alias("chain_top"),
+            )
+            here = (
+                here.withColumn("parent", geocode_prefix(levels[i - 1].digits))
+                .join(parents, "parent")
+                .select("geocode", "children", "single_above", "chain_top")
+            )
+        # Kept and counted, so that the next level's join reads it instead of redoing every
+        # join above it.
+        here = here.persist(StorageLevel.MEMORY_AND_DISK)
+        here.count()
+        above = here
+        frames.append(here)
+    result = reduce(
+        DataFrame.unionByName,
+        [
+            f.select(F.lit(lv.name).alias("level"), "*")
+            for f, lv in zip(frames, levels, strict=True)
+        ],
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    result.count()
+    for frame in frames:
+        frame.unpersist()
+    return result

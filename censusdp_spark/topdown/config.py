@@ -45,6 +45,7 @@ from censusdp_spark.privacy.accounting import (
     ZcdpAllocation,
     allocate_by_shares,
     allocate_per_query_rho,
+    bypass_paths,
 )
 from censusdp_spark.topdown.queries import MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
@@ -116,6 +117,7 @@ class RunConfig:
     estimation_method: EstimationMethod = "topdown"
     method_fallback: str = ""  # why a requested "full_information" runs as "topdown", if it does
     document: Document = field(default_factory=Document, compare=False, repr=False)
+    bypass_single_child: bool = False  # [budget] bypass_single_child (see BudgetModel)
 
     def query(self, level: str, name: str) -> MarginalQuery:
         for q in self.queries[level]:
@@ -158,6 +160,12 @@ class LevelBudgetModel(Model):
 class BudgetModel(Model):
     rho: Budget | None = None
     mode: Literal["shares", "per_query_rho"] = "shares"
+    bypass_single_child: bool = False
+    """Census "bypassing" (spine paper, Algorithm 3 under zCDP): a parent with exactly one child
+    in the geography is not measured; its share of rho moves to the child (down a chain of
+    single-child parents to its lowest node, measured with its own level's queries at the
+    chain's summed rho, ``ZcdpAllocation.node_budget``), and its released value is that node's.
+    Which nodes are bypassed depends on the spine alone. Default off."""
     levels: dict[str, LevelBudgetModel]
 
 
@@ -257,6 +265,11 @@ def _budget(fail: Fail, model: BudgetModel, hierarchy: Hierarchy) -> ZcdpAllocat
         raise fail("budget", str(err)) from None
     for e in allocation.entries:
         budget_in_range(fail, f"budget.levels.{e.level}.queries.{e.query}", e.rho)
+    if model.bypass_single_child:
+        try:
+            bypass_paths(allocation)  # every path cut spends the total exactly
+        except BudgetError as err:
+            raise fail("budget.bypass_single_child", str(err)) from None
     return allocation
 
 
@@ -412,5 +425,5 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
         method, fallback = model.estimation.fallback, err.rule
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
-        method, fallback, document,
+        method, fallback, document, model.budget.bypass_single_child,
     )  # fmt: skip
