@@ -128,7 +128,7 @@ def run_job(job: str, blocks: Path, output: Path, config: Path = CONFIG) -> dict
         match = STAGE.match(line)
         if match:
             stages[match[1]] = float(match[2])
-            if match[3]:
+            if match[3] and match[1].startswith("estimate_"):
                 nodes[match[1].removeprefix("estimate_")] = int(match[3])
     code = proc.wait()
     done.set()
