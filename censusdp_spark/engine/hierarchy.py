@@ -78,7 +78,7 @@ def nodes_per_level(leaves: DataFrame, hierarchy: Hierarchy) -> dict[str, int]:
 
 
 def single_child_chains(nodes: DataFrame, hierarchy: Hierarchy) -> DataFrame:
-    """The single-child structure of the geography, from the geocodes alone (lazy).
+    """The single-child structure of the geography, from the geocodes alone.
 
     ``nodes`` has ``level, geocode`` for every node of every level (any other column is
     ignored). Returns, for each node, ``level, geocode`` and:
@@ -90,63 +90,63 @@ def single_child_chains(nodes: DataFrame, hierarchy: Hierarchy) -> DataFrame:
       directly above it, its own level's index when its parent has two or more children (or it
       is the root). The node and those ancestors hold the same leaves.
 
-    Built top-down, one join per level on the parent's geocode, each level kept before the
-    next reads it (one small job per level; the levels above the leaves are small). The result
-    is persisted and materialised here: ``unpersist`` it when done.
+    A flat plan: the child counts of every node in one aggregation, then one join of every
+    node's ancestors (exploded from its geocode's prefixes) with them. The result is persisted
+    and materialised here: ``unpersist`` it when done.
     """
-    levels = hierarchy.levels
-    geocodes = nodes.select("level", "geocode")
-    frames: list[DataFrame] = []
-    above: DataFrame | None = None
-    for i, level in enumerate(levels):
-        here = geocodes.filter(F.col("level") == level.name).select("geocode")
-        if i + 1 < len(levels):
-            counts = (
-                geocodes.filter(F.col("level") == levels[i + 1].name)
-                .groupBy(geocode_prefix(level.digits).alias("geocode"))
-                .agg(F.count(F.lit(1)).cast("int").alias("children"))
-            )
-            here = here.join(counts, "geocode", "left").fillna(0, ["children"])
-        else:
-            here = here.withColumn("children", F.lit(0))
-        if above is None:
-            here = here.select(
-                "geocode",
-                "children",
-                F.array().cast("array<boolean>").alias("single_above"),
-                F.lit(i).alias("chain_top"),
-            )
-        else:
-            single = F.col("parent_children") == 1
-            parents = above.select(
-                F.col("geocode").alias("parent"),
-                F.col("children").alias("parent_children"),
-                F.col("single_above").alias("parent_single_above"),
-                F.col("chain_top").alias("parent_chain_top"),
-            ).select(
-                "parent",
-                F.concat("parent_single_above", F.array(single)).alias("single_above"),
-                F.when(single, F.col("parent_chain_top")).otherwise(F.lit(i)).alias("chain_top"),
-            )
-            here = (
-                here.withColumn("parent", geocode_prefix(levels[i - 1].digits))
-                .join(parents, "parent")
-                .select("geocode", "children", "single_above", "chain_top")
-            )
-        # Kept and counted, so that the next level's join reads it instead of redoing every
-        # join above it.
-        here = here.persist(StorageLevel.MEMORY_AND_DISK)
-        here.count()
-        above = here
-        frames.append(here)
-    result = reduce(
-        DataFrame.unionByName,
-        [
-            f.select(F.lit(lv.name).alias("level"), "*")
-            for f, lv in zip(frames, levels, strict=True)
-        ],
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    names = F.array(*[F.lit(lv.name) for lv in hierarchy.levels])
+    digits = F.array(*[F.lit(lv.digits) for lv in hierarchy.levels])
+    indexed = nodes.select(
+        "level", "geocode", (F.array_position(names, F.col("level")) - 1).cast("int").alias("i")
+    )
+
+    # The row's ancestor at level index ``j`` (columns ``digits`` and ``j``).
+    ancestor = F.expr("substring(geocode, 1, element_at(digits, j + 1))").alias("ancestor")
+    counts = (
+        indexed.filter(F.col("i") > 0)
+        .withColumn("digits", digits)
+        .withColumn("j", F.col("i") - 1)
+        .select("j", ancestor)
+        .groupBy("j", "ancestor")
+        .agg(F.count(F.lit(1)).cast("int").alias("children"))
+    )
+    above = (
+        indexed.withColumn("digits", digits)
+        .withColumn("j", F.explode(F.sequence(F.lit(0), F.col("i"))))  # itself too: j = i
+        .withColumn("ancestor", ancestor)
+        .join(counts, ["j", "ancestor"], "left")
+        .groupBy("level", "geocode", "i")
+        .agg(
+            F.sort_array(
+                F.collect_list(
+                    F.when(
+                        F.col("j") < F.col("i"),
+                        F.struct("j", (F.col("children") == 1).alias("single")),
+                    )
+                )
+            ).alias("a"),
+            F.max(F.when(F.col("j") == F.col("i"), F.col("children"))).alias("own"),
+        )
+    )
+    run = F.aggregate(
+        F.col("single_above"), F.lit(0), lambda acc, x: F.when(x, acc + 1).otherwise(F.lit(0))
+    )
+    result = (
+        above.select(
+            "level",
+            "geocode",
+            "i",
+            F.col("a.single").alias("single_above"),
+            F.coalesce(F.col("own"), F.lit(0)).alias("children"),
+        )
+        .select(
+            "level",
+            "geocode",
+            "children",
+            "single_above",
+            (F.col("i") - run).cast("int").alias("chain_top"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     result.count()
-    for frame in frames:
-        frame.unpersist()
     return result
