@@ -147,6 +147,14 @@ def solve_family(
         marginals, sizes = plan.family_marginals if len(noisy) > len(plan.query_names) else (
             plan.cell_to_marginal, plan.marginal_sizes
         )  # fmt: skip
+        # A query no child of the family was measured with is left out (it would only change
+        # the rounding's objective): a bypassed root is then solved as its chain node would be.
+        asked = np.flatnonzero(np.atleast_2d(weights).max(axis=0) > 0)
+        if asked.size < len(noisy):
+            noisy = tuple(noisy[q] for q in asked)
+            weights = weights[..., asked]
+            marginals = tuple(marginals[q] for q in asked)
+            sizes = tuple(sizes[q] for q in asked)
         problem = ChildrenProblem(
             marginals=tuple(c2m[active] for c2m in marginals),
             marginal_sizes=sizes,
