@@ -34,6 +34,16 @@ def newport_csv(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def bypass_secret(tmp_path_factory) -> Path:
+    """This module's own secret: the session's ``fixed_secret`` already released other inputs,
+    and the secret policy refuses it for a new one (as it should)."""
+    path = tmp_path_factory.mktemp("bypass_secret") / "secret.hex"
+    path.write_text("b7" * 32 + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def bypass_config(folder: Path, method: str) -> Path:
     text = DEMO.read_text().replace("[budget]\n", "[budget]\nbypass_single_child = true\n", 1)
     text = text.replace("[estimation]\n", f'[estimation]\nmethod = "{method}"\n', 1)
@@ -51,8 +61,8 @@ def release(folder: Path, method: str, newport_csv: Path, secret: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def topdown_release(spark, newport_csv, fixed_secret, tmp_path_factory) -> Path:
-    return release(tmp_path_factory.mktemp("bypass_td"), "topdown", newport_csv, fixed_secret)
+def topdown_release(spark, newport_csv, bypass_secret, tmp_path_factory) -> Path:
+    return release(tmp_path_factory.mktemp("bypass_td"), "topdown", newport_csv, bypass_secret)
 
 
 def table(spark, path: Path):
@@ -96,10 +106,10 @@ def test_a_one_state_run_with_bypassing_passes_every_guarantee(spark, topdown_re
 
 @pytest.mark.slow
 def test_full_information_with_bypassing_passes_every_guarantee(
-    spark, newport_csv, fixed_secret, tmp_path_factory
+    spark, newport_csv, bypass_secret, tmp_path_factory
 ):
     out = release(
-        tmp_path_factory.mktemp("bypass_fi"), "full_information", newport_csv, fixed_secret
+        tmp_path_factory.mktemp("bypass_fi"), "full_information", newport_csv, bypass_secret
     )
     check_release(spark, out, "full_information", newport_csv)
     bottom_up = table(spark, out / "bottom_up")
