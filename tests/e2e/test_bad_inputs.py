@@ -102,6 +102,48 @@ def pgsr(edit: Callable[[list[str]], list[str]]) -> Callable[[Path, Path], list[
     return make
 
 
+HUGE_N = """[run]
+name = "huge_n"
+private_dir = "{private}"
+[geography]
+levels = [{{ name = "all", digits = 0 }}, {{ name = "block", digits = 2 }}]
+spine = {{ path = "{spine}", geocode = "block" }}
+[groups]
+max_size = 100_000_000
+topcode = true
+[input]
+path = "{households}"
+layout = "households"
+geocode = "block"
+household = "hh"
+size = "n"
+[budget]
+epsilon = "1"
+"""
+
+
+def huge_n_config(folder: Path) -> Path:
+    """A valid group-size config and input whose N = 10^8 sizes no worker could hold."""
+    (folder / "households.csv").write_text("block,hh,n\n01,a,2\n02,b,5\n")
+    (folder / "spine.csv").write_text("block\n01\n02\n03\n")
+    config = folder / "huge_n.toml"
+    config.write_text(
+        HUGE_N.format(
+            private=folder / "private",
+            spine=folder / "spine.csv",
+            households=folder / "households.csv",
+        )
+    )
+    return config
+
+
+def pgsr_huge_n(folder: Path, output: Path) -> list[str]:
+    return [
+        *("pgsr", "--config", str(huge_n_config(folder)), "--output", str(output)),
+        *("--secret-file", str(secret(folder)), "--master", "local[1]"),
+    ]
+
+
 def synth_duplicate_person(folder: Path, output: Path) -> list[str]:
     households, persons = _duplicate_person(*real_tables(40))
     households.to_csv(folder / "households.csv", index=False)
@@ -159,6 +201,12 @@ CASES = {
     ),
     "pgsr-count-past-int64": Case(
         pgsr(past_int64), in_folder("sizes.csv"), "row 2, column HHSIZE1: count above MAX_COUNT"
+    ),
+    # issue #17: a config whose N would make a mechanism exceed memory
+    "pgsr-max-size-beyond-worker-memory": Case(
+        pgsr_huge_n,
+        in_folder("huge_n.toml"),
+        "[groups] max_size = 100,000,000: the dp mechanism would need",
     ),
     "synth-person-listed-twice": Case(
         synth_duplicate_person, in_folder("persons.csv"), "column SERIALNO+SPORDER: person '2'"
