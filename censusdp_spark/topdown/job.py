@@ -152,7 +152,7 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     measured = measurement_fingerprint(
         TOPDOWN,
         config.document.doc,
-        input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
+        input_fingerprint([*config.input.files(), *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
     )
     return ReleaseRun.of(TOPDOWN, config.run, measured, options)
