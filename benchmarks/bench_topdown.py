@@ -146,7 +146,7 @@ def released(out: Path, levels: list, n_cells: int) -> dict[str, np.ndarray]:
 
 def baseline_noise(secret: bytes, blocks: np.ndarray, rho: Fraction, n_cells: int) -> np.ndarray:
     """Per block, the baseline's detailed noise from the release's keyed stream (as
-    ``engine.evaluate.baseline_errors`` draws it)."""
+    ``topdown.evaluate.baseline_error_sums`` draws it)."""
     sigma2 = 1 / rho
     return np.stack(
         [

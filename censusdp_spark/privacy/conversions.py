@@ -29,8 +29,6 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from scipy.optimize import brentq
-
 Real = float | int | Fraction
 
 
@@ -97,6 +95,9 @@ def _optimal_order_minus_one(rho: float, log_inverse_delta: float) -> float:
 
     def slope_sign(a: float) -> float:
         return rho * a * a - log_inverse_delta + math.log1p(a)
+
+    # Imported here: a Spark worker that only draws noise loads the privacy core, not scipy.
+    from scipy.optimize import brentq
 
     upper = math.sqrt(log_inverse_delta / rho)
     return float(brentq(slope_sign, 0.0, upper, xtol=1e-300, rtol=4 * 2.0**-52))

@@ -3,9 +3,10 @@ exact exponential mechanism, vectorised over numpy arrays.
 
 Privacy claim
 -------------
-* ``discrete_gaussian``: adding independent N_Z(0, σ²) noise to every coordinate of a query with
-  L2 sensitivity Δ is ρ-zCDP with ρ = Δ²/(2σ²) (Canonne, Kamath, Steinke 2020, "The Discrete
-  Gaussian for Differential Privacy", Theorem 14).
+* ``discrete_gaussian`` (and ``discrete_gaussian_rows``, the same draws for many generators at
+  once): adding independent N_Z(0, σ²) noise to every coordinate of a query with L2 sensitivity
+  Δ is ρ-zCDP with ρ = Δ²/(2σ²) (Canonne, Kamath, Steinke 2020, "The Discrete Gaussian for
+  Differential Privacy", Theorem 14).
 * ``discrete_laplace``: adding independent noise with Pr[z] ∝ exp(−|z|/b) to every coordinate of a
   query with L1 sensitivity Δ is (Δ/b)-DP (the geometric mechanism).
 * ``exponential_mechanism``: choosing index i with probability ∝ exp(ε·s_i/(2Δ)), for scores whose
@@ -42,6 +43,13 @@ about 8 µs per call, which would dominate the small calls the engine makes for 
 query. A uniform integer below a bound b ≤ 2¹⁶ is a word modulo b, with words at or past the
 last multiple of b below 2¹⁶ redrawn. Floats appear only in sizing batches from the expected
 acceptance rate, never in a decision.
+
+*Many streams at once.* ``discrete_gaussian_rows`` runs the same code on the pending draws of
+many generators together (one stream per evaluation block, say), each draw tagged with its row:
+a row's draws keep their order, every word a row's draw takes comes from that row's stream, and
+each stream is read in the same amounts at the same steps as alone. So row i is, value for value,
+``discrete_gaussian(sigma2, size, rngs[i])``, and the privacy claim is that of the one-stream
+call; only the numpy overhead is shared.
 
 *Exact Bernoulli(n/d).* This is the event "uniform integer in [0, d) < n", drawn lazily as
 U < n/d for a uniform real U. U's first 16-bit digit is one draw from the generator, compared
@@ -112,7 +120,29 @@ def discrete_gaussian(sigma2: Fraction | int, size: int, rng: np.random.Generato
     words = _Words(rng, 16 * size)
     return _fill(
         size,
-        lambda trials: _gaussian_batch(variance, t, trials, words),
+        lambda trials: _gaussian_batch(variance, t, trials, words)[0],
+        _gaussian_acceptance_rate(variance.numerator, variance.denominator),
+    )
+
+
+def discrete_gaussian_rows(
+    sigma2: Fraction | int, size: int, rngs: Sequence[np.random.Generator]
+) -> np.ndarray:
+    """Row i is exactly ``discrete_gaussian(sigma2, size, rngs[i])``, as an int64 array of shape
+    ``(len(rngs), size)``, and each generator ends where that call leaves it.
+
+    The same code draws the rows together: each step runs once on the pending draws of every row,
+    each taking its words from its own row's stream. For many small calls (one stream per block)
+    that is a few numpy passes in place of a few dozen per call.
+    """
+    variance = _exact_positive(sigma2, "sigma2")
+    _check_size(size)
+    t = math.isqrt(variance.numerator // variance.denominator) + 1
+    words = _RowWords(rngs, 16 * size)
+    return _fill_rows(
+        len(rngs),
+        size,
+        lambda rows: _gaussian_batch(variance, t, rows.size, words, rows),
         _gaussian_acceptance_rate(variance.numerator, variance.denominator),
     )
 
@@ -125,7 +155,7 @@ def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator)
     words = _Words(rng, 8 * size)
     return _fill(
         size,
-        lambda trials: _signed(_laplace_magnitudes(t, s, trials, words), words),
+        lambda trials: _signed(_laplace_magnitudes(t, s, trials, words)[0], words)[0],
         _laplace_acceptance_rate(t, s),
     )
 
@@ -239,6 +269,25 @@ def _check_size(size: object) -> None:
 # --- random words ----------------------------------------------------------------------------
 
 
+Rows = np.ndarray | None
+"""The row owning each pending draw (for :class:`_RowWords`), or ``None`` for one stream."""
+
+
+def _pick(rows: Rows, index: np.ndarray) -> Rows:
+    """The owners of the draws ``index`` selects (nothing to select with one stream)."""
+    return None if rows is None else rows[index]
+
+
+def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For sorted ``rows``: each distinct row, how often it occurs, and each entry's rank
+    among the entries of its row."""
+    if not rows.size:
+        return rows, rows, rows
+    first = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    counts = np.diff(np.append(first, rows.size))
+    return rows[first], counts, np.arange(rows.size) - np.repeat(first, counts)
+
+
 class _Words:
     """Uniform 16-bit words cut from the generator's raw 64-bit output, each used once.
 
@@ -252,8 +301,8 @@ class _Words:
         self._buffer = np.empty(0, dtype=np.uint16)
         self._next = 0
 
-    def take(self, size: int) -> np.ndarray:
-        """The next ``size`` words (a read-only view)."""
+    def take(self, size: int, rows: Rows = None) -> np.ndarray:
+        """The next ``size`` words (a read-only view); ``rows`` is for :class:`_RowWords`."""
         if self._next + size > self._buffer.size:
             raw = self.rng.bit_generator.random_raw(max(self._block, size) // 4 + 1)
             fresh = np.asarray(raw, dtype=np.uint64).view(np.uint16)
@@ -262,28 +311,96 @@ class _Words:
         self._next += size
         return self._buffer[self._next - size : self._next]
 
-    def digits(self, size: int) -> np.ndarray:
+    def digits(self, size: int, rows: Rows = None) -> np.ndarray:
         """Uniform digits in [0, 2**_DIGIT_BITS): the top bits of fresh words."""
-        return self.take(size) >> (_WORD_BITS - _DIGIT_BITS)
+        return self.take(size, rows) >> (_WORD_BITS - _DIGIT_BITS)
 
-    def coins(self, size: int) -> np.ndarray:
+    def coins(self, size: int, rows: Rows = None) -> np.ndarray:
         """Fair coins, as booleans."""
-        return self.take(size) >= 1 << (_WORD_BITS - 1)
+        return self.take(size, rows) >= 1 << (_WORD_BITS - 1)
 
-    def below(self, bound: int, size: int) -> np.ndarray:
+    def below(self, bound: int, size: int, rows: Rows = None) -> np.ndarray:
         """Uniform integers in [0, bound), exactly: words past the last multiple of ``bound``
         below 2**16 are redrawn. Bounds past 2**16 use ``rng.integers``, which is also exact."""
         if bound > 1 << _WORD_BITS:
-            return self.rng.integers(0, bound, size=size, dtype=_uniform_dtype(bound))
+            return self.integers(bound, size, rows)
         limit = (1 << _WORD_BITS) // bound * bound
-        word = self.take(size)
+        word = self.take(size, rows)
         redraw = (word >= limit).nonzero()[0]
         if redraw.size:
             word = word.copy()
         while redraw.size:
-            word[redraw] = self.take(redraw.size)
+            word[redraw] = self.take(redraw.size, _pick(rows, redraw))
             redraw = redraw[word[redraw] >= limit]
         return word % bound if bound < 1 << _WORD_BITS else word
+
+    def integers(self, bound: int, size: int, rows: Rows = None) -> np.ndarray:
+        return self.rng.integers(0, bound, size=size, dtype=_uniform_dtype(bound))
+
+
+class _RowWords(_Words):
+    """The words of many generators, one stream per row, for draws made for all rows at once.
+
+    A pending draw of row ``r`` gets the next word of ``r``'s stream. ``rows`` lists the owner of
+    each pending draw, sorted, with a row's draws in the order ``_Words`` would hand them their
+    words; every index array the samplers derive from it (``nonzero``, boolean masks) keeps both
+    orders. Each stream is read in the same calls of the same sizes as ``_Words`` reads its one
+    stream, so every row gets exactly the words, and its generator ends in exactly the state, of
+    the one-stream call.
+    """
+
+    def __init__(self, rngs: Sequence[np.random.Generator], block: int) -> None:
+        self.rngs = rngs
+        self._block = max(block, 256)
+        # Words by position in each stream; room for two reads (most rows need no more).
+        self._words = np.empty((len(rngs), 8 * (self._block // 4 + 1)), dtype=np.uint16)
+        self._read = np.zeros(len(rngs), dtype=np.int64)  # words read from each stream
+        self._used = np.zeros(len(rngs), dtype=np.int64)  # words handed out from each stream
+
+    def take(self, size: int, rows: Rows = None) -> np.ndarray:
+        """For each pending draw, the next word of its row's stream."""
+        if rows is None or rows.size != size:
+            raise ValueError("every draw for many streams needs the row that owns it")
+        owners, counts, rank = _runs(rows)
+        start = self._used[owners]
+        short = (start + counts > self._read[owners]).nonzero()[0]
+        if short.size:
+            self._refill(owners[short], counts[short])
+        self._used[owners] = start + counts
+        return self._words[rows, np.repeat(start, counts) + rank]
+
+    def integers(self, bound: int, size: int, rows: Rows = None) -> np.ndarray:
+        if rows is None or rows.size != size:
+            raise ValueError("every draw for many streams needs the row that owns it")
+        owners, counts, _ = _runs(rows)
+        dtype = _uniform_dtype(bound)
+        parts = [
+            self.rngs[r].integers(0, bound, size=c, dtype=dtype)
+            for r, c in zip(owners.tolist(), counts.tolist(), strict=True)
+        ]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+    def _refill(self, rows: np.ndarray, sizes: np.ndarray) -> None:
+        """Read each of ``rows``' streams as ``_Words.take`` reads its stream for ``sizes``."""
+        raw = np.maximum(self._block, sizes) // 4 + 1
+        begin = self._read[rows]
+        end = begin + 4 * raw
+        width = self._words.shape[1]
+        if int(end.max()) > width:
+            wider = np.empty((len(self.rngs), max(int(end.max()), 2 * width)), dtype=np.uint16)
+            wider[:, :width] = self._words
+            self._words = wider
+        fresh = [
+            self.rngs[r].bit_generator.random_raw(k)
+            for r, k in zip(rows.tolist(), raw.tolist(), strict=True)
+        ]
+        if (raw == raw[0]).all():  # one read size (almost always): one scatter for all rows
+            columns = begin[:, None] + np.arange(4 * int(raw[0]))
+            self._words[rows[:, None], columns] = np.stack(fresh).view(np.uint16)
+        else:
+            for r, b, e, words in zip(rows, begin, end, fresh, strict=True):
+                self._words[r, b:e] = np.asarray(words, dtype=np.uint64).view(np.uint16)
+        self._read[rows] = end
 
 
 def _uniform_dtype(bound: int) -> type[np.integer]:
@@ -312,6 +429,34 @@ def _fill(size: int, draw_batch: Callable[[int], np.ndarray], rate: float) -> np
     return out
 
 
+def _fill_rows(
+    n: int,
+    size: int,
+    draw_batch: Callable[[np.ndarray], tuple[np.ndarray, Rows]],
+    rate: float,
+) -> np.ndarray:
+    """``_fill`` for ``n`` rows at once: each row's batches have the sizes ``_fill`` would give
+    them, and each keeps its first accepted draws. ``draw_batch`` takes the row of each trial
+    (sorted) and returns the accepted draws with their rows."""
+    out = np.empty((n, size), dtype=np.int64)
+    filled = np.zeros(n, dtype=np.int64)
+    pending = np.arange(n) if size else np.arange(0)
+    while pending.size:
+        wanted = size - filled[pending]
+        distinct, which = np.unique(wanted, return_inverse=True)
+        trials = np.array(
+            [math.ceil((w + 4 * math.sqrt(w) + 4) / rate) for w in distinct.tolist()]
+        )[which]
+        draws, rows = draw_batch(np.repeat(pending, trials))
+        assert rows is not None
+        owners, accepted, rank = _runs(rows)
+        keep = (rank < (size - filled)[rows]).nonzero()[0]
+        out[rows[keep], filled[rows[keep]] + rank[keep]] = draws[keep]
+        filled[owners] += np.minimum(accepted, size - filled[owners])
+        pending = pending[filled[pending] < size]
+    return out
+
+
 @lru_cache(maxsize=256)
 def _gaussian_acceptance_rate(p: int, q: int) -> float:
     """Pr[a trial of Algorithm 3 is accepted] = (1 − e⁻¹)/(2t) · exp(−σ²/2t²) · Σ_y exp(−y²/2σ²).
@@ -334,41 +479,49 @@ def _laplace_acceptance_rate(t: int, s: int) -> float:
     return u_passes * (1 + math.exp(-s / t)) / 2
 
 
-def _signed(magnitude: np.ndarray, words: _Words) -> np.ndarray:
-    """Attach a fair sign to each magnitude, dropping "−0" (CKS20 Algorithm 2, step 5)."""
-    negative = words.coins(magnitude.size)
+def _signed(magnitude: np.ndarray, words: _Words, rows: Rows = None) -> tuple[np.ndarray, Rows]:
+    """Attach a fair sign to each magnitude, dropping "−0" (CKS20 Algorithm 2, step 5); and the
+    rows of the draws kept."""
+    negative = words.coins(magnitude.size, rows)
     keep = (~(negative & (magnitude == 0))).nonzero()[0]
     magnitude = magnitude[keep]
-    return np.where(negative[keep], -magnitude, magnitude)
+    return np.where(negative[keep], -magnitude, magnitude), _pick(rows, keep)
 
 
 # --- CKS20 Algorithms 2 and 3 ----------------------------------------------------------------
 
 
-def _laplace_magnitudes(t: int, s: int, trials: int, words: _Words) -> np.ndarray:
-    """⌊(U + t·V)/s⌋ for the trials whose U passes Bernoulli(exp(−U/t)) (Alg. 2, steps 1–4)."""
-    u = words.below(t, trials)
+def _laplace_magnitudes(
+    t: int, s: int, trials: int, words: _Words, rows: Rows = None
+) -> tuple[np.ndarray, Rows]:
+    """⌊(U + t·V)/s⌋ for the trials whose U passes Bernoulli(exp(−U/t)) (Alg. 2, steps 1–4);
+    and their rows."""
+    u = words.below(t, trials, rows)
     if t > 1:
-        u = u[_bernoulli_exp_minus_fraction(_uniform_fractions(u, t), words).nonzero()[0]]
-    v = _geometric_exp_minus_one(u.size, words)
+        passed = _bernoulli_exp_minus_fraction(_uniform_fractions(u, t), words, rows).nonzero()[0]
+        u, rows = u[passed], _pick(rows, passed)
+    v = _geometric_exp_minus_one(u.size, words, rows)
     u = u.astype(np.int64)
     if t * (int(v.max(initial=0)) + 1) < _INT64_LIMIT:
         x = u + t * v
-        return x if s == 1 else x // s
+        return (x if s == 1 else x // s), rows
     # Only for t near 2**63 or a geometric count beyond all plausibility; astype raises on overflow.
     exact = (u.astype(object) + t * v.astype(object)) // s
-    return np.asarray(exact.astype(np.int64))
+    return np.asarray(exact.astype(np.int64)), rows
 
 
-def _gaussian_batch(sigma2: Fraction, t: int, trials: int, words: _Words) -> np.ndarray:
-    """Accepted draws of N_Z(0, sigma2) from ``trials`` candidates (Alg. 3, rejections merged).
+def _gaussian_batch(
+    sigma2: Fraction, t: int, trials: int, words: _Words, rows: Rows = None
+) -> tuple[np.ndarray, Rows]:
+    """Accepted draws of N_Z(0, sigma2) from ``trials`` candidates (Alg. 3, rejections merged),
+    and their rows.
 
     The sign is drawn last: it is independent of the acceptance test, which depends on |Y| only.
     """
-    magnitude = _laplace_magnitudes(t, 1, trials, words)
+    magnitude, rows = _laplace_magnitudes(t, 1, trials, words, rows)
     whole, fraction = _gaussian_exponents(sigma2, t, magnitude)
-    accepted = _bernoulli_exp_minus(whole, fraction, words)
-    return _signed(magnitude[accepted.nonzero()[0]], words)
+    accepted = _bernoulli_exp_minus(whole, fraction, words, rows).nonzero()[0]
+    return _signed(magnitude[accepted], words, _pick(rows, accepted))
 
 
 # --- exact Bernoulli draws ------------------------------------------------------------------
@@ -404,7 +557,7 @@ def _uniform_fractions(u: np.ndarray, t: int) -> _Fractions:
 
 
 def _bernoulli_fraction_over(
-    fraction: _Fractions, live: np.ndarray, lead: np.ndarray, k: int, words: _Words
+    fraction: _Fractions, live: np.ndarray, lead: np.ndarray, k: int, words: _Words, rows: Rows
 ) -> np.ndarray:
     """Bernoulli(f_i / k) for the live elements i: U < f_i/k, decided on U's first digit.
 
@@ -415,25 +568,28 @@ def _bernoulli_fraction_over(
         lead = np.zeros_like(lead)
     elif k > 1:
         lead = lead // k
-    digit = words.digits(lead.size)
+    digit = words.digits(lead.size, rows)
     success = digit < lead
     for i in (digit == lead).nonzero()[0]:
         numerator = fraction.numerator(int(live[i]))
-        success[i] = _below_after_tie(numerator, fraction.denom * k, words)
+        owner = None if rows is None else rows[i : i + 1]
+        success[i] = _below_after_tie(numerator, fraction.denom * k, words, owner)
     return success
 
 
-def _below_after_tie(numerator: int, denom: int, words: _Words) -> bool:
+def _below_after_tie(numerator: int, denom: int, words: _Words, row: Rows = None) -> bool:
     """Whether U < numerator/denom < 1, given that U's first digit equalled the fraction's."""
     rest = (numerator << _DIGIT_BITS) % denom
     while True:
         target, rest = divmod(rest << _DIGIT_BITS, denom)
-        digit = int(words.digits(1)[0])
+        digit = int(words.digits(1, row)[0])
         if digit != target:
             return digit < target
 
 
-def _bernoulli_exp_minus_fraction(fraction: _Fractions, words: _Words) -> np.ndarray:
+def _bernoulli_exp_minus_fraction(
+    fraction: _Fractions, words: _Words, rows: Rows = None
+) -> np.ndarray:
     """Bernoulli(exp(−f_i)) for f_i ∈ [0, 1): the K loop of CKS20 Algorithm 1.
 
     Draw A ~ Bernoulli(f/K) for K = 1, 2, … until A = 0; succeed iff that K is odd. Each round
@@ -445,40 +601,46 @@ def _bernoulli_exp_minus_fraction(fraction: _Fractions, words: _Words) -> np.nda
     k = 1
     while live.size:
         out[live] = k % 2 == 1
-        keep = _bernoulli_fraction_over(fraction, live, lead, k, words).nonzero()[0]
+        keep = _bernoulli_fraction_over(
+            fraction, live, lead, k, words, _pick(rows, live)
+        ).nonzero()[0]
         live, lead = live[keep], lead[keep]
         k += 1
     return out
 
 
-def _bernoulli_exp_minus(whole: np.ndarray, fraction: _Fractions, words: _Words) -> np.ndarray:
+def _bernoulli_exp_minus(
+    whole: np.ndarray, fraction: _Fractions, words: _Words, rows: Rows = None
+) -> np.ndarray:
     """Bernoulli(exp(−(w_i + f_i))): w_i draws of Bernoulli(exp(−1)), then exp(−f_i) (Alg. 1)."""
-    success = _all_bernoulli_exp_minus_one(whole, words)
+    success = _all_bernoulli_exp_minus_one(whole, words, rows)
     passed = success.nonzero()[0]
-    success[passed] = _bernoulli_exp_minus_fraction(fraction.take(passed), words)
+    success[passed] = _bernoulli_exp_minus_fraction(
+        fraction.take(passed), words, _pick(rows, passed)
+    )
     return success
 
 
-def _all_bernoulli_exp_minus_one(count: np.ndarray, words: _Words) -> np.ndarray:
+def _all_bernoulli_exp_minus_one(count: np.ndarray, words: _Words, rows: Rows = None) -> np.ndarray:
     """Whether ``count_i`` independent Bernoulli(exp(−1)) draws all succeed, for each i."""
     success = np.ones(count.size, dtype=bool)
     live = (count > 0).nonzero()[0]
     remaining = count[live]
     while live.size:
-        passed = _bernoulli_exp_minus_one(live.size, words)
+        passed = _bernoulli_exp_minus_one(live.size, words, _pick(rows, live))
         success[live[(~passed).nonzero()[0]]] = False
         keep = (passed & (remaining > 1)).nonzero()[0]
         live, remaining = live[keep], remaining[keep] - 1
     return success
 
 
-def _geometric_exp_minus_one(size: int, words: _Words) -> np.ndarray:
+def _geometric_exp_minus_one(size: int, words: _Words, rows: Rows = None) -> np.ndarray:
     """Successes of Bernoulli(exp(−1)) before the first failure: Pr[V ≥ v] = exp(−v)."""
     count = np.zeros(size, dtype=np.int64)
-    live = _bernoulli_exp_minus_one(size, words).nonzero()[0]
+    live = _bernoulli_exp_minus_one(size, words, rows).nonzero()[0]
     while live.size:
         count[live] += 1
-        live = live[_bernoulli_exp_minus_one(live.size, words).nonzero()[0]]
+        live = live[_bernoulli_exp_minus_one(live.size, words, _pick(rows, live)).nonzero()[0]]
     return count
 
 
@@ -492,24 +654,26 @@ def _radix_split(top: int) -> tuple[int, int]:
     return span, odd_stops
 
 
-def _bernoulli_exp_minus_one(size: int, words: _Words, top: int = _RADIX_TOP) -> np.ndarray:
+def _bernoulli_exp_minus_one(
+    size: int, words: _Words, rows: Rows = None, top: int = _RADIX_TOP
+) -> np.ndarray:
     """Bernoulli(exp(−1)), mostly from one draw of M ∈ [0, top!) (see the module docstring)."""
     span, odd_stops = _radix_split(top)
-    m = words.below(span, size)
+    m = words.below(span, size, rows)
     success = m < odd_stops
     undecided = (m == span - 1).nonzero()[0]
     if undecided.size:
-        success[undecided] = _unit_loop_from(top + 1, undecided.size, words)
+        success[undecided] = _unit_loop_from(top + 1, undecided.size, words, _pick(rows, undecided))
     return success
 
 
-def _unit_loop_from(k: int, size: int, words: _Words) -> np.ndarray:
+def _unit_loop_from(k: int, size: int, words: _Words, rows: Rows = None) -> np.ndarray:
     """Finish Algorithm 1 with γ = 1 from K = k: stop at the first U_K ≠ 0; 1 iff K is odd."""
     out = np.empty(size, dtype=bool)
     live = np.arange(size)
     while live.size:
         out[live] = k % 2 == 1
-        live = live[(words.below(k, live.size) == 0).nonzero()[0]]
+        live = live[(words.below(k, live.size, _pick(rows, live)) == 0).nonzero()[0]]
         k += 1
     return out
 

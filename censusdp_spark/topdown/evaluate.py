@@ -8,30 +8,62 @@ with its *expected* error (``expected_mae_total``: sigma is known exactly, so th
 over the noise is computed, not drawn). The baseline is a separate, evaluation-only mechanism
 (its own keyed stream) and is not released.
 
-Each method costs one Spark job: every (level, query) error of the estimates comes out of one
-aggregation over the cell differences joined to a small ``level, cell -> query, marginal``
-table, and every level of the baseline out of one aggregation over the blocks' noise.
+The whole evaluation is one Spark job: every (level, query) error of the estimates comes out of
+one aggregation over the cell differences (truth and estimates stacked with opposite signs)
+joined to a small ``level, cell -> query, marginal`` table, and every level of the baseline out
+of one aggregation over the blocks' noise; both are collected together, so their stages share
+the cores. The baseline's blocks are drawn a batch at a time (``discrete_gaussian_rows``, the
+same values as one sampler call per block) in tasks of ``BASELINE_BLOCKS_PER_TASK`` blocks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from fractions import Fraction
 from functools import cache
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
-from censusdp_spark.privacy import discrete_gaussian, keyed_rng
+from censusdp_spark.privacy import discrete_gaussian_rows, keyed_rng
 from censusdp_spark.topdown.config import RunConfig
 
 EVALUATION_SCHEMA = (
     "method string, level string, metric string, query string, nodes long, value double"
 )
+EVALUATION_COLUMNS = ["method", "level", "metric", "query", "nodes", "value"]
 MARGINALS_SCHEMA = "level string, cell long, metric string, query string, m int"
+BASELINE = "block_by_block"
+BASELINE_BLOCKS_PER_TASK = 8192
+"""Blocks per task of the baseline's draws (about a second of sampling each), so that they
+spread over the cores even when the block table is one partition; smaller tasks cost more JVM
+and Python overhead than they gain."""
+
+
+def evaluation_table(
+    truth: DataFrame,
+    estimates: DataFrame,
+    blocks: DataFrame,
+    node_counts: dict[str, int],
+    config: RunConfig,
+    secret: bytes,
+    method: str = "topdown",
+) -> pd.DataFrame:
+    """Every evaluation row (``EVALUATION_COLUMNS``) from one Spark job: the estimates' errors
+    (``method``, as :func:`estimate_error_sums`) and the baseline's (as
+    :func:`baseline_error_sums`), aggregated side by side and collected together."""
+    sums = (
+        estimate_error_sums(truth, estimates, config, method)
+        .unionByName(baseline_error_sums(blocks, node_counts, config, secret))
+        .collect()
+    )
+    rows = estimate_rows([r for r in sums if r["method"] == method], node_counts, config, method)
+    rows += baseline_rows([r for r in sums if r["method"] == BASELINE], config)
+    return pd.DataFrame(rows, columns=EVALUATION_COLUMNS)
 
 
 def _marginals(spark: SparkSession, config: RunConfig) -> DataFrame:
@@ -50,37 +82,39 @@ def _marginals(spark: SparkSession, config: RunConfig) -> DataFrame:
     return spark.createDataFrame(rows, MARGINALS_SCHEMA)
 
 
-def topdown_errors(
-    truth: DataFrame,
-    estimates: DataFrame,
-    node_counts: dict[str, int],
-    config: RunConfig,
-    method: str = "topdown",
+def estimate_error_sums(
+    truth: DataFrame, estimates: DataFrame, config: RunConfig, method: str = "topdown"
 ) -> DataFrame:
-    """The estimates' error rows (``method``); ``truth``/``estimates`` are long ``level,
-    geocode, cell, count``. A node absent from both has error 0 (it counts in ``nodes``)."""
-    spark = truth.sparkSession
-    diff = (
-        truth.withColumnRenamed("count", "true")
-        .join(
-            estimates.withColumnRenamed("count", "est"), ["level", "geocode", "cell"], "full_outer"
-        )
-        .select(
-            "level",
-            "geocode",
-            "cell",
-            (F.coalesce("est", F.lit(0)) - F.coalesce("true", F.lit(0))).alias("diff"),
-        )
+    """Per (level, metric, query), ``s``: the sum over nodes and marginal cells of |estimate -
+    truth|; ``truth``/``estimates`` are long ``level, geocode, cell, count``, one row per
+    (level, geocode, cell) each. A marginal cell's error is the sum of its cells' differences,
+    so the two tables are stacked with opposite signs and summed, not joined: a cell absent from
+    one counts 0 there."""
+    signed = truth.select("level", "geocode", "cell", (-F.col("count")).alias("diff")).unionByName(
+        estimates.select("level", "geocode", "cell", F.col("count").alias("diff"))
     )
     keys = ["level", "metric", "query"]
-    sums = (
-        diff.join(F.broadcast(_marginals(spark, config)), ["level", "cell"])
+    return (
+        signed.join(F.broadcast(_marginals(truth.sparkSession, config)), ["level", "cell"])
         .groupBy(*keys, "geocode", "m")
         .agg(F.sum("diff").alias("d"))
         .groupBy(*keys)
         .agg(F.sum(F.abs("d")).alias("s"))
-        .collect()
+        .select(
+            F.lit(method).alias("method"),
+            *keys,
+            F.lit(None).cast("long").alias("blocks"),
+            F.lit(None).cast("long").alias("nodes"),
+            "s",
+        )
     )
+
+
+def estimate_rows(
+    sums: list[Row], node_counts: dict[str, int], config: RunConfig, method: str
+) -> list[tuple[str, str, str, str, int, float]]:
+    """The estimates' rows: per level, ``mae_total`` and each query's ``mean_l1``, the sums over
+    all the level's nodes (a node absent from both tables has error 0 and counts)."""
     found = {(r["level"], r["metric"], r["query"]): float(r["s"]) for r in sums}
     out = []
     for level in config.hierarchy.names:
@@ -90,20 +124,17 @@ def topdown_errors(
             (method, level, metric, query, n, found.get((level, metric, query), 0.0) / max(n, 1))
             for metric, query in wanted
         ]
-    return spark.createDataFrame(out, EVALUATION_SCHEMA)
+    return out
 
 
 def _baseline_noise(secret: bytes, sigma2: Fraction, n_cells: int):
+    """Each block's summed detailed noise, from its own keyed stream; the blocks of a batch are
+    drawn together (``discrete_gaussian_rows``: the same values as one call per block)."""
+
     def noise(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:
-            sums = [
-                int(
-                    discrete_gaussian(
-                        sigma2, n_cells, keyed_rng(secret, "baseline", "block", g, "detailed")
-                    ).sum()
-                )
-                for g in batch["geocode"]
-            ]
+            rngs = [keyed_rng(secret, "baseline", "block", g, "detailed") for g in batch["geocode"]]
+            sums = discrete_gaussian_rows(sigma2, n_cells, rngs).sum(axis=1)
             yield pd.DataFrame({"geocode": batch["geocode"], "noise_total": sums})
 
     return noise
@@ -142,45 +173,67 @@ def expected_abs_sum(sigma2: float, terms: int) -> float:
     return float((np.abs(np.arange(support) - terms * k) * np.clip(total, 0, None)).sum())
 
 
-def baseline_errors(blocks: DataFrame, config: RunConfig, secret: bytes) -> DataFrame:
-    """Block-by-block baseline: all rho on block detail, summed up; MAE of totals per level,
-    drawn and expected.
+def baseline_error_sums(
+    blocks: DataFrame, node_counts: dict[str, int], config: RunConfig, secret: bytes
+) -> DataFrame:
+    """Block-by-block baseline: all rho on block detail, summed up. Per level and node size (in
+    blocks), the number of nodes and ``s``, the sum of their totals' absolute errors.
 
     The error of a summed noisy total is the sum of its blocks' noise, so only noise is drawn.
     """
     sigma2 = 1 / config.budget.total_rho
     n_cells = config.schema.n_cells
-    noise = blocks.select("geocode").mapInPandas(
-        _baseline_noise(secret, sigma2, n_cells), "geocode string, noise_total long"
+    tasks = -(-node_counts.get(config.hierarchy.leaf.name, 0) // BASELINE_BLOCKS_PER_TASK)
+    noise = (
+        blocks.select("geocode")
+        .repartition(max(tasks, 1))
+        .mapInPandas(_baseline_noise(secret, sigma2, n_cells), "geocode string, noise_total long")
     )
-    levels = config.hierarchy.levels
     nodes = F.explode(
         F.array(
             *[F.struct(F.lit(lv.name).alias("level"), geocode_prefix(lv.digits).alias("node"))
-              for lv in levels]
+              for lv in config.hierarchy.levels]
         )
     )  # fmt: skip
-    per_size = (
+    return (
         noise.select(nodes.alias("n"), "noise_total")
         .groupBy("n.level", "n.node")
         .agg(F.abs(F.sum("noise_total")).alias("e"), F.count("*").alias("blocks"))
         .groupBy("level", "blocks")
-        .agg(F.count("*").alias("n"), F.sum("e").alias("s"))
-        .collect()
+        .agg(F.count("*").alias("nodes"), F.sum("e").alias("s"))
+        .select(
+            F.lit(BASELINE).alias("method"),
+            "level",
+            F.lit("mae_total").alias("metric"),
+            F.lit("total").alias("query"),
+            "blocks",
+            "nodes",
+            "s",
+        )
     )
+
+
+def baseline_rows(
+    sums: list[Row], config: RunConfig
+) -> list[tuple[str, str, str, str, int, float]]:
+    """The baseline's rows per level: its drawn ``mae_total`` and its ``expected_mae_total``
+    (from each node's number of blocks and sigma, exactly). Sums are correctly rounded
+    (``math.fsum``), so they do not depend on the order the aggregation returns its rows in."""
+    sigma2 = float(1 / config.budget.total_rho)
+    n_cells = config.schema.n_cells
     rows = []
-    for level in levels:
-        mine = [r for r in per_size if r["level"] == level.name]
-        n = sum(int(r["n"]) for r in mine)
-        drawn = sum(float(r["s"]) for r in mine) / n
-        expected = sum(
-            int(r["n"]) * expected_abs_sum(float(sigma2), int(r["blocks"]) * n_cells) for r in mine
+    for level in config.hierarchy.levels:
+        mine = [r for r in sums if r["level"] == level.name]
+        n = sum(int(r["nodes"]) for r in mine)
+        drawn = math.fsum(float(r["s"]) for r in mine) / n
+        expected = math.fsum(
+            int(r["nodes"]) * expected_abs_sum(sigma2, int(r["blocks"]) * n_cells) for r in mine
         )
         rows += [
-            ("block_by_block", level.name, "mae_total", "total", n, drawn),
-            ("block_by_block", level.name, "expected_mae_total", "total", n, expected / n),
+            (BASELINE, level.name, "mae_total", "total", n, drawn),
+            (BASELINE, level.name, "expected_mae_total", "total", n, expected / n),
         ]
-    return blocks.sparkSession.createDataFrame(rows, EVALUATION_SCHEMA)
+    return rows
 
 
 def plot_errors(evaluation: pd.DataFrame, levels: tuple[str, ...], path: str, title: str) -> None:

@@ -22,7 +22,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -49,7 +48,7 @@ from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
-from censusdp_spark.topdown.evaluate import baseline_errors, plot_errors, topdown_errors
+from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table, plot_errors
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
@@ -288,13 +287,12 @@ def _run_topdown(
     eval_dir: Path | None = None
     if options.evaluate:
         truth = delta.long_cells(nodes)
-        method = config.estimation_method
-        evaluation = topdown_errors(truth, released, node_counts, config, method).unionByName(
-            baseline_errors(blocks, config, secret)
+        table = evaluation_table(
+            truth, released, blocks, node_counts, config, secret, config.estimation_method
         )
         eval_dir = run.evaluation_folder()
-        delta.write_table(evaluation.coalesce(1), eval_dir, delta.EVALUATION_TABLE)
-        table: pd.DataFrame = evaluation.toPandas()
+        evaluation = spark.createDataFrame(table, EVALUATION_SCHEMA).coalesce(1)
+        delta.write_table(evaluation, eval_dir, delta.EVALUATION_TABLE)
         table.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
         plot_errors(
             table,

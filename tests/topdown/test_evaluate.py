@@ -1,5 +1,6 @@
-"""The evaluation against truth: one aggregation per method, checked against plain pandas and
-numpy recomputations, and the baseline's expected error against brute-force convolution."""
+"""The evaluation against truth: one Spark job for every row, checked against plain pandas and
+numpy recomputations (the baseline against one plain sampler call per block), and the
+baseline's expected error against brute-force convolution."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
+from censusdp_spark.topdown import evaluate
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.evaluate import (
+    BASELINE_BLOCKS_PER_TASK,
+    EVALUATION_COLUMNS,
     EXACT_VARIANCE,
-    baseline_errors,
+    evaluation_table,
     expected_abs_sum,
-    topdown_errors,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,24 +67,64 @@ def up_the_hierarchy(blocks: pd.DataFrame, config) -> pd.DataFrame:
     )
 
 
-def test_every_level_and_query_error_equals_a_pandas_recomputation(spark, config):
+@pytest.fixture(scope="module")
+def small_run(config):
+    """Random blocks, their truth at every level and estimates off by a little (with cells the
+    truth does not have), as pandas frames; every block is a node, populated or not."""
     rng = np.random.default_rng(3)
     n_cells = config.schema.n_cells
-    blocks, _ = random_blocks(rng, n_cells)
+    blocks, geocodes = random_blocks(rng, n_cells)
     truth = up_the_hierarchy(blocks, config)
     estimates = truth.assign(count=truth["count"] + rng.integers(-2, 3, len(truth)))
     estimates = estimates[estimates["count"] > 0]
     extra = truth.sample(5, random_state=1).assign(cell=n_cells - 1, count=7)  # truth has none
     estimates = pd.concat([estimates, extra]).groupby(["level", "geocode", "cell"]).sum()
-    estimates = estimates.reset_index()
-    node_counts = truth.groupby("level")["geocode"].nunique().to_dict()
+    node_counts = {
+        lv.name: len({g[: lv.digits] for g in geocodes}) for lv in config.hierarchy.levels
+    }
+    return truth, estimates.reset_index(), geocodes, node_counts
 
-    got = topdown_errors(
-        spark.createDataFrame(truth), spark.createDataFrame(estimates), node_counts, config
-    ).toPandas()
 
+@pytest.fixture(
+    scope="module", params=[BASELINE_BLOCKS_PER_TASK, 7], ids=["one task", "tasks of 7"]
+)
+def table(request, spark, config, small_run):
+    """The evaluation of the small run, in one job (the baseline's blocks drawn in one task, or
+    spread over tasks of 7 blocks: the numbers may not depend on it)."""
+    truth, estimates, geocodes, node_counts = small_run
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluate, "BASELINE_BLOCKS_PER_TASK", request.param)
+        return evaluation_table(
+            spark.createDataFrame(truth),
+            spark.createDataFrame(estimates),
+            spark.createDataFrame([(g,) for g in geocodes], "geocode string"),
+            node_counts,
+            config,
+            SECRET,
+        )
+
+
+def test_the_table_has_every_row_once_in_order(table, config):
+    wanted = [
+        ("topdown", level, metric, query)
+        for level in config.hierarchy.names
+        for metric, query in [("mae_total", "total")]
+        + [("mean_l1", q.name) for q in config.queries[level]]
+    ] + [
+        ("block_by_block", level, metric, "total")
+        for level in config.hierarchy.names
+        for metric in ["mae_total", "expected_mae_total"]
+    ]
+    assert list(table.columns) == EVALUATION_COLUMNS
+    assert list(table[["method", "level", "metric", "query"]].itertuples(index=False)) == wanted
+
+
+def test_every_level_and_query_error_equals_a_pandas_recomputation(table, config, small_run):
+    truth, estimates, _, node_counts = small_run
+    n_cells = config.schema.n_cells
     merged = truth.merge(estimates, on=["level", "geocode", "cell"], how="outer").fillna(0)
     merged["diff"] = merged["count_y"] - merged["count_x"]
+    got = table[table["method"] == "topdown"]
     for level in config.hierarchy.names:
         wanted = {("mae_total", "total"): np.zeros(n_cells, dtype=np.int64)}
         wanted |= {("mean_l1", q.name): q.cell_to_marginal for q in config.queries[level]}
@@ -91,14 +134,15 @@ def test_every_level_and_query_error_equals_a_pandas_recomputation(spark, config
             expected = per_marginal["diff"].sum().abs().sum() / node_counts[level]
             row = got[(got["level"] == level) & (got["metric"] == metric) & (got["query"] == query)]
             assert len(row) == 1, (level, metric, query)
-            assert row["value"].iat[0] == pytest.approx(expected), (level, metric, query)
+            assert row["value"].iat[0] == pytest.approx(expected, rel=1e-15), (level, metric, query)
             assert row["nodes"].iat[0] == node_counts[level]
-    assert set(got["method"]) == {"topdown"}
 
 
-def test_the_baseline_draws_the_blocks_keyed_noise_and_sums_it_up_each_level(spark, config):
-    rng = np.random.default_rng(4)
-    _, geocodes = random_blocks(rng, config.schema.n_cells)
+def test_the_baseline_draws_the_blocks_keyed_noise_and_sums_it_up_each_level(
+    table, config, small_run
+):
+    """Against one plain sampler call per block, from the block's own keyed stream."""
+    geocodes = small_run[2]
     sigma2 = 1 / config.budget.total_rho
     noise = {
         g: int(
@@ -110,9 +154,7 @@ def test_the_baseline_draws_the_blocks_keyed_noise_and_sums_it_up_each_level(spa
         )
         for g in geocodes
     }
-    got = baseline_errors(
-        spark.createDataFrame([(g,) for g in geocodes], "geocode string"), config, SECRET
-    ).toPandas()
+    got = table[table["method"] == "block_by_block"]
     for level in config.hierarchy.levels:
         nodes: dict[str, list[int]] = {}
         for g, e in noise.items():
@@ -125,8 +167,8 @@ def test_the_baseline_draws_the_blocks_keyed_noise_and_sums_it_up_each_level(spa
             ]
         )
         mine = got[got["level"] == level.name].set_index("metric")
-        assert mine.loc["mae_total", "value"] == pytest.approx(drawn)
-        assert mine.loc["expected_mae_total", "value"] == pytest.approx(expected)
+        assert mine.loc["mae_total", "value"] == pytest.approx(drawn, rel=1e-15)
+        assert mine.loc["expected_mae_total", "value"] == pytest.approx(expected, rel=1e-12)
         assert mine.loc["mae_total", "nodes"] == len(nodes)
 
 
