@@ -7,6 +7,10 @@ the pure-numpy solvers: weighted non-negative least squares with the children su
 to the parent's integer estimate cell by cell and the invariant totals held, then controlled
 rounding to integers that keeps both. Cells where the parent is zero or that are structural
 zeros are not variables at all. Nothing per node is collected to the driver.
+
+With ``[estimation] passes = ["total", "all"]`` each family is estimated in the Census's two
+passes (``solvers.passes``): the children's totals fitted to their noisy totals alone, then
+every query with those totals held; the rounder rounds the totals first, then the cells.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.queries import TOTAL
 from censusdp_spark.topdown.solvers.least_squares import solve_children
+from censusdp_spark.topdown.solvers.passes import total_pass
 from censusdp_spark.topdown.solvers.rounding import round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
 
@@ -46,10 +52,15 @@ class LevelPlan:
     marginal_sizes: tuple[int, ...]
     weights: np.ndarray  # 1 / sigma^2 per query
     structural_zero: np.ndarray  # bool per cell
+    total_first: bool = False  # two passes: each child's total first (solvers.passes)
 
 
 def level_plan(config: RunConfig, level: str) -> LevelPlan:
+    """The plan of ``level``; with ``passes = ["total", "all"]`` there (``passes_at``) it fits
+    each child's total first: with ``full_information`` the bottom-up totals, with
+    ``topdown`` the level's ``total`` query (which the config then has)."""
     queries = config.queries[level]
+    total_first = "total" in config.passes_at(level)
     zero = np.zeros(config.schema.n_cells, dtype=bool)
     zero[list(config.structural_zero_cells)] = True
     return LevelPlan(
@@ -61,6 +72,7 @@ def level_plan(config: RunConfig, level: str) -> LevelPlan:
         marginal_sizes=tuple(q.size for q in queries),
         weights=np.array([1.0 / float(config.budget.sigma2_for(level, q.name)) for q in queries]),
         structural_zero=zero,
+        total_first=total_first,
     )
 
 
@@ -92,6 +104,8 @@ def solve_family(
             parent=None if parent is None else parent[active].astype(np.int64),
             child_totals=totals,
         )
+        if plan.total_first:
+            problem = total_pass(problem, plan.query_names.index(TOTAL))
         x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
     return estimate_rows(plan.level, geocodes, active, x)
 
