@@ -2,8 +2,11 @@
 scaling curves of issues 7 and 4.
 
     .venv/bin/python benchmarks/bench_national.py [--job topdown|pgsr] [--fractions 0.01,0.1,0.3,1]
-        [--work DIR] [--previous ROWS.jsonl]
+        [--methods topdown,full_information] [--work DIR] [--previous ROWS.jsonl]
 
+``--methods`` runs TopDown once per estimation method on each fraction (the config with its
+``[estimation] method`` replaced, written to ``DIR``), so the methods' times and memory are
+ratios measured in the same invocation.
 (``--previous`` takes the JSON rows an earlier invocation printed, so a long curve can be
 finished in several invocations; every row records its own command's run.)
 
@@ -27,6 +30,7 @@ figures, not assertions.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -78,9 +82,23 @@ def _input(fraction: float, work: Path) -> Path:
     return folder
 
 
-def run_job(job: str, blocks: Path, output: Path) -> dict:
+def method_config(method: str, work: Path) -> Path:
+    """``conf/national_demo.toml`` with ``[estimation] method`` set (relative paths in it resolve
+    against the current directory, so the copy may live anywhere)."""
+    if method == load_config(CONFIG).estimation_method:
+        return CONFIG
+    text = re.sub(r"(?m)^method = .*\n", "", CONFIG.read_text())
+    if "\n[estimation]\n" not in text:
+        raise ValueError(f"{CONFIG} has no [estimation] table to set the method in")
+    variant = work / f"national_demo_{method}.toml"
+    setting = f'\n[estimation]\nmethod = "{method}"\n'
+    variant.write_text(text.replace("\n[estimation]\n", setting, 1))
+    return variant
+
+
+def run_job(job: str, blocks: Path, output: Path, config: Path = CONFIG) -> dict:
     job_args = (
-        ["topdown", "--config", str(CONFIG)]
+        ["topdown", "--config", str(config)]
         if job == "topdown"
         else ["pgsr", "--config", str(PGSR_CONFIG), "--mechanism", "dp"]
     )
@@ -110,7 +128,7 @@ def run_job(job: str, blocks: Path, output: Path) -> dict:
         match = STAGE.match(line)
         if match:
             stages[match[1]] = float(match[2])
-            if match[3]:
+            if match[3] and match[1].startswith("estimate_"):
                 nodes[match[1].removeprefix("estimate_")] = int(match[3])
     code = proc.wait()
     done.set()
@@ -156,31 +174,40 @@ def markdown(job: str, rows: list[dict], command: str) -> str:
         "`censusdp generate national --seed 2020 --fraction F` (SYNTHETIC blocks under the real "
         f"2020 tracts; fractions pick whole states). Config: {config}.",
         "",
-        "| fraction | states | blocks | wall (s) | s per 1k blocks | vs linear from the first row "
-        "| peak RSS, whole tree (GiB) | noised cells/s in measure |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fraction | method | states | blocks | wall (s) | vs topdown, same fraction "
+        "| s per 1k blocks | vs linear from the first row | peak RSS, whole tree (GiB) "
+        "| noised cells/s in measure |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         per_block = r["wall_s"] / r["blocks"]
+        same = [b for b in rows if b["fraction"] == r["fraction"] and _method(b) == "topdown"]
+        versus = f"{r['wall_s'] / same[0]['wall_s']:.2f}×" if same else "-"
         lines.append(
-            f"| {r['fraction']:g} | {r['states']} | {r['blocks']:,} | {r['wall_s']:.0f} | "
-            f"{1000 * per_block:.2f} | {per_block / base_per_block:.2f}× | {r['peak_gib']:.1f} | "
+            f"| {r['fraction']:g} | {_method(r)} | {r['states']} | {r['blocks']:,} | "
+            f"{r['wall_s']:.0f} | {versus} | {1000 * per_block:.2f} | "
+            f"{per_block / base_per_block:.2f}× | {r['peak_gib']:.1f} | "
             f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} |"
         )
     lines += [
         "",
         "Wall time per stage (s):",
         "",
-        "| fraction | " + " | ".join(stage_names) + " |",
-        "|---|" + "---|" * len(stage_names),
+        "| fraction | method | " + " | ".join(stage_names) + " |",
+        "|---|---|" + "---|" * len(stage_names),
     ]
     for r in rows:
         lines.append(
-            f"| {r['fraction']:g} | "
+            f"| {r['fraction']:g} | {_method(r)} | "
             + " | ".join(f"{r['stages'].get(s, float('nan')):.1f}" for s in stage_names)
             + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _method(row: dict) -> str:
+    """A row's estimation method (rows recorded before ``--methods`` existed ran TopDown's)."""
+    return row.get("method", "topdown")
 
 
 def main() -> None:
@@ -188,6 +215,7 @@ def main() -> None:
     parser.add_argument("--fractions", default="0.01,0.1,0.3,1")
     parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national"))
     parser.add_argument("--job", choices=["topdown", "pgsr"], default="topdown")
+    parser.add_argument("--methods", default="topdown", help="TopDown estimation methods to run")
     parser.add_argument("--results", type=Path, help="default benchmarks/results/<job>.md")
     parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
     args = parser.parse_args()
@@ -198,19 +226,24 @@ def main() -> None:
         rows = [
             json.loads(ln) for ln in args.previous.read_text().splitlines() if ln.startswith("{")
         ]
-    for fraction in (float(f) for f in args.fractions.split(",")):
+    methods = args.methods.split(",") if args.job == "topdown" else ["dp"]
+    for fraction, method in itertools.product(
+        (float(f) for f in args.fractions.split(",")), methods
+    ):
         folder = _input(fraction, args.work)
         meta = json.loads((folder / "metadata.json").read_text())
         release = args.work / f"{args.job}_release_{fraction:g}"
-        result = run_job(args.job, folder / "blocks", release)
+        config = method_config(method, args.work) if args.job == "topdown" else CONFIG
+        result = run_job(args.job, folder / "blocks", release, config)
         row = {
             "fraction": fraction,
+            "method": method,
             "states": len(meta["states"]),
             "blocks": result["nodes"]["block"],
             "cells": noised_cells(args.job, result["nodes"]),
             **result,
         }
-        rows = sorted([*rows, row], key=lambda r: r["fraction"])
+        rows = sorted([*rows, row], key=lambda r: (r["fraction"], _method(r) != "topdown"))
         print(json.dumps(row), flush=True)
         results.write_text(
             markdown(args.job, rows, " ".join(["benchmarks/bench_national.py", *sys.argv[1:]]))

@@ -5,6 +5,7 @@ the block-by-block baseline at the same rho and secret. Writes benchmarks/result
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/bench_topdown.py [--states ri hi]
         [--rhos 1/2 293764/114921 10] [--secrets 2] [--methods topdown,full_information] [--append]
+        [--bypass]
 
 Each (state, rho, secret, method) is a separate ``censusdp topdown`` process (its own JVM),
 local[2], run on this worktree's code. A method other than ``topdown`` is written into the
@@ -22,6 +23,9 @@ mean released total of the empty blocks (true total 0). Figures are means over t
 The baseline spends the whole rho on each block's detailed histogram (sigma^2 = 1/rho per
 cell) and sums the noisy blocks up; its noise is redrawn here from the release's own keyed
 stream, so it is the same baseline the release's ``--evaluate`` reports.
+
+``--bypass`` sets ``[budget] bypass_single_child = true`` in every generated config (GLS then
+reads each row's own variance, and has no rows for the bypassed parents).
 """
 
 from __future__ import annotations
@@ -62,11 +66,14 @@ def secret_hex(i: int) -> str:
     return hashlib.sha256(f"bench_topdown secret {i}".encode()).hexdigest()
 
 
-def config_text(state: str, rho: str, method: str) -> str:
-    """The demo config at ``rho`` with ``method`` (``<name>[@<pass>...]``) in ``[estimation]``."""
+def config_text(state: str, rho: str, method: str, bypass: bool = False) -> str:
+    """The demo config at ``rho`` with ``method`` (``<name>[@<pass>...]``) in ``[estimation]``
+    (and with ``bypass``, ``bypass_single_child = true`` in ``[budget]``)."""
     text = (ROOT / "conf" / f"{state}_2010_demo.toml").read_text()
     assert DEMO_RHO in text
-    text = text.replace(DEMO_RHO, f'rho = "{rho}"')
+    text = text.replace(
+        DEMO_RHO, f'rho = "{rho}"' + ("\nbypass_single_child = true" if bypass else "")
+    )
     # A shipped default is overridden below.
     text = re.sub(r"(?m)^(method|passes)\s*=.*\n", "", text)
     line = f'method = "{method.split("@")[0]}"\n'
@@ -90,12 +97,14 @@ def estimation_passes(method: str) -> str | None:
     return "{ " + ", ".join(f"{level} = {passes}" for level in levels.split("+")) + " }"
 
 
-def check_methods(states: list[str], rhos: list[str], methods: list[str], work: Path) -> None:
+def check_methods(
+    states: list[str], rhos: list[str], methods: list[str], work: Path, bypass: bool = False
+) -> None:
     """Load every generated config once, so an unknown method fails before any run."""
     for state in states:
         for method in methods:
             path = work / f"check_{state}_{method}.toml"
-            path.write_text(config_text(state, rhos[0], method))
+            path.write_text(config_text(state, rhos[0], method, bypass))
             try:
                 load_config(path, ROOT)
             except ConfigError as err:
@@ -103,11 +112,11 @@ def check_methods(states: list[str], rhos: list[str], methods: list[str], work: 
 
 
 def run_once(
-    state: str, rho: str, method: str, secret: Path, work: Path
+    state: str, rho: str, method: str, secret: Path, work: Path, bypass: bool = False
 ) -> tuple[Path, float, dict]:
-    name = f"{state}_{rho.replace('/', '_')}_{secret.stem}_{method}"
+    name = f"{state}_{rho.replace('/', '_')}_{secret.stem}_{method}" + ("_bypass" if bypass else "")
     config = work / f"{name}.toml"
-    config.write_text(config_text(state, rho, method))
+    config.write_text(config_text(state, rho, method, bypass))
     out = work / name
     started = time.perf_counter()
     subprocess.run(
@@ -179,7 +188,13 @@ def empty_blocks(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
 
 
 def measure_case(
-    state: str, rho: str, secret_i: int, methods: list[str], work: Path, keep: bool
+    state: str,
+    rho: str,
+    secret_i: int,
+    methods: list[str],
+    work: Path,
+    keep: bool,
+    bypass: bool = False,
 ) -> dict:
     """Every method, GLS and the baseline for one (state, rho, secret)."""
     secret = work / f"secret{secret_i}.hex"
@@ -188,7 +203,7 @@ def measure_case(
     case: dict = {"state": state, "rho": rho, "secret": secret_i, "runs": {}, "errors": {}}
     outputs = {}
     for method in methods:
-        out, wall, manifest = run_once(state, rho, method, secret, work)
+        out, wall, manifest = run_once(state, rho, method, secret, work, bypass)
         outputs[method] = out
         case["runs"][method] = {"wall_s": wall, "timings_s": manifest["timings_s"]}
         print(f"{state} rho={rho} secret={secret_i} {method}: {wall:.0f} s", file=sys.stderr)
@@ -430,6 +445,11 @@ def main() -> None:
     )
     parser.add_argument("--keep", type=Path, help="keep the releases in this folder")
     parser.add_argument(
+        "--bypass",
+        action="store_true",
+        help="[budget] bypass_single_child = true in every run (single-child parents bypassed)",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add to the cases saved beside --results (those already there are not rerun)",
@@ -470,13 +490,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        check_methods(args.states, args.rhos, methods, work)
+        check_methods(args.states, args.rhos, methods, work, args.bypass)
         for state in args.states:
             for rho in args.rhos:
                 for i in range(args.secrets):
                     if (state, rho, i) in done:
                         continue
-                    cases.append(measure_case(state, rho, i, methods, work, args.keep is not None))
+                    cases.append(
+                        measure_case(
+                            state, rho, i, methods, work, args.keep is not None, args.bypass
+                        )
+                    )
                     text = report(cases, methods, commands, levels)
                     # Rewritten after every case, so a run cut short keeps its figures.
                     args.results.parent.mkdir(exist_ok=True)

@@ -24,6 +24,8 @@ ORDER = [
     "pgsr_national",
     "cumulative_scaling",
     "pgsr_large_n",
+    "mechanism_memory",
+    "mechanism_memory_spark",
     "synth",
 ]
 

@@ -8,7 +8,10 @@ issue #19, computed independently of the project's estimators.
 The model. The unknowns are the leaf histograms over the cells that are not structural zeros.
 Node ``v`` of level ``l`` and query ``q`` was measured as ``A_q h_v + e`` with ``h_v`` the sum
 of the leaf histograms under ``v`` and ``e`` independent noise of variance
-``sigma2(l, q) = config.budget.sigma2_for(l, q)`` per coordinate (the discrete Gaussian's
+``sigma2(v, q)`` per coordinate: the exact ``sigma2`` of its row of ``noisy_measurements``
+(``config.budget.sigma2_for(l, q)`` for a table without that column). With bypassing a
+single-child parent has no rows (its weight is 0: its histogram is its child's through the
+tree constraints) and the measured node of its chain spends the chain's budget (the discrete Gaussian's
 variance is slightly below sigma2: by at most 6e-4 relative on the RI/HI demos at rho <= 10, at
 the state queries at rho = 10, elsewhere below 1e-15; the weights ignore it). The invariant
 totals (``[estimation] invariants``: the configured levels and every level above) hold exactly,
@@ -39,6 +42,7 @@ import json
 import time
 import urllib.parse
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -69,14 +73,15 @@ class LevelMeasurements:
 
     ``parent[i]`` is the index, in the level above, of node ``i`` (empty for the root level);
     ``queries`` pairs each query matrix ``A`` (``r x m``, over the active cells) with its noise
-    variance and the ``k x r`` noisy answers of the level's ``k`` nodes; ``invariant_totals``
+    variance (one for the level, or one per node, ``inf`` for a node not measured) and the
+    ``k x r`` noisy answers of the level's ``k`` nodes; ``invariant_totals``
     are the exact node totals where the level is invariant (else None).
     """
 
     name: str
     n_nodes: int
     parent: np.ndarray
-    queries: tuple[tuple[np.ndarray, float, np.ndarray], ...]
+    queries: tuple[tuple[np.ndarray, float | np.ndarray, np.ndarray], ...]
     invariant_totals: np.ndarray | None = None
 
 
@@ -126,12 +131,13 @@ def solve_gls(problem: TreeProblem) -> tuple[list[np.ndarray], SolveStats]:
     blocks = []
     rhs_h = np.zeros(n)
     for i, lv in enumerate(problem.levels):
-        gram = np.zeros((m, m))
+        block = sp.csr_matrix((lv.n_nodes * m, lv.n_nodes * m))
         b = np.zeros((lv.n_nodes, m))
         for a, sigma2, y in lv.queries:
-            gram += a.T @ a / sigma2
-            b += (np.asarray(y, dtype=np.float64) @ a) / sigma2
-        blocks.append(sp.kron(sp.identity(lv.n_nodes, format="csr"), sp.csr_matrix(gram)))
+            weight = 1.0 / np.broadcast_to(np.asarray(sigma2, dtype=np.float64), (lv.n_nodes,))
+            block = block + sp.kron(sp.diags(weight), sp.csr_matrix(a.T @ a), format="csr")
+            b += weight[:, None] * (np.asarray(y, dtype=np.float64) @ a)
+        blocks.append(block)
         rhs_h[offsets[i] : offsets[i + 1]] = b.ravel()
     hessian = sp.block_diag(blocks, format="csr")
 
@@ -373,10 +379,14 @@ def build_problem(
             up = hierarchy.levels[i - 1].digits
             parent = np.searchsorted(geocodes[-1], np.array([g[:up] for g in nodes]))
         rows = by_level.get(level.name)
-        if rows is None:
+        if rows is None and not config.bypass_single_child:
             raise ValueError(f"noisy_measurements has no rows for level {level.name!r}")
+        if rows is None:
+            rows = noisy.iloc[:0]
         measured = set(rows["geocode"])
-        if measured != set(nodes):
+        if not measured <= set(nodes) or (
+            measured != set(nodes) and not config.bypass_single_child
+        ):
             raise ValueError(
                 f"level {level.name!r}: the measured nodes ({len(measured)}) are not the input's "
                 f"({len(nodes)})"
@@ -385,12 +395,17 @@ def build_problem(
         for q in config.queries[level.name]:
             sub = rows[rows["query"] == q.name]
             index = pd.Index(nodes).get_indexer(sub["geocode"])
-            if len(sub) != len(nodes) or (index < 0).any() or len(set(index)) != len(nodes):
+            if len(sub) != len(measured) or (index < 0).any() or len(set(index)) != len(sub):
                 raise ValueError(f"level {level.name!r}, query {q.name!r}: not one row per node")
             y = np.zeros((len(nodes), q.size), dtype=np.float64)
-            y[index] = np.stack(sub["noisy"].to_numpy()).astype(np.float64)
+            y[index] = np.stack(sub["noisy"].to_numpy()).astype(np.float64) if len(sub) else 0.0
             a = q.matrix()[:, active].astype(np.float64)
-            queries.append((a, float(config.budget.sigma2_for(level.name, q.name)), y))
+            sigma2 = np.full(len(nodes), np.inf)
+            if "sigma2" in sub.columns:
+                sigma2[index] = [float(Fraction(v)) for v in sub["sigma2"]]
+            else:
+                sigma2[index] = float(config.budget.sigma2_for(level.name, q.name))
+            queries.append((a, sigma2, y))
         levels.append(
             LevelMeasurements(
                 name=level.name,

@@ -83,7 +83,7 @@ def budget(config: str | Path | Mapping[str, Any] | RunConfig) -> str:
     from censusdp_spark.topdown.config import load_config
 
     loaded = load_config(config)
-    return budget_table(loaded.budget, loaded.run.delta)
+    return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
 
 
 def run_topdown(

@@ -67,7 +67,10 @@ def _budget(args: argparse.Namespace) -> int:
     kind = release_kind(args.config)
     if kind == "topdown":
         topdown = load_config(args.config)
-        name, table = topdown.run.name, budget_table(topdown.budget, topdown.run.delta)
+        name, table = (
+            topdown.run.name,
+            budget_table(topdown.budget, topdown.run.delta, topdown.bypass_single_child),
+        )
     elif kind == "group_sizes":
         groups = load_pgsr_config(args.config)
         name, table = groups.run.name, group_sizes_budget(groups)

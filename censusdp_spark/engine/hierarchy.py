@@ -75,3 +75,78 @@ def nodes_per_level(leaves: DataFrame, hierarchy: Hierarchy) -> dict[str, int]:
     ).first()
     assert counts is not None
     return {lv.name: int(counts[lv.name]) for lv in hierarchy.levels}
+
+
+def single_child_chains(nodes: DataFrame, hierarchy: Hierarchy) -> DataFrame:
+    """The single-child structure of the geography, from the geocodes alone.
+
+    ``nodes`` has ``level, geocode`` for every node of every level (any other column is
+    ignored). Returns, for each node, ``level, geocode`` and:
+
+    * ``children``: its number of children (0 at the leaves);
+    * ``single_above``: per level above it, root first, whether its ancestor there has exactly
+      one child;
+    * ``chain_top``: the index of the highest level of the run of single-child ancestors
+      directly above it, its own level's index when its parent has two or more children (or it
+      is the root). The node and those ancestors hold the same leaves.
+
+    A flat plan: the child counts of every node in one aggregation, then one join of every
+    node's ancestors (exploded from its geocode's prefixes) with them. The result is persisted
+    and materialised here: ``unpersist`` it when done.
+    """
+    names = F.array(*[F.lit(lv.name) for lv in hierarchy.levels])
+    digits = F.array(*[F.lit(lv.digits) for lv in hierarchy.levels])
+    indexed = nodes.select(
+        "level", "geocode", (F.array_position(names, F.col("level")) - 1).cast("int").alias("i")
+    )
+
+    # The row's ancestor at level index ``j`` (columns ``digits`` and ``j``).
+    ancestor = F.expr("substring(geocode, 1, element_at(digits, j + 1))").alias("ancestor")
+    counts = (
+        indexed.filter(F.col("i") > 0)
+        .withColumn("digits", digits)
+        .withColumn("j", F.col("i") - 1)
+        .select("j", ancestor)
+        .groupBy("j", "ancestor")
+        .agg(F.count(F.lit(1)).cast("int").alias("children"))
+    )
+    above = (
+        indexed.withColumn("digits", digits)
+        .withColumn("j", F.explode(F.sequence(F.lit(0), F.col("i"))))  # itself too: j = i
+        .withColumn("ancestor", ancestor)
+        .join(counts, ["j", "ancestor"], "left")
+        .groupBy("level", "geocode", "i")
+        .agg(
+            F.sort_array(
+                F.collect_list(
+                    F.when(
+                        F.col("j") < F.col("i"),
+                        F.struct("j", (F.col("children") == 1).alias("single")),
+                    )
+                )
+            ).alias("a"),
+            F.max(F.when(F.col("j") == F.col("i"), F.col("children"))).alias("own"),
+        )
+    )
+    run = F.aggregate(
+        F.col("single_above"), F.lit(0), lambda acc, x: F.when(x, acc + 1).otherwise(F.lit(0))
+    )
+    result = (
+        above.select(
+            "level",
+            "geocode",
+            "i",
+            F.col("a.single").alias("single_above"),
+            F.coalesce(F.col("own"), F.lit(0)).alias("children"),
+        )
+        .select(
+            "level",
+            "geocode",
+            "children",
+            "single_above",
+            (F.col("i") - run).cast("int").alias("chain_top"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    result.count()
+    return result

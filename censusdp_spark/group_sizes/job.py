@@ -22,8 +22,13 @@ Mechanisms:
   are counted and reported, not raised.
 * ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
 
+Every mechanism is refused in one line, before any noise is drawn, if its largest Spark Python
+call would need more than ``CENSUSDP_WORKER_MEMORY`` (``group_sizes.memory``: an estimate from
+N and the public geography's shape, never from a count).
+
 Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node
-histograms (confidential, memory only) -> the noise pass, written once to
+histograms (confidential, memory only) -> the geography's shape and the memory check (nothing
+written if it fails) -> the noise pass, written once to
 ``noisy_measurements`` -> post-processing reading only that table, level by level (each level
 computed and checkpointed in executor storage before the next reads it) -> ``group_sizes``
 written in one transaction -> guarantees checked (a violation fails dp and cumulative loudly)
@@ -55,10 +60,10 @@ from censusdp_spark.group_sizes.config import (
     load_pgsr_config,
     with_epsilon,
 )
+from censusdp_spark.group_sizes.memory import check_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.solvers.cost_tables import WindowTooNarrow
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
-from censusdp_spark.group_sizes.solvers.relaxed import RelaxedTooLarge, check_relaxed_size
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import ConfigError, GuaranteeViolation
 from censusdp_spark.model.geography import Level
@@ -447,13 +452,10 @@ def _run_pgsr(
         .coalesce(parallelism)
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    node_counts = {r["level"]: int(r["count"]) for r in nodes.groupBy("level").count().collect()}
+    shapes = gs.level_shapes(nodes, hierarchy)  # the public geography's: no count is read
+    node_counts = {s.name: s.nodes for s in shapes}
     clock.lap("read_and_validate")
-    if config.mechanism == "relaxed":
-        try:
-            check_relaxed_size(sum(node_counts.values()) * config.groups.max_size)
-        except RelaxedTooLarge as error:
-            raise ConfigError(config.source, "mechanism", str(error)) from None
+    check_memory(config, shapes, gs.arrow_batch_rows(spark))  # before any noise is drawn
 
     secret = run.secret()  # only once the input has passed validation
     run.prepare_output()

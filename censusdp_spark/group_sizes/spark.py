@@ -63,6 +63,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import (
+    NOISE_GROUP_DEPTH,
     FamilySolver,
     family_starts,
     map_children,
@@ -71,6 +72,7 @@ from censusdp_spark.engine.families import (
 )
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.memory import ARROW_BATCH_ROWS, LevelShape
 from censusdp_spark.group_sizes.solvers.batch import (
     LeafFamilies,
     TableFamilies,
@@ -166,7 +168,9 @@ def _dense(cells: Sequence[Any], counts: Sequence[Any], n: int) -> np.ndarray:
     return out
 
 
-def _noise_groups(secret: bytes, plan: NoisePlan) -> FamilySolver:
+def noise_solver(secret: bytes, plan: NoisePlan) -> FamilySolver:
+    """What one Python call of the noise pass runs on one noise group's rows."""
+
     def noise(nodes: pd.DataFrame) -> pd.DataFrame:
         level, group = nodes["level"].iat[0], nodes["group"].iat[0]
         histograms = _dense(list(nodes["cells"]), list(nodes["counts"]), plan.sizes)
@@ -194,9 +198,63 @@ def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes, hierarchy: Hierarc
         nodes.withColumn("group", noise_group(hierarchy)),
         family=["level", "group"],
         order=["geocode"],
-        solve=_noise_groups(secret, plan),
+        solve=noise_solver(secret, plan),
         schema=NOISY_SCHEMA,
     )
+
+
+# --- the geography's shape (public), for the memory check at the door ------------------------
+
+
+def level_shapes(nodes: DataFrame, hierarchy: Hierarchy) -> list[LevelShape]:
+    """Per level (root first), from the ``level, geocode`` of every node alone (the public
+    geography; no count is read): its nodes, the most children of one parent, the most nodes of
+    one noise group. One Spark job."""
+    depth, parent, group = F.lit(0), F.lit(""), F.lit("")
+    for i, level in enumerate(hierarchy.levels):
+        here = F.col("level") == level.name
+        up = hierarchy.levels[max(i - 1, 0)]
+        noise = hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)]
+        depth = F.when(here, F.lit(i)).otherwise(depth)
+        parent = F.when(here, geocode_prefix(up.digits)).otherwise(parent)
+        group = F.when(here, geocode_prefix(noise.digits)).otherwise(group)
+    per_parent = (
+        nodes.select(depth.alias("depth"), group.alias("group"), parent.alias("parent"))
+        .groupBy("depth", "group", "parent")
+        .count()
+    )
+    per_group = per_parent.groupBy("depth", "group").agg(
+        F.sum("count").alias("nodes"), F.max("count").alias("family")
+    )
+    rows = per_group.groupBy("depth").agg(
+        F.sum("nodes").alias("nodes"),
+        F.max("family").alias("family"),
+        F.max("nodes").alias("group"),
+    )
+    found = {int(r["depth"]): r for r in rows.collect()}
+    return [
+        LevelShape(lv.name, int(found[i]["nodes"]), int(found[i]["family"]), int(found[i]["group"]))
+        if i in found
+        else LevelShape(lv.name, 0, 0, 0)
+        for i, lv in enumerate(hierarchy.levels)
+    ]
+
+
+def leaf_nodes(leaves: DataFrame, hierarchy: Hierarchy) -> DataFrame:
+    """``level, geocode`` of every node above and at the leaves' ``geocode``s (one scan)."""
+    node = [
+        F.struct(F.lit(lv.name).alias("level"), geocode_prefix(lv.digits).alias("geocode"))
+        for lv in hierarchy.levels
+    ]
+    pairs = leaves.select(F.explode(F.array(*node)).alias("node"))
+    return pairs.select("node.level", "node.geocode").distinct()
+
+
+def arrow_batch_rows(spark: SparkSession) -> int:
+    """Rows per Python call of the session (``spark.sql.execution.arrow.maxRecordsPerBatch``;
+    0 or less: no limit)."""
+    value = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
+    return ARROW_BATCH_ROWS if value is None else int(value)
 
 
 # --- post-processing: shared plumbing ----------------------------------------------------------
@@ -411,7 +469,7 @@ def dp_tables(
         _with_widened(noisy_level, widened if plan.batched else None),
         digits,
         _children_order(leaves),
-        _tables_batch(plan, leaves) if plan.batched else parent,
+        dp_tables_solver(plan, leaves) if plan.batched else parent,
         TABLE_SCHEMA,
         plan.batched,
     )
@@ -451,7 +509,7 @@ def dp_families(
         parent_release,
         parent_digits,
         _children_order(leaves),
-        _split_batch(level, plan, leaves) if plan.batched else family,
+        dp_split_solver(level, plan, leaves) if plan.batched else family,
         DP_RELEASE_SCHEMA,
         plan.batched,
     )
@@ -506,7 +564,9 @@ def _children_batch(
     return TableFamilies(family[order], tables.take(order), families), order
 
 
-def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
+def dp_tables_solver(plan: DpPlan, leaves: bool) -> FamilySolver:
+    """The parents' cost tables of a batch of whole families (l2, level faithfulness)."""
+
     def solve(batch: pd.DataFrame) -> pd.DataFrame:
         starts, noisy = _parent_rows(batch, "noisy")
         children, _ = _children_batch(batch, starts, plan, leaves)
@@ -540,7 +600,9 @@ def _tables_batch(plan: DpPlan, leaves: bool) -> FamilySolver:
     return solve
 
 
-def _split_batch(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
+def dp_split_solver(level: str, plan: DpPlan, leaves: bool) -> FamilySolver:
+    """The children's released rows of a batch of whole families (l2, level faithfulness)."""
+
     def solve(batch: pd.DataFrame) -> pd.DataFrame:
         starts, counts = _parent_rows(batch, "counts")
         children, order = _children_batch(batch, starts, plan, leaves)
@@ -635,10 +697,8 @@ def relaxed_tree(
 # --- relaxed_families: per-family QPs top-down, rounded at the end -----------------------------
 
 
-def relaxed_families(
-    noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int, faithfulness: str
-) -> DataFrame:
-    """One level's relaxed (real-valued) solution, family by family below the fixed parents."""
+def relaxed_family_solver(faithfulness: str) -> FamilySolver:
+    """One family's relaxed (real-valued) solution below its parent's fixed one."""
 
     def family(children: pd.DataFrame) -> pd.DataFrame:
         fixed = np.asarray(_parent_value(children, "solution"), dtype=np.float64)
@@ -659,12 +719,19 @@ def relaxed_families(
             }
         )
 
+    return family
+
+
+def relaxed_families(
+    noisy_level: DataFrame, parent_solution: DataFrame, parent_digits: int, faithfulness: str
+) -> DataFrame:
+    """One level's relaxed (real-valued) solution, family by family below the fixed parents."""
     return _families(
         noisy_level.select("level", "geocode", "groups", "noisy"),
         parent_solution.select("geocode", "solution"),
         parent_digits,
         ["geocode"],
-        family,
+        relaxed_family_solver(faithfulness),
         SOLUTION_SCHEMA,
     )
 
@@ -689,15 +756,8 @@ def rounded_release(solution: DataFrame) -> DataFrame:
 # --- cumulative: per-family integer programs top-down ------------------------------------------
 
 
-def cumulative_families(
-    level: str,
-    noisy_level: DataFrame,
-    parent_release: DataFrame,
-    parent_digits: int,
-    faithfulness: str,
-    total: int,
-) -> DataFrame:
-    """One level's released histograms: monotone, consistent, valid cumulative counts."""
+def cumulative_solver(level: str, faithfulness: str, total: int) -> FamilySolver:
+    """One family's released rows below its parent's released histogram (``parent_counts``)."""
 
     def family(children: pd.DataFrame) -> pd.DataFrame:
         noisy = _stacked(children["noisy"])
@@ -710,12 +770,24 @@ def cumulative_families(
         counts = cumulative_family(noisy, parent, faithfulness, caps)
         return _release_rows(level, list(children["geocode"]), counts)
 
+    return family
+
+
+def cumulative_families(
+    level: str,
+    noisy_level: DataFrame,
+    parent_release: DataFrame,
+    parent_digits: int,
+    faithfulness: str,
+    total: int,
+) -> DataFrame:
+    """One level's released histograms: monotone, consistent, valid cumulative counts."""
     return _families(
         noisy_level.select("geocode", "groups", "noisy"),
         parent_release,
         parent_digits,
         ["geocode"],
-        family,
+        cumulative_solver(level, faithfulness, total),
         RELEASE_SCHEMA,
     )
 

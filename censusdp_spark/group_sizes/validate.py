@@ -1,7 +1,8 @@
 """``censusdp validate`` for a group-size config: the config, its input through the release's
-own reader (``read_leaf_histograms``: every input rule, the spine's included) and its secret,
-if one is fixed. Writes nothing; prints node counts per level (the public geography) and the
-budget, never a count of groups."""
+own reader (``read_leaf_histograms``: every input rule, the spine's included), the memory its
+default mechanism needs (``group_sizes.memory``, the same check as the run's) and its secret,
+if one is fixed. Writes nothing; prints node counts per level (the public geography), the
+memory estimate and the budget, never a count of groups."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from censusdp_spark.engine.hierarchy import nodes_per_level
+from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.memory import WORKER_MEMORY_ENV, check_memory, gib, worker_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.release.runner import check_secret
 
@@ -33,7 +35,9 @@ def validate_group_sizes(
     leaves = read_leaf_histograms(
         spark, spec, config.groups, config.hierarchy.leaf.digits, config.spine
     )
-    nodes = nodes_per_level(leaves, config.hierarchy)
+    shapes = gs.level_shapes(gs.leaf_nodes(leaves, config.hierarchy), config.hierarchy)
+    memory = check_memory(config, shapes, gs.arrow_batch_rows(spark))
+    nodes = {s.name: s.nodes for s in shapes}
     origin = f"from the spine {config.spine.path}" if config.spine else "those of the input"
     return "\n".join(
         [
@@ -43,6 +47,8 @@ def validate_group_sizes(
             "  nodes: " + ", ".join(f"{lv} {n}" for lv, n in nodes.items()),
             f"  sizes: 1..{config.groups.max_size}"
             + (f" ({config.groups.max_size} = or more)" if config.groups.topcode else ""),
+            f"  memory: {config.mechanism} needs {memory.text()} (limit {WORKER_MEMORY_ENV} = "
+            f"{gib(worker_memory())})",
             f"  budget: epsilon = {config.budget.total_epsilon} (pure DP)",
             f"  secret: {secret}",
         ]

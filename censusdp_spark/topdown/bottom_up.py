@@ -15,11 +15,18 @@ zeros decide, as in ``solvers.symmetric_covariance``) the upper triangles of its
 ``B_c`` over the ``n_N`` core cells, block ``c = 0`` (the one that carries the total) first:
 ``2^k n_N (n_N + 1) / 2`` numbers, 480 for the 2,016-cell production schema. The table's schema
 is the same either way; a reader recomputes the layout from the config and refuses a length that
-does not match it. The column is null at the leaf level: every leaf has the same covariance (it
-depends only on the level's queries, weights and whether its totals are invariant), which
-``solvers.bottom_up.leaf_covariance`` recomputes from the config, so 8 M blocks do not store
-8 M copies. ``exact_total`` marks nodes whose total is invariant (the mean meets it exactly and
-the covariance is singular along all-ones).
+does not match it. The column is null at the leaves measured with their level's own budget:
+their covariance depends only on the level's queries, weights and whether its totals are
+invariant, which ``solvers.bottom_up.leaf_covariance`` recomputes from the config, so 8 M blocks
+do not store 8 M copies; a leaf that spends a bypassed parent's budget too (``topdown.bypass``)
+stores its own. ``exact_total`` marks nodes whose total is invariant (the mean meets it exactly
+and the covariance is singular along all-ones).
+
+Every node is weighted by the exact ``sigma2`` of its own rows of ``noisy_measurements``. A
+bypassed node (not measured) combines its one child's estimate with nothing: its bottom-up
+estimate is its child's (conditioned on its invariant total, if it has one), and the top-down
+pass below fits it among its siblings by that estimate's precision, then passes it down the
+chain.
 
 ``total_variances`` turns the table into the variance of every node's bottom-up total (the
 ``--variances`` table).
@@ -34,6 +41,8 @@ totals, each weighted by that total's own precision, then held (``solvers.passes
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import replace
+from fractions import Fraction
 from functools import reduce
 from operator import add
 from pathlib import Path
@@ -155,7 +164,12 @@ class _Children:
         if not self.is_leaf:
             return [e.precision() for e in estimates]
         out = []
-        for exact, estimate in zip(rows["exact_total"], estimates, strict=True):
+        for exact, packed, estimate in zip(
+            rows["exact_total"], rows["covariance"], estimates, strict=True
+        ):
+            if packed is not None:  # a leaf with its own budget (bypassing)
+                out.append(estimate.precision())
+                continue
             if bool(exact) not in self._leaf_precision:
                 self._leaf_precision[bool(exact)] = estimate.precision()
             out.append(self._leaf_precision[bool(exact)])
@@ -168,7 +182,7 @@ class _Children:
         ):
             mean = np.asarray(mean, dtype=np.float64)
             covariance: Covariance
-            if self.is_leaf:
+            if self.is_leaf and packed is None:
                 if bool(exact) not in self._leaf:
                     self._leaf[bool(exact)] = leaf_covariance(self.design, bool(exact))
                 covariance = self._leaf[bool(exact)]
@@ -182,14 +196,29 @@ class _Children:
 def _leaf_task(plan: LevelPlan, design: LevelDesign) -> Callable[[pd.DataFrame], pd.DataFrame]:
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
-        geocodes, noisy, totals = family_arrays(plan, family)
-        means, _ = leaf_estimates(design, noisy, totals)
+        geocodes, noisy, weights, totals = family_arrays(plan, family)
+        k = len(geocodes)
+        by_leaf = np.broadcast_to(weights, (k, len(noisy)))
+        means = np.zeros((k, design.n_cells))
+        covariances: list[np.ndarray | None] = [None] * k
+        for row in np.unique(by_leaf, axis=0):
+            members = (by_leaf == row).all(axis=1)
+            own = np.array_equal(row, design.weights)
+            here = design if own else replace(design, weights=row)
+            means[members], covariance = leaf_estimates(
+                here,
+                tuple(a[members] for a in noisy),
+                None if totals is None else totals[members],
+            )
+            if not own:  # spends a bypassed parent's budget: its covariance is its own
+                for i in np.flatnonzero(members):
+                    covariances[i] = pack(covariance)
         return pd.DataFrame(
             {
                 "level": plan.level,
                 "geocode": geocodes,
                 "mean": list(means),
-                "covariance": None,
+                "covariance": covariances,
                 "exact_total": totals is not None,
             }
         )
@@ -202,14 +231,31 @@ def _node_task(
 ) -> Callable[[pd.DataFrame], pd.DataFrame]:
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
-        measured = dict(
-            zip(family["parent_queries"].iat[0], family["parent_answers"].iat[0], strict=True)
-        )
-        answers = [np.asarray(measured[name], dtype=np.float64) for name in plan.query_names]
+        queries = family["parent_queries"].iat[0]
+        # A bypassed node has nothing of its own: no row (NaN here) unless its total is
+        # invariant (then a row with null measurements).
+        if not isinstance(queries, np.ndarray | list) or len(queries) == 0:
+            answers = [np.zeros(size) for size in plan.marginal_sizes]
+            here = replace(design, weights=np.zeros(len(plan.query_names)))
+        else:
+            measured = dict(
+                zip(
+                    queries,
+                    zip(
+                        family["parent_answers"].iat[0], family["parent_sigma2"].iat[0], strict=True
+                    ),
+                    strict=True,
+                )
+            )
+            answers = [np.asarray(measured[n][0], dtype=np.float64) for n in plan.query_names]
+            weights = np.array([1.0 / float(Fraction(measured[n][1])) for n in plan.query_names])
+            here = design if np.array_equal(weights, design.weights) else replace(
+                design, weights=weights
+            )  # fmt: skip
         total = family["parent_inv_total"].iat[0]
         exact = not pd.isna(total)
         estimate = node_estimate(
-            below.estimates(family), design, answers, float(total) if exact else None
+            below.estimates(family), here, answers, float(total) if exact else None
         )
         return pd.DataFrame(
             {
@@ -243,25 +289,27 @@ def bottom_up_level(
     Leaves are grouped by their parent (``parent_digits``), parents by their own geocode
     (``digits``). ``layout``: the run's covariance layout (``config_layout``).
     """
-    own = noisy.select("geocode", "query", "noisy").join(invariant_totals, "geocode", "left")
+    own = noisy.select("geocode", "query", "noisy", "sigma2")
     if below is None or child_plan is None:
         return map_families(
-            own.withColumn("parent", geocode_prefix(parent_digits)),
+            own.join(invariant_totals, "geocode", "left").withColumn(
+                "parent", geocode_prefix(parent_digits)
+            ),
             family=["parent"],
             order=["geocode", "query"],
             solve=_leaf_task(plan, level_design(plan, layout)),
             schema=BOTTOM_UP_SCHEMA,
         )
     measured = own.groupBy("geocode").agg(
-        F.sort_array(F.collect_list(F.struct("query", "noisy"))).alias("m"),
-        F.first("inv_total").alias("inv_total"),
+        F.sort_array(F.collect_list(F.struct("query", "noisy", "sigma2"))).alias("m")
     )
+    # Full outer: a bypassed node has no measurement but keeps its invariant total.
     parents = measured.select(
         "geocode",
         F.col("m.query").alias("queries"),
         F.col("m.noisy").alias("answers"),
-        "inv_total",
-    )
+        F.col("m.sigma2").alias("sigma2"),
+    ).join(invariant_totals, "geocode", "full_outer")
     children = _children_columns(below)
     return map_children(
         children,
@@ -443,7 +491,7 @@ def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
     packed = F.aggregate(first, F.lit(0.0), lambda a, b: a + b)
     variance = (
         F.when(F.col("exact_total"), F.lit(0.0))
-        .when(F.col("level") == leaf, F.lit(leaf_variance))
+        .when(F.col("covariance").isNull(), F.lit(leaf_variance))
         .otherwise(factor * (2.0 * packed - reduce(add, diagonal)))
     )
     return bottom_up.select("level", "geocode", variance.alias("variance"))

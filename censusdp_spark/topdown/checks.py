@@ -2,12 +2,22 @@
 
 1. every released count is a non-negative integer;
 2. at every level, the children of each parent sum to the parent cell by cell;
-3. every invariant node total equals its true value.
-The checks are Spark aggregations over the released tables; only violation counts reach the
-driver (never counts themselves).
+3. every invariant node total equals its true value;
+4. every row of ``noisy_measurements`` was drawn with the variance the accounting gives its
+   node: ``sigma2 = 1 / rho`` of ``ZcdpAllocation.node_budget(budget_levels)`` for its query,
+   at the level its ``budget_levels`` end with (its own level alone without bypassing);
+5. every way the geography cuts a root-to-leaf path into measured nodes spends exactly the
+   configured rho (``accounting.path_rho``; with bypassing, the distinct cuts of the run's
+   leaves, else the one cut where every level is measured).
+The checks are Spark aggregations over the released tables; only violation counts, and for 4
+the few distinct (level, budget_levels, query, sigma2) rows, reach the driver (never counts
+themselves).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -15,6 +25,13 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.privacy.accounting import (
+    BudgetError,
+    PathCut,
+    ZcdpAllocation,
+    cut_at,
+    path_rho,
+)
 
 
 def check_estimates(
@@ -59,4 +76,34 @@ def check_estimates(
     }
     if any(result.values()):
         raise GuaranteeViolation(f"released estimates break guarantees: {result}")
+    return result
+
+
+def check_measurements(
+    noisy: DataFrame, budget: ZcdpAllocation, paths: Sequence[PathCut] | None = None
+) -> dict[str, int]:
+    """Guarantees 4 and 5 (module docstring) for ``noisy_measurements`` and the path cuts
+    ``paths`` (None: every level measured). Returns the violation counts (all zero) or raises
+    ``GuaranteeViolation``."""
+    classes = noisy.groupBy("level", "budget_levels", "query", "sigma2").count().collect()
+    off = 0
+    for row in classes:
+        chain = tuple(row["budget_levels"])
+        try:
+            wanted = {e.query: e.sigma2 for e in budget.node_budget(chain)}
+        except BudgetError:
+            off += int(row["count"])
+            continue
+        if chain[-1] != row["level"] or wanted.get(row["query"]) != Fraction(row["sigma2"]):
+            off += int(row["count"])
+    cuts = paths if paths is not None else [cut_at(budget.levels, [True] * len(budget.levels))]
+    broken = 0
+    for cut in cuts:
+        try:
+            path_rho(budget, cut)
+        except BudgetError:
+            broken += 1
+    result = {"noise_variances_not_from_budget": off, "paths_not_spending_rho": broken}
+    if any(result.values()):
+        raise GuaranteeViolation(f"noisy measurements break the accounting: {result}")
     return result

@@ -17,14 +17,15 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import BeforeValidator, Field, field_validator
 
+from censusdp_spark.io.pl94_layout import BLOCK_DIGITS, SUMMARY_LEVELS, TABLES, LegacyFiles
 from censusdp_spark.model.config import (
+    INPUT_FORMATS,
     Budget,
     Columns,
     Document,
     Exact,
     Fail,
     GeographyModel,
-    InputFormat,
     Model,
     Name,
     PathText,
@@ -38,12 +39,14 @@ from censusdp_spark.model.config import (
     require_spine,
     resolve,
 )
+from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import (
     BudgetError,
     ZcdpAllocation,
     allocate_by_shares,
     allocate_per_query_rho,
+    bypass_paths,
 )
 from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
@@ -51,6 +54,11 @@ from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layou
 
 InputLayout = Literal["block_counts", "microdata"]
 INPUT_LAYOUTS: tuple[str, ...] = get_args(InputLayout)
+PL94_LEGACY = "pl94_legacy"
+"""``[input] format``: a state's P.L. 94-171 redistricting files in the legacy layout
+(``io.pl94``), whose geoheader lists every block (the spine, unless ``[geography] spine``)."""
+TopDownInputFormat = Literal["csv", "parquet", "delta", "pl94_legacy"]
+assert get_args(TopDownInputFormat) == (*INPUT_FORMATS, PL94_LEGACY)
 EstimationMethod = Literal["topdown", "full_information"]
 """``topdown``: each level fitted to its own measurements under its parent (the Census method);
 ``full_information``: each child fitted to its bottom-up BLUE from its own and all its
@@ -88,15 +96,36 @@ class AttributeColumn:
 
 
 @dataclass(frozen=True)
+class LegacyInput:
+    """``format = "pl94_legacy"``: the state's files in ``InputSpec.path`` (``io.pl94_layout.
+    LegacyFiles``), the derived histogram ``table`` read (``io.pl94_layout.TABLES``), and the
+    summary levels whose records are checked against the sums of their blocks."""
+
+    state: str
+    vintage: str
+    table: str
+    summary_levels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class InputSpec:
     path: Path
     format: str
     layout: str
     geocode_columns: tuple[str, ...]  # concatenated, in order, into the leaf geocode
-    cells: tuple[CellColumn, ...] = ()  # block_counts
+    cells: tuple[CellColumn, ...] = ()  # block_counts, pl94_legacy (over the table cells)
     attributes: tuple[AttributeColumn, ...] = ()  # microdata
     ignore: tuple[str, ...] = ()  # columns present in the file but deliberately unused
     total: str | None = None  # block_counts: a column every row's mapped cells must sum to
+    legacy: LegacyInput | None = None  # pl94_legacy
+
+    def legacy_files(self) -> LegacyFiles:
+        assert self.legacy is not None
+        return LegacyFiles(self.path, self.legacy.state, self.legacy.vintage)
+
+    def files(self) -> tuple[Path, ...]:
+        """The files the input is read from (the run's input fingerprint covers them)."""
+        return self.legacy_files().paths if self.legacy else (self.path,)
 
     def used_columns(self) -> tuple[str, ...]:
         cols = list(self.geocode_columns)
@@ -119,9 +148,11 @@ class RunConfig:
     input: InputSpec | None
     spine: SpineSpec | None = None
     estimation_method: EstimationMethod = "topdown"
+    method_fallback: str = ""  # why a requested "full_information" runs as "topdown", if it does
+    document: Document = field(default_factory=Document, compare=False, repr=False)
+    bypass_single_child: bool = False  # [budget] bypass_single_child (see BudgetModel)
     estimation_passes: Mapping[str, tuple[EstimationPass, ...]] = field(default_factory=dict)
     """Per level, its estimation passes; a level not listed is one pass (``passes_at``)."""
-    document: Document = field(default_factory=Document, compare=False, repr=False)
 
     def passes_at(self, level: str) -> tuple[EstimationPass, ...]:
         """The estimation passes of ``level``: ``("all",)`` or ``("total", "all")``."""
@@ -168,6 +199,12 @@ class LevelBudgetModel(Model):
 class BudgetModel(Model):
     rho: Budget | None = None
     mode: Literal["shares", "per_query_rho"] = "shares"
+    bypass_single_child: bool = False
+    """Census "bypassing" (spine paper, Algorithm 3 under zCDP): a parent with exactly one child
+    in the geography is not measured; its share of rho moves to the child (down a chain of
+    single-child parents to its lowest node, measured with its own level's queries at the
+    chain's summed rho, ``ZcdpAllocation.node_budget``), and its released value is that node's.
+    Which nodes are bypassed depends on the spine alone. Default off."""
     levels: dict[str, LevelBudgetModel]
 
 
@@ -178,13 +215,26 @@ class AttributeColumnModel(Model):
 
 class InputModel(Model):
     path: PathText
-    format: InputFormat = "csv"
-    layout: InputLayout
-    geocode: Columns
+    format: TopDownInputFormat = "csv"
+    layout: InputLayout | None = None  # required, except with format = "pl94_legacy"
+    geocode: Columns | None = None  # required, except with format = "pl94_legacy"
     cells: list[dict[str, Name]] | None = None  # block_counts: {<attribute> = <level>, expr}
-    attributes: dict[str, AttributeColumnModel] | None = None  # microdata, one per attribute
-    ignore: list[Name] = []
+    attributes: dict[str, AttributeColumnModel] | None = None  # microdata, pl94_legacy
+    ignore: list[Name] | None = None
     total: Name | None = None
+    state: str | None = None  # pl94_legacy: the lower-case USPS code of the files' names
+    vintage: Name | None = None  # pl94_legacy: the files' name suffix, default "2020"
+    table: Name | None = None  # pl94_legacy: a derived table of io.pl94_layout.TABLES
+    summary_levels: list[Name] | None = None  # pl94_legacy: default every one of SUMMARY_LEVELS
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z]{2}", value):
+            raise ValueError(
+                f"{value!r} must be a lower-case USPS code, as in the file names ('ri')"
+            )
+        return value
 
 
 class EstimationModel(Model):
@@ -192,6 +242,7 @@ class EstimationModel(Model):
     structural_zeros: list[dict[str, list[str]]] = []
     method: EstimationMethod = "topdown"
     passes: list[str] | dict[str, list[str]] = list(ONE_PASS)  # every level, or per level
+    fallback: Literal["topdown"] | None = None  # run "topdown" where full_information cannot
 
     @field_validator("method", mode="before")
     @classmethod
@@ -282,6 +333,11 @@ def _budget(fail: Fail, model: BudgetModel, hierarchy: Hierarchy) -> ZcdpAllocat
         raise fail("budget", str(err)) from None
     for e in allocation.entries:
         budget_in_range(fail, f"budget.levels.{e.level}.queries.{e.query}", e.rho)
+    if model.bypass_single_child:
+        try:
+            bypass_paths(allocation)  # every path cut spends the total exactly
+        except BudgetError as err:
+            raise fail("budget.bypass_single_child", str(err)) from None
     return allocation
 
 
@@ -330,16 +386,29 @@ def _cells(
     return tuple(out[c] for c in sorted(out))
 
 
+LEGACY_KEYS = ("state", "vintage", "table", "summary_levels")
+TABLE_KEYS = ("layout", "geocode", "cells", "ignore", "total")
+
+
 def _input(
     fail: Fail, model: InputModel, schema: Schema, zeros: tuple[int, ...], base: Path
 ) -> InputSpec:
+    if model.format == PL94_LEGACY:
+        return _legacy_input(fail, model, schema, base)
+    for key in LEGACY_KEYS:
+        if getattr(model, key) is not None:
+            raise fail(f"input.{key}", f"only for format = '{PL94_LEGACY}'")
+    if missing := [k for k in ("layout", "geocode") if getattr(model, k) is None]:
+        raise fail("input", f"missing required key(s) {missing}")
+    assert model.layout is not None and model.geocode is not None
     path, geocode = resolve(base, model.path), tuple(model.geocode)
     common = (path, model.format, model.layout, geocode)
+    ignore = tuple(model.ignore or ())
     if model.layout == "block_counts":
         if model.attributes is not None:
             raise fail("input.attributes", "only for layout = 'microdata'")
         cells = _cells(fail, model.cells, schema, zeros)
-        return InputSpec(*common, cells=cells, ignore=tuple(model.ignore), total=model.total)
+        return InputSpec(*common, cells=cells, ignore=ignore, total=model.total)
     for key in ("cells", "total"):
         if getattr(model, key) is not None:
             raise fail(f"input.{key}", "only for layout = 'block_counts'")
@@ -352,15 +421,101 @@ def _input(
             rule = f"maps to {bad}, which are not levels of {attr.name}"
             raise fail(f"input.attributes.{attr.name}.map", rule)
         columns.append(AttributeColumn(attr.name, attrs[attr.name].column, value_map))
-    return InputSpec(*common, attributes=tuple(columns), ignore=tuple(model.ignore))
+    return InputSpec(*common, attributes=tuple(columns), ignore=ignore)
 
 
-def _check_method(fail: Fail, method: str, leaf: str, queries: tuple[MarginalQuery, ...],
-                  zeros: tuple[int, ...], n_cells: int) -> None:  # fmt: skip
+def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> InputSpec:
+    """``format = "pl94_legacy"``: every schema attribute maps one variable of the derived
+    ``table`` (every code to a level, so no one is left out), and each schema cell becomes the
+    sum of the derived cells mapped to it, an expression over the table cells."""
+    for key in TABLE_KEYS:
+        if getattr(model, key) is not None:
+            raise fail(
+                f"input.{key}", f"not used with format = '{PL94_LEGACY}' (fixed by the layout)"
+            )
+    for key in ("state", "table"):
+        if getattr(model, key) is None:
+            raise fail("input", f"missing required key(s) ['{key}'] (format = '{PL94_LEGACY}')")
+    assert model.state is not None and model.table is not None
+    if model.table not in TABLES:
+        raise fail("input.table", f"{model.table!r} must be one of {tuple(TABLES)}")
+    table = TABLES[model.table]
+    levels = tuple(model.summary_levels if model.summary_levels is not None else SUMMARY_LEVELS)
+    if bad := [lv for lv in levels if lv not in SUMMARY_LEVELS]:
+        raise fail("input.summary_levels", f"{bad} are not among {tuple(SUMMARY_LEVELS)}")
+    if len(set(levels)) != len(levels):
+        raise fail("input.summary_levels", f"levels must be distinct, got {list(levels)}")
+    attrs = model.attributes or {}
+    check_keys(attrs, {*schema.names}, {*schema.names}, partial(fail, "input.attributes"))
+    variable_of: dict[str, str] = {}  # attribute -> variable
+    level_of: dict[str, dict[str, str]] = {}  # variable -> code -> level
+    for attr in schema.attributes:
+        key, column = f"input.attributes.{attr.name}", attrs[attr.name].column
+        if column not in table.variables:
+            rule = f"{column!r} is not a variable of table {table.name!r} {list(table.variables)}"
+            raise fail(f"{key}.column", rule)
+        if column in level_of:
+            raise fail(f"{key}.column", f"{column!r} is mapped twice")
+        codes = table.variables[column]
+        value_map = attrs[attr.name].map or {lv: lv for lv in attr.levels}
+        if unknown := [c for c in value_map if c not in codes]:
+            raise fail(
+                f"{key}.map", f"{unknown[:5]} are not codes of {column} {list(codes)[:8]}..."
+            )
+        if unmapped := [c for c in codes if c not in value_map]:
+            raise fail(
+                f"{key}.map",
+                f"codes {unmapped[:5]} of {column} are not mapped (every one must be: else its"
+                " people would be left out)",
+            )
+        if bad := [v for v in value_map.values() if v not in attr.levels]:
+            raise fail(f"{key}.map", f"maps to {bad[:5]}, which are not levels of {attr.name}")
+        variable_of[attr.name], level_of[column] = column, value_map
+    if unused := [v for v in table.variables if v not in level_of]:
+        raise fail(
+            "input.attributes",
+            f"variable(s) {unused} of table {table.name!r} are mapped to no attribute (map each"
+            " with [input.attributes.<attribute>] column = ...)",
+        )
+    plus: dict[int, list[str]] = {}
+    minus: dict[int, list[str]] = {}
+    for cell in table.cells:
+        index = [
+            attr.index_of(level_of[variable_of[attr.name]][cell.codes[variable_of[attr.name]]])
+            for attr in schema.attributes
+        ]
+        c = int(schema.cell_of(np.array([index]))[0])
+        plus.setdefault(c, []).extend(cell.plus)
+        minus.setdefault(c, []).extend(cell.minus)
+    cells = tuple(
+        CellColumn(c, tuple(plus[c]), tuple(minus[c]), " - ".join([" + ".join(plus[c]), *minus[c]]))
+        for c in sorted(plus)
+    )
+    legacy = LegacyInput(model.state, model.vintage or "2020", table.name, levels)
+    return InputSpec(
+        resolve(base, model.path), PL94_LEGACY, PL94_LEGACY, ("GEOCODE",), cells, legacy=legacy
+    )
+
+
+def _check_method(fail: Fail, method: str, hierarchy: Hierarchy,
+                  queries: Mapping[str, tuple[MarginalQuery, ...]], zeros: tuple[int, ...],
+                  schema: Schema) -> None:  # fmt: skip
     """``full_information`` needs the leaf level's queries to determine every cell that is not
-    a structural zero (its leaves are estimated from their own measurements)."""
+    a structural zero (its leaves are estimated from their own measurements), and a covariance
+    layout for the schema and every level's queries (``covariance_layout``)."""
     if method == "topdown":
         return
+    leaf = hierarchy.leaf.name
+    _check_leaf_queries(fail, leaf, queries[leaf], zeros, schema.n_cells)
+    every = [q.cell_to_marginal for level in hierarchy.names for q in queries[level]]
+    try:
+        covariance_layout(schema.shape, schema.names, zeros, every)
+    except ValueError as err:
+        raise fail("estimation.method", str(err)) from None
+
+
+def _check_leaf_queries(fail: Fail, leaf: str, queries: tuple[MarginalQuery, ...],
+                        zeros: tuple[int, ...], n_cells: int) -> None:  # fmt: skip
     active = np.setdiff1d(np.arange(n_cells), zeros)
     stacked = np.vstack(
         [np.eye(q.size)[q.cell_to_marginal[active]].T for q in queries]
@@ -484,16 +639,31 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
     spec = _input(fail, model.input, schema, zeros, base) if model.input else None
     if spec is not None and spec.layout == "microdata":
         require_spine(fail, spine, spec.layout)
-    method, leaf = model.estimation.method, hierarchy.leaf.name
-    _check_method(fail, method, leaf, queries[leaf], zeros, schema.n_cells)
-    if method == "full_information":
-        every = [q.cell_to_marginal for level in hierarchy.names for q in queries[level]]
-        try:
-            covariance_layout(schema.shape, schema.names, zeros, every)
-        except ValueError as err:
-            raise fail("estimation.method", str(err)) from None
+    if spec is not None and spec.legacy and hierarchy.leaf.digits != BLOCK_DIGITS:
+        raise fail(
+            "geography.levels",
+            f"format = '{PL94_LEGACY}' reads {BLOCK_DIGITS}-digit blocks; the leaf level"
+            f" {hierarchy.leaf.name!r} has {hierarchy.leaf.digits} digits",
+        )
+    method, fallback = model.estimation.method, ""
+    try:
+        _check_method(fail, method, hierarchy, queries, zeros, schema)
+    except ConfigError as err:
+        if model.estimation.fallback is None:
+            raise
+        method, fallback = model.estimation.fallback, err.rule
     passes = _passes(fail, model.estimation.passes, method, queries)
+    if (
+        method == "topdown"
+        and model.budget.bypass_single_child
+        and any("total" in chosen for chosen in passes.values())
+    ):
+        raise fail(
+            "estimation.passes",
+            '"total" first is not supported with [budget] bypass_single_child = true and'
+            ' method = "topdown" (a bypassed node may have no measured total)',
+        )
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
-        method, passes, document,
+        method, fallback, document, model.budget.bypass_single_child, passes,
     )  # fmt: skip

@@ -11,6 +11,17 @@ zeros are not variables at all. Nothing per node is collected to the driver.
 With ``[estimation] passes = ["total", "all"]`` each family is estimated in the Census's two
 passes (``solvers.passes``): the children's totals fitted to their noisy totals alone, then
 every query with those totals held; the rounder rounds the totals first, then the cells.
+
+Every child is weighted by the exact variances of its own rows of ``noisy_measurements``
+(``sigma2``). With bypassing (``topdown.bypass``) a bypassed parent is not measured: at its own
+level it is estimated, among its siblings, from the measurements of the lowest node of its
+single-child chain, which hold the same people and spend the budget of every level of the chain
+(``level_measurements`` relabels them to the parent's geocode). Its family then mixes children
+measured with different weights, and possibly with a deeper level's queries (weight 0 for a
+query a child was not asked): ``ChildrenProblem`` takes weights child by child. Every node of
+the chain below it is a lone child and takes its parent's value, so the whole chain is released
+as one node solved against its grandparent's estimate, with the chain's whole budget. The root
+of a one-state run is estimated from the state's measurements in the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +39,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.queries import TOTAL
 from censusdp_spark.topdown.solvers.least_squares import solve_children
@@ -50,9 +63,28 @@ class LevelPlan:
     query_names: tuple[str, ...]
     cell_to_marginal: tuple[np.ndarray, ...]
     marginal_sizes: tuple[int, ...]
-    weights: np.ndarray  # 1 / sigma^2 per query
+    weights: np.ndarray  # 1 / sigma^2 per query of the level's own budget
     structural_zero: np.ndarray  # bool per cell
     total_first: bool = False  # two passes: each child's total first (solvers.passes)
+    stand_in_queries: tuple[tuple[str, np.ndarray, int], ...] = ()
+    """With bypassing: ``(name, cell_to_marginal, size)`` of the deeper levels' queries that
+    this level does not ask, which a bypassed node's stand-in may have been measured with."""
+    query_sets: tuple[tuple[str, ...], ...] = ()
+    """The sorted query names a family's child may have been measured with (one per level from
+    this one down; only this level's without bypassing)."""
+
+    @property
+    def family_query_names(self) -> tuple[str, ...]:
+        """The queries of a family's measurements: the level's own, then the stand-ins'."""
+        return self.query_names + tuple(name for name, _, _ in self.stand_in_queries)
+
+    @property
+    def family_marginals(self) -> tuple[tuple[np.ndarray, ...], tuple[int, ...]]:
+        """``cell_to_marginal`` and sizes of ``family_query_names``."""
+        return (
+            self.cell_to_marginal + tuple(c2m for _, c2m, _ in self.stand_in_queries),
+            self.marginal_sizes + tuple(size for _, _, size in self.stand_in_queries),
+        )
 
 
 def level_plan(config: RunConfig, level: str) -> LevelPlan:
@@ -63,6 +95,14 @@ def level_plan(config: RunConfig, level: str) -> LevelPlan:
     total_first = "total" in config.passes_at(level)
     zero = np.zeros(config.schema.n_cells, dtype=bool)
     zero[list(config.structural_zero_cells)] = True
+    names = config.hierarchy.names
+    below = names[names.index(level) :] if config.bypass_single_child else (level,)
+    own = {q.name for q in queries}
+    stand_ins: dict[str, tuple[str, np.ndarray, int]] = {}
+    for deeper in below[1:]:
+        for q in config.queries[deeper]:
+            if q.name not in own and q.name not in stand_ins:
+                stand_ins[q.name] = (q.name, q.cell_to_marginal, q.size)
     return LevelPlan(
         level=level,
         is_root=config.hierarchy.index(level) == 0,
@@ -73,7 +113,27 @@ def level_plan(config: RunConfig, level: str) -> LevelPlan:
         weights=np.array([1.0 / float(config.budget.sigma2_for(level, q.name)) for q in queries]),
         structural_zero=zero,
         total_first=total_first,
+        stand_in_queries=tuple(stand_ins.values()),
+        query_sets=tuple(
+            dict.fromkeys(tuple(sorted(q.name for q in config.queries[lv])) for lv in below)
+        ),
     )
+
+
+def level_measurements(
+    noisy: DataFrame, hierarchy: Hierarchy, level: str, bypass: bool
+) -> DataFrame:
+    """The rows of ``noisy_measurements`` a level's estimation reads: its nodes' own, and with
+    ``bypass`` for each of its bypassed nodes those of the measured node of its single-child
+    chain (the one node at or below it whose ``budget_levels`` contain the level), under the
+    bypassed node's geocode. Without bypassing: the level's rows, as they are."""
+    if not bypass:
+        return noisy.filter(F.col("level") == level)
+    digits = hierarchy.level(level).digits
+    below = list(hierarchy.names[hierarchy.index(level) :])
+    return noisy.filter(
+        F.col("level").isin(below) & F.array_contains("budget_levels", level)
+    ).withColumn("geocode", geocode_prefix(digits))
 
 
 def solve_family(
@@ -86,7 +146,7 @@ def solve_family(
     ``map_families`` delivers them), with the ``noisy`` answer and the child's invariant total
     ``inv_total`` (null where the level has none).
     """
-    geocodes, noisy, totals = family_arrays(plan, children)
+    geocodes, noisy, weights, totals = family_arrays(plan, children)
     k = len(geocodes)
     if parent is None:
         active = np.flatnonzero(~plan.structural_zero)
@@ -96,16 +156,30 @@ def solve_family(
     if active.size and parent is not None and k == 1:
         x[0] = parent[active]
     elif active.size:
+        stand_ins = len(noisy) > len(plan.query_names)
+        marginals, sizes = plan.family_marginals if stand_ins else (
+            plan.cell_to_marginal, plan.marginal_sizes
+        )  # fmt: skip
+        names = plan.family_query_names if stand_ins else plan.query_names
+        # A query no child of the family was measured with is left out (it would only change
+        # the rounding's objective): a bypassed root is then solved as its chain node would be.
+        asked = np.flatnonzero(np.atleast_2d(weights).max(axis=0) > 0)
+        if asked.size < len(noisy):
+            noisy = tuple(noisy[q] for q in asked)
+            weights = weights[..., asked]
+            marginals = tuple(marginals[q] for q in asked)
+            sizes = tuple(sizes[q] for q in asked)
+            names = tuple(names[q] for q in asked)
         problem = ChildrenProblem(
-            marginals=tuple(c2m[active] for c2m in plan.cell_to_marginal),
-            marginal_sizes=plan.marginal_sizes,
-            weights=plan.weights,
+            marginals=tuple(c2m[active] for c2m in marginals),
+            marginal_sizes=sizes,
+            weights=weights,
             noisy=noisy,
             parent=None if parent is None else parent[active].astype(np.int64),
             child_totals=totals,
         )
         if plan.total_first:
-            problem = total_pass(problem, plan.query_names.index(TOTAL))
+            problem = total_pass(problem, names.index(TOTAL))
         x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
     return estimate_rows(plan.level, geocodes, active, x)
 
@@ -125,29 +199,73 @@ def estimate_rows(
 
 def family_arrays(
     plan: LevelPlan, children: pd.DataFrame
-) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
-    """Child geocodes, the noisy answers per query (plan order, ``(k, size)`` floats) and the
-    invariant child totals (None when the level has none) of rows sorted by (geocode, query)."""
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, np.ndarray | None]:
+    """Child geocodes, the noisy answers per query (``(k, size)`` floats), the weights
+    ``1 / sigma2`` of the children's rows (``(Q,)`` when every child has the same, else
+    ``(k, Q)``, 0 for a query a child was not measured with) and the invariant child totals
+    (None when the level has none) of rows sorted by (geocode, query).
+
+    The queries are the level's own (``plan.query_names``) when every child was measured with
+    them, else ``plan.family_query_names`` (a bypassed child's stand-in measured at a deeper
+    level). ``RuntimeError`` unless every child's rows are one per query of one of
+    ``plan.query_sets``."""
     by_name = sorted(plan.query_names)
     q = len(by_name)
     geocode = children["geocode"].to_numpy()
     names = children["query"].to_numpy()
+    sigma2 = children["sigma2"].to_numpy()
     k = len(geocode) // q
     if (
-        len(geocode) != k * q
-        or not (names.reshape(k, q) == np.array(by_name, dtype=object)).all()
-        or not (geocode.reshape(k, q) == geocode[::q, None]).all()
+        len(geocode) == k * q
+        and (names.reshape(k, q) == np.array(by_name, dtype=object)).all()
+        and (geocode.reshape(k, q) == geocode[::q, None]).all()
     ):
-        raise RuntimeError(
-            f"level {plan.level}: a family's rows are not one per (child, query) for"
-            f" queries {by_name}"
-        )
-    rows = children["noisy"].to_numpy()
-    noisy = tuple(
-        np.stack(rows[by_name.index(name) :: q]).astype(np.float64) for name in plan.query_names
-    )
-    totals = children["inv_total"].iloc[::q]
-    return geocode[::q], noisy, None if totals.isna().any() else totals.to_numpy(dtype=np.int64)
+        rows = children["noisy"].to_numpy()
+        order = [by_name.index(name) for name in plan.query_names]
+        geocodes = geocode[::q]
+        noisy = tuple(np.stack(rows[i::q]).astype(np.float64) for i in order)
+        weights = _weights(sigma2).reshape(k, q)[:, order]
+        totals = children["inv_total"].iloc[::q]
+    else:
+        geocodes, noisy, weights, totals = _mixed_family(plan, children, sigma2)
+    shared = (weights == weights[:1]).all()
+    child_totals = None if totals.isna().any() else totals.to_numpy(dtype=np.int64)
+    return geocodes, noisy, weights[0] if shared else weights, child_totals
+
+
+def _mixed_family(
+    plan: LevelPlan, children: pd.DataFrame, sigma2: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray, pd.Series]:
+    """``family_arrays`` for children measured with different query sets."""
+    names = plan.family_query_names
+    marginals, sizes = plan.family_marginals
+    geocode = children["geocode"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, geocode[1:] != geocode[:-1]])
+    ends = np.r_[starts[1:], len(geocode)]
+    k = len(starts)
+    noisy = [np.zeros((k, size)) for size in sizes]
+    weights = np.zeros((k, len(names)))
+    answers = children["noisy"].to_numpy()
+    queries = children["query"].to_numpy()
+    inverse = _weights(sigma2)
+    for c, (a, b) in enumerate(zip(starts, ends, strict=True)):
+        mine = tuple(queries[a:b])
+        if mine not in plan.query_sets:
+            raise RuntimeError(
+                f"level {plan.level}: child {geocode[a]!r} has rows for queries {list(mine)},"
+                f" not one per query of any of {[list(s) for s in plan.query_sets]}"
+            )
+        for row in range(a, b):
+            i = names.index(queries[row])
+            noisy[i][c] = np.asarray(answers[row], dtype=np.float64)
+            weights[c, i] = inverse[row]
+    return geocode[starts], tuple(noisy), weights, children["inv_total"].iloc[starts]
+
+
+def _weights(sigma2: np.ndarray) -> np.ndarray:
+    """``1 / sigma2`` of exact fractions given as text (each distinct one parsed once)."""
+    values = {s: 1.0 / float(Fraction(s)) for s in set(sigma2)}
+    return np.array([values[s] for s in sigma2], dtype=np.float64)
 
 
 def parent_histogram(family: pd.DataFrame, n_cells: int) -> np.ndarray:
@@ -209,7 +327,8 @@ def estimate_level(
 ) -> DataFrame:
     """Estimates of one level's nodes (lazy).
 
-    ``noisy``: this level's rows of the noisy measurement table; ``invariant_totals``:
+    ``noisy``: this level's rows of the noisy measurement table (``level_measurements``);
+    ``invariant_totals``:
     ``geocode, inv_total`` for this level (possibly empty); ``parent_estimates``: the level
     above as ``geocode, cells, counts`` (None at the root). The children's rows meet their
     parent's estimate by a join on the parent geocode, then every family is solved by
@@ -217,7 +336,9 @@ def estimate_level(
     ``worker_fault``), empty in normal runs.
     """
     children = with_parent_estimates(
-        noisy.select("geocode", "query", "noisy").join(invariant_totals, "geocode", "left"),
+        noisy.select("geocode", "query", "noisy", "sigma2").join(
+            invariant_totals, "geocode", "left"
+        ),
         parent_estimates,
         parent_digits,
     )

@@ -3,7 +3,8 @@
 Stages (each a Spark job; nothing per node is collected to the driver):
 1. read and validate the input (nothing is written if it fails);
 2. node histograms for every level (confidential, in memory only);
-3. measurement: one noise pass over every node, written once to ``noisy_measurements``;
+3. measurement: one noise pass over every node (with ``[budget] bypass_single_child``, every
+   node the public bypass plan measures), written once to ``noisy_measurements``;
 4. estimation level by level from the noisy table, each level written to ``estimates`` before
    the next level reads it;
 5. guarantees checked; ``microdata`` regenerated from the block estimates;
@@ -44,9 +45,10 @@ from censusdp_spark.topdown.bottom_up import (
     total_variances,
     write_bottom_up,
 )
-from censusdp_spark.topdown.checks import check_estimates
+from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
+from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import RunConfig
-from censusdp_spark.topdown.estimate import estimate_level, level_plan
+from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.evaluate import baseline_errors, plot_errors, topdown_errors
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
@@ -83,12 +85,18 @@ class RunSummary:
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
+    method: str = "topdown"
+    method_fallback: str = ""
+    bypass: str = ""  # the bypassed single-child parents per level, with bypassing
 
     def text(self) -> str:
         lines = [
             f"TopDown release written to {self.output}"
             + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             "  levels: " + ", ".join(f"{lv} ({self.nodes[lv]} nodes)" for lv in self.levels),
+            f"  estimation: {self.method}"
+            + (f" (fallback: {self.method_fallback})" if self.method_fallback else ""),
+            *([self.bypass] if self.bypass else []),
             f"  privacy: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
             f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
             f"  elapsed: {self.elapsed_s:.1f} s ("
@@ -130,7 +138,11 @@ def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     return replace(config, run=run, input=spec)
 
 
-POST_PROCESSING_KEYS = (("estimation", "method"), ("estimation", "passes"))
+POST_PROCESSING_KEYS = (
+    ("estimation", "method"),
+    ("estimation", "passes"),
+    ("estimation", "fallback"),
+)
 """Config keys that change only the estimation from the noisy measurements, not the noise."""
 
 
@@ -140,7 +152,7 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     measured = measurement_fingerprint(
         TOPDOWN,
         config.document.doc,
-        input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
+        input_fingerprint([*config.input.files(), *([config.spine.path] if config.spine else [])]),
         POST_PROCESSING_KEYS,
     )
     return ReleaseRun.of(TOPDOWN, config.run, measured, options)
@@ -178,6 +190,10 @@ def _run_topdown(
     ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
+    plan, bypass = None, None
+    if config.bypass_single_child:  # from the geocodes alone: public, fixed before any noise
+        plan = measurement_plan(nodes, hierarchy)
+        bypass = plan_summary(plan, config.budget, hierarchy)
     clock.lap("read_and_validate")
 
     secret = run.secret()  # only once the input has passed validation
@@ -189,7 +205,10 @@ def _run_topdown(
     if not run.done("measure"):
         shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
         delta.write_table(
-            measure(nodes, config, secret), output, delta.NOISY_MEASUREMENTS, partition_by="level"
+            measure(nodes, config, secret, plan),
+            output,
+            delta.NOISY_MEASUREMENTS,
+            partition_by="level",
         )
         run.commit("measure")
         clock.lap("measure")
@@ -231,7 +250,7 @@ def _run_topdown(
             else:
                 estimates = estimate_level(
                     level_plan(config, level.name),
-                    noisy.filter(F.col("level") == level.name),
+                    level_measurements(noisy, hierarchy, level.name, config.bypass_single_child),
                     level_invariants.select("geocode", "inv_total"),
                     parent_estimates,
                     parent_digits,
@@ -247,6 +266,8 @@ def _run_topdown(
 
     released = delta.read_table(spark, output, delta.ESTIMATES)
     checks = check_estimates(released, hierarchy, invariants)
+    paths = [cut for cut, _, _ in bypass.paths] if bypass else None
+    checks.update(check_measurements(noisy, config.budget, paths))
     clock.lap("check_guarantees")
     shutil.rmtree(
         output / delta.MICRODATA, ignore_errors=True
@@ -297,6 +318,9 @@ def _run_topdown(
         evaluation=evaluation_rows,
         for_release=run.for_release,
         evaluation_dir=eval_dir,
+        method=config.estimation_method,
+        method_fallback=config.method_fallback,
+        bypass=bypass.text() if bypass else "",
     )
     write_manifest(
         output / "manifest.json",
@@ -308,6 +332,11 @@ def _run_topdown(
             "spine": str(config.spine.path) if config.spine else None,
             "privacy": privacy,
             "budget": budget_rows(config),
+            "estimation": {
+                "method": config.estimation_method,
+                "fallback_reason": config.method_fallback or None,
+            },
+            "bypass": bypass.manifest() if bypass else {"bypass_single_child": False},
             "nodes": summary.nodes,
             "guarantee_checks": checks,
             **run.manifest_fields(),
@@ -319,4 +348,6 @@ def _run_topdown(
     blocks.unpersist()
     nodes.unpersist()
     invariants.unpersist()
+    if plan is not None:
+        plan.unpersist()
     return summary

@@ -72,14 +72,19 @@ def _complete_steps(
     """The steps of ``claimed`` whose table holds that step's rows. Each step is one Delta
     transaction (the noisy table whole, a level of ``bottom_up`` or ``estimates``), so a step
     whose rows are there at all is there whole:
-    * ``measure``: noisy rows at every level;
+    * ``measure``: noisy rows at every level (with bypassing, at the leaves);
     * ``bottom_up_<level>``: rows of the level;
     * ``<level>`` (estimates): rows whose counts sum to the root's total (every level's
       estimates sum to it), the root itself with at least one row."""
     levels = config.hierarchy.names
     complete: set[str] = set()
     noisy = delta.NOISY_MEASUREMENTS
-    if delta.is_table(output, noisy) and set(levels) <= set(_rows_per_level(spark, output, noisy)):
+    # With bypassing a level may have no measured node (the nation of a one-state run); the
+    # leaves always are.
+    measured = [config.hierarchy.leaf.name] if config.bypass_single_child else levels
+    if delta.is_table(output, noisy) and set(measured) <= set(
+        _rows_per_level(spark, output, noisy)
+    ):
         complete.add("measure")
     if any(s.startswith("bottom_up_") for s in claimed) and delta.is_table(output, BOTTOM_UP):
         complete |= {f"bottom_up_{lv}" for lv in _rows_per_level(spark, output, BOTTOM_UP)}

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from censusdp_spark.io.pl94_layout import LegacyFiles
 from tests.e2e.test_faults import censusdp
 from tests.e2e.test_secret_policy import error_lines
 from tests.e2e.test_synth_job import _duplicate_person, real_tables
+from tests.io.test_pl94 import copy_of_sample, edit_line, plus, to
 from tests.topdown.test_readers import GOOD, HEADER, bad_row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +104,48 @@ def pgsr(edit: Callable[[list[str]], list[str]]) -> Callable[[Path, Path], list[
     return make
 
 
+HUGE_N = """[run]
+name = "huge_n"
+private_dir = "{private}"
+[geography]
+levels = [{{ name = "all", digits = 0 }}, {{ name = "block", digits = 2 }}]
+spine = {{ path = "{spine}", geocode = "block" }}
+[groups]
+max_size = 100_000_000
+topcode = true
+[input]
+path = "{households}"
+layout = "households"
+geocode = "block"
+household = "hh"
+size = "n"
+[budget]
+epsilon = "1"
+"""
+
+
+def huge_n_config(folder: Path) -> Path:
+    """A valid group-size config and input whose N = 10^8 sizes no worker could hold."""
+    (folder / "households.csv").write_text("block,hh,n\n01,a,2\n02,b,5\n")
+    (folder / "spine.csv").write_text("block\n01\n02\n03\n")
+    config = folder / "huge_n.toml"
+    config.write_text(
+        HUGE_N.format(
+            private=folder / "private",
+            spine=folder / "spine.csv",
+            households=folder / "households.csv",
+        )
+    )
+    return config
+
+
+def pgsr_huge_n(folder: Path, output: Path) -> list[str]:
+    return [
+        *("pgsr", "--config", str(huge_n_config(folder)), "--output", str(output)),
+        *("--secret-file", str(secret(folder)), "--master", "local[1]"),
+    ]
+
+
 def synth_duplicate_person(folder: Path, output: Path) -> list[str]:
     households, persons = _duplicate_person(*real_tables(40))
     households.to_csv(folder / "households.csv", index=False)
@@ -133,6 +177,27 @@ def past_int64(lines: list[str]) -> list[str]:
     return [*lines[:2], ",".join(fields), *lines[3:]]
 
 
+def pl94(edit: Callable[[LegacyFiles], None]) -> Callable[[Path, Path], list[str]]:
+    """TopDown on an edited copy of the shipped P.L. 94-171 legacy files."""
+
+    def make(folder: Path, output: Path) -> list[str]:
+        files = copy_of_sample(folder)
+        edit(files)
+        return [
+            *("topdown", "--config", str(ROOT / "conf" / "pl94_e2e_providence.toml")),
+            *("--input", str(folder), "--output", str(output)),
+            *("--secret-file", str(secret(folder)), "--master", "local[1]"),
+        ]
+
+    return make
+
+
+def legacy_edit(
+    n: int, line: int, changes: dict[str, Callable[[str], str]]
+) -> Callable[[LegacyFiles], None]:
+    return lambda files: edit_line(n, line, changes)(files, files.folder)
+
+
 BLOCKS = in_folder("blocks.csv")
 CASES = {
     # issue #18: silently accepted (wrong numbers released) or a traceback on main before
@@ -160,6 +225,12 @@ CASES = {
     "pgsr-count-past-int64": Case(
         pgsr(past_int64), in_folder("sizes.csv"), "row 2, column HHSIZE1: count above MAX_COUNT"
     ),
+    # issue #17: a config whose N would make a mechanism exceed memory
+    "pgsr-max-size-beyond-worker-memory": Case(
+        pgsr_huge_n,
+        in_folder("huge_n.toml"),
+        "[groups] max_size = 100,000,000: the dp mechanism would need",
+    ),
     "synth-person-listed-twice": Case(
         synth_duplicate_person, in_folder("persons.csv"), "column SERIALNO+SPORDER: person '2'"
     ),
@@ -178,6 +249,20 @@ CASES = {
         topdown(bad_row(0, "4400103010010A1")),
         BLOCKS,
         "row 2, column GEOID: geocode must be exactly 15 digits",
+    ),
+    "pl94-p2-total-disagrees-with-p1": Case(
+        pl94(
+            legacy_edit(
+                1, 3, dict.fromkeys(("P0020001", "P0020003", "P0020004", "P0020005"), plus(1))
+            )
+        ),
+        in_folder("ri000012018_2020Style.pl"),
+        "line 3, column P0020001: the total of P2 must equal that of P1 (P0010001)",
+    ),
+    "pl94-segment-record-not-in-the-geoheader": Case(
+        pl94(legacy_edit(3, 10, {"LOGRECNO": to("100")})),
+        in_folder("ri000032018_2020Style.pl"),
+        "line 10, column LOGRECNO: logical record 100 is not in the geoheader",
     ),
     "missing-secret-file": Case(without_secret, in_folder("secret.hex"), "secret file not found"),
     "output-is-a-file": Case(onto_a_file, in_folder("out"), "is a file"),

@@ -65,6 +65,8 @@ def test_guarantees_hold_and_the_bottom_up_table_is_written(spark, fi_release):
         "negative_counts": 0,
         "children_not_summing_to_parent": 0,
         "invariants_broken": 0,
+        "noise_variances_not_from_budget": 0,
+        "paths_not_spending_rho": 0,
     }
     assert "bottom_up" in manifest["tables"]
     rows = table(spark, fi_release / "bottom_up").toPandas()

@@ -45,6 +45,8 @@ def test_release_writes_the_delta_tables_and_manifest(spark, release):
         "negative_counts": 0,
         "children_not_summing_to_parent": 0,
         "invariants_broken": 0,
+        "noise_variances_not_from_budget": 0,
+        "paths_not_spending_rho": 0,
     }
     assert manifest["privacy"]["rho"] == "293764/114921"
     assert manifest["nodes"]["block"] == 1092 and manifest["nodes"]["county"] == 1
@@ -52,7 +54,8 @@ def test_release_writes_the_delta_tables_and_manifest(spark, release):
 
 def test_noisy_measurements_cover_every_node_and_query_and_hold_no_truth(spark, release):
     noisy = delta(spark, release / "noisy_measurements")
-    assert noisy.columns == ["level", "geocode", "query", "noisy"]
+    assert noisy.columns == ["level", "geocode", "query", "noisy", "sigma2", "budget_levels"]
+    assert noisy.filter("size(budget_levels) != 1 OR budget_levels[0] != level").count() == 0
     per_level = {r["level"]: r["count"] for r in noisy.groupBy("level").count().collect()}
     manifest = json.loads((release / "manifest.json").read_text())
     queries = {"nation": 3, "state": 2, "county": 4, "tract": 4, "block_group": 4, "block": 2}

@@ -60,9 +60,11 @@ def test_a_config_of_no_release_is_one_line(tmp_path, capsys):
 
 def test_validate_passes_the_shipped_group_size_and_synth_inputs(spark, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("CENSUSDP_WORKER_MEMORY", raising=False)
     assert main(["validate", "--config", "conf/pgsr_calm.toml"]) == 0
     out = capsys.readouterr().out
     assert "valid" in out and "taz 930" in out and "epsilon = 1" in out
+    assert "memory: dp needs ~" in out and "(limit CENSUSDP_WORKER_MEMORY = 4.0 GiB)" in out
     assert main(["validate", "--config", "conf/synth_pums_reduced.toml"]) == 0
     assert "pass every input rule" in capsys.readouterr().out
 
@@ -79,3 +81,17 @@ def test_validate_refuses_a_bad_group_size_input_in_one_line(spark, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert str(bad) in err and "row 1" in err and "HHSIZE2" in err
+
+
+def test_validate_refuses_a_config_whose_n_exceeds_worker_memory_as_the_run_does(
+    spark, tmp_path, capsys, monkeypatch
+):
+    from tests.e2e.test_bad_inputs import huge_n_config
+
+    monkeypatch.delenv("CENSUSDP_WORKER_MEMORY", raising=False)
+    config = huge_n_config(tmp_path)
+    assert main(["validate", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"censusdp: error: {config}: [groups] max_size = 100,000,000: the dp ")
+    assert "more than CENSUSDP_WORKER_MEMORY = 4.0 GiB" in err and "top-code" in err
+    assert not (tmp_path / "private").exists()

@@ -1,4 +1,5 @@
 import re
+import tomllib
 from fractions import Fraction
 from pathlib import Path
 
@@ -173,6 +174,18 @@ def test_a_total_pass_needs_a_measured_total_with_topdown_only(tmp_path):
     assert load_config(path, ROOT).passes_at("nation") == ("total", "all")
 
 
+def test_a_total_pass_with_bypassing_is_refused_with_topdown_only(tmp_path):
+    text = DEMO.read_text().replace("[estimation]\n", '[estimation]\npasses = ["total", "all"]\n')
+    text = text.replace("# bypass_single_child = true", "bypass_single_child = true")
+    path = tmp_path / "bypass.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" first is not"):
+        load_config(path, ROOT)
+    path.write_text(text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n'))
+    config = load_config(path, ROOT)
+    assert config.bypass_single_child and config.passes_at("county") == ("total", "all")
+
+
 def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path):
     text = DEMO.read_text().replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
     source = tmp_path / "source.toml"
@@ -255,3 +268,105 @@ def test_full_information_on_the_production_schema_holds_two_attributes_symmetri
     ) as e:
         load_config(path, ROOT)
     assert "\n" not in str(e.value) and "DENSE_BLOCK_MAX_CELLS = 512" in str(e.value)
+
+
+def test_full_information_falls_back_to_topdown_only_when_asked(tmp_path):
+    production = ROOT / "conf" / "pl94_2020_production.toml"
+    zero = 'structural_zeros = [ { hispanic = ["hispanic"], cenrace = ["01"] } ]'
+    text = re.sub(r"^structural_zeros = .*$", zero, production.read_text(), flags=re.M)
+    refused = tmp_path / "refused.toml"
+    refused.write_text(
+        text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
+    )
+    with pytest.raises(ConfigError, match=r"\[estimation\.method\]"):
+        load_config(refused, ROOT)
+    asked = tmp_path / "asked.toml"
+    asked.write_text(
+        text.replace(
+            "[estimation]\n", '[estimation]\nmethod = "full_information"\nfallback = "topdown"\n'
+        )
+    )
+    config = load_config(asked, ROOT)
+    assert config.estimation_method == "topdown"
+    assert "DENSE_BLOCK_MAX_CELLS = 512" in config.method_fallback
+    # A config full_information supports ignores the fallback; other fallbacks are refused.
+    fine = edited(
+        tmp_path,
+        "[estimation]\n",
+        '[estimation]\nmethod = "full_information"\nfallback = "topdown"\n',
+    )
+    assert load_config(fine, ROOT).method_fallback == ""
+    bad = edited(tmp_path, "[estimation]\n", '[estimation]\nfallback = "gls"\n')
+    with pytest.raises(ConfigError, match=r"\[estimation\.fallback\]"):
+        load_config(bad, ROOT)
+
+
+E2E = ROOT / "conf" / "pl94_e2e_providence.toml"
+
+
+def test_the_legacy_config_maps_every_derived_cell_into_the_252_cells():
+    config = load_config(E2E, ROOT)
+    spec = config.input
+    assert config.schema.n_cells == 252 and spec is not None and len(spec.cells) == 252
+    assert spec.legacy is not None and spec.legacy.table == "persons"
+    assert spec.legacy.summary_levels == ("140", "150")
+    assert [p.name for p in spec.files()] == [
+        "rigeo2018_2020Style.pl",
+        *[f"ri0000{n}2018_2020Style.pl" for n in (1, 2, 3)],
+    ]
+    # cell 0: under 18, not Hispanic, White alone = P2's - P4's not-Hispanic White alone
+    assert (spec.cells[0].plus, spec.cells[0].minus) == (("P0020005",), ("P0040005",))
+    # the last: 18 and over, Hispanic, all six races = P3's - P4's not-Hispanic six races
+    assert (spec.cells[-1].plus, spec.cells[-1].minus) == (("P0030071",), ("P0040073",))
+    queries = {lv: [q.name for q in config.queries[lv]] for lv in config.hierarchy.names}
+    assert not any("hhgq" in q or "hhinstlevels" in q for qs in queries.values() for q in qs)
+    assert config.budget.total_rho == Fraction(293764, 114921)
+
+
+def test_a_coarser_cenrace_map_sums_the_derived_cells():
+    doc = tomllib.loads(E2E.read_text())
+    doc["schema"]["attributes"][2] = {"name": "cenrace", "levels": ["one", "more"]}
+    groups = {f"{r:02d}": ("one" if r <= 6 else "more") for r in range(1, 64)}
+    doc["input"]["attributes"]["cenrace"]["map"] = groups
+    config = load_config(doc, ROOT)
+    assert config.input is not None and len(config.input.cells) == 8
+    # under 18, not Hispanic, one race: the six single races of P2 less those of P4
+    first = config.input.cells[0]
+    assert first.plus == tuple(f"P00200{c:02d}" for c in range(5, 11))
+    assert first.minus == tuple(f"P00400{c:02d}" for c in range(5, 11))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "rule"),
+    [
+        ('table = "persons"', 'table = "people"', "input.table", "must be one of ('persons',"),
+        ('state = "ri"', 'state = "RI"', "input.state", ""),
+        ('state = "ri"                                # rigeo<vintage>.pl, ri00001<vintage>.pl, ...\n', "",
+         "input", "missing required key(s) ['state']"),
+        ('summary_levels = ["140", "150"]', 'summary_levels = ["140", "155"]',
+         "input.summary_levels", "['155'] are not among ('040', '050', '140', '150')"),
+        ('column = "CENHISP"', 'column = "HISP"', "input.attributes.hispanic.column",
+         "'HISP' is not a variable of table 'persons'"),
+        ('column = "CENHISP"', 'column = "VOTING_AGE"', "input.attributes.hispanic.column",
+         "'VOTING_AGE' is mapped twice"),
+        ('map = { "1" = "not_hispanic", "2" = "hispanic" }', 'map = { "1" = "not_hispanic" }',
+         "input.attributes.hispanic.map", "codes ['2'] of CENHISP are not mapped"),
+        ('format = "pl94_legacy"\npath', 'layout = "block_counts"\nformat = "pl94_legacy"\npath',
+         "input.layout", "not used with format = 'pl94_legacy'"),
+        ('{ name = "block", digits = 15 }', '{ name = "block", digits = 16 }', "geography.levels",
+         "format = 'pl94_legacy' reads 15-digit blocks"),
+    ],
+)  # fmt: skip
+def test_a_bad_legacy_input_section_names_its_key(tmp_path, old, new, key, rule):
+    with pytest.raises(ConfigError) as refused:
+        load_config(edited(tmp_path, old, new, E2E), ROOT)
+    assert f"[{key}]" in str(refused.value) and rule in str(refused.value), refused.value
+
+
+def test_legacy_keys_are_refused_with_other_formats(tmp_path):
+    path = edited(tmp_path, 'layout = "block_counts"', 'layout = "block_counts"\nstate = "ri"')
+    with pytest.raises(ConfigError, match=r"\[input\.state\] only for format = 'pl94_legacy'"):
+        load_config(path, ROOT)
+    path = edited(tmp_path, 'layout = "block_counts"\n', "")
+    with pytest.raises(ConfigError, match=r"\[input\] missing required key\(s\) \['layout'\]"):
+        load_config(path, ROOT)

@@ -100,7 +100,8 @@ def dense_gls(problem: TreeProblem, membership: list[np.ndarray]) -> np.ndarray:
         for a, sigma2, y in lv.queries:
             design.append(np.kron(member, a))  # row (v, r): sum over leaves under v of A x_leaf
             target.append(y.ravel())
-            weight.append(np.full(y.size, 1.0 / sigma2))
+            per_node = np.broadcast_to(np.asarray(sigma2, dtype=np.float64), (y.shape[0],))
+            weight.append(np.repeat(1.0 / per_node, y.shape[1]))
         if lv.invariant_totals is not None:
             cons.append(np.kron(member, np.ones((1, m))))
             rhs.append(lv.invariant_totals.astype(float))

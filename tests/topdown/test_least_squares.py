@@ -97,9 +97,8 @@ def clarabel_solution(
         ]
     )
     n_r = stacked.shape[0]
-    weights = np.concatenate(
-        [np.full(k * problem.marginal_sizes[q], problem.weights[q]) for q in fitted]
-    )
+    by_child = problem.child_weights()
+    weights = np.concatenate([np.repeat(by_child[:, q], problem.marginal_sizes[q]) for q in fitted])
     hessian = sparse.diags(np.concatenate([np.zeros(n_x), 2.0 * weights])).tocsc()
     no_r = sparse.csr_matrix((n, n_r))
     equality_rows = [sparse.hstack([-stacked, sparse.identity(n_r)])]
@@ -155,11 +154,15 @@ def kkt_violation(problem: ChildrenProblem, x: np.ndarray) -> float:
     k, n = x.shape
     gradient = np.zeros((k, n))
     for m, s, w, y in zip(
-        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy, strict=True
+        problem.marginals,
+        problem.marginal_sizes,
+        problem.child_weights().T,
+        problem.noisy,
+        strict=True,
     ):
         query = np.zeros((s, n))
         query[m, np.arange(n)] = 1.0
-        gradient += 2.0 * w * (x @ query.T - y) @ query
+        gradient += 2.0 * w[:, None] * (x @ query.T - y) @ query
     checked = np.ones((k, n), dtype=bool)
     blocks = []
     if problem.parent is not None:
@@ -528,3 +531,56 @@ def test_a_lone_child_with_a_parent_gets_the_parent():
     rng = np.random.default_rng(5)
     problem = random_precision_problem(rng, 1, 4, with_totals=True)
     np.testing.assert_array_equal(solve_to_targets(problem), problem.parent[None, :])
+
+
+# --- children measured with different weights (bypassing) -------------------------------
+
+
+def per_child(problem: ChildrenProblem, rng: np.random.Generator) -> ChildrenProblem:
+    """``problem`` with every child's weights scaled by its own factor, and one child not
+    asked its first query (weight 0), as a family with bypassed children is."""
+    scale = rng.uniform(0.3, 4.0, (problem.n_children, 1))
+    weights = scale * np.asarray(problem.weights)[None, :]
+    weights[0, 0] = 0.0
+    return _replace(problem, weights=weights)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_per_child_weights_reach_the_clarabel_optimum_at_a_kkt_point(seed, with_totals):
+    rng = np.random.default_rng(900 + seed)
+    problem = per_child(random_problem(rng, 4, with_totals=with_totals), rng)
+    x = solve_children(problem)
+    assert_feasible(problem, x)
+    assert weighted_squared_error(problem, x) == pytest.approx(
+        clarabel_optimum(problem), rel=1e-6, abs=1e-7
+    )
+    assert kkt_violation(problem, x) < 1e-7
+
+
+def test_equal_per_child_weights_give_the_shared_solution():
+    rng = np.random.default_rng(5)
+    shared = random_problem(rng, 5, with_totals=True)
+    same = _replace(shared, weights=np.tile(shared.weights, (5, 1)))
+    np.testing.assert_allclose(solve_children(same), solve_children(shared), atol=1e-9)
+
+
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_first_order_with_per_child_weights_matches_the_exact_method(with_totals):
+    rng = np.random.default_rng(77)
+    problem = per_child(
+        random_problem(
+            rng, 12, dims=(5, 5, 6), subsets=MEDIUM_SUBSETS, with_totals=with_totals, scale=200
+        ),
+        rng,
+    )
+    x = solve_children(problem, method="first_order")
+    assert_feasible(problem, x)
+    exact = weighted_squared_error(problem, solve_children(problem, method="exact"))
+    assert weighted_squared_error(problem, x) == pytest.approx(exact, rel=1e-6)
+
+
+def test_per_child_weights_of_the_wrong_shape_are_refused():
+    problem = random_problem(np.random.default_rng(1), 3)
+    with pytest.raises(ValueError, match=r"weights: shape \(2, 3\), expected \(3,\) or \(3, 3\)"):
+        _replace(problem, weights=np.ones((2, 3)))

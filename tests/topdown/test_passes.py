@@ -90,6 +90,22 @@ def test_pass_one_totals_equal_an_independent_solve_of_the_total_query_alone(see
     np.testing.assert_allclose(held, x.sum(axis=1), atol=1e-6)
 
 
+def test_pass_one_weights_each_child_by_its_own_total_variance() -> None:
+    """Children measured with different variances (bypassing): the fit weights each child's
+    total by its own precision, the enumerated KKT point of ``fit_totals``."""
+    rng = np.random.default_rng(7)
+    problem = random_problem(rng, 4, dims=(2, 2, 3))
+    by_child = np.array(problem.child_weights(), dtype=np.float64)
+    by_child[:, TOTAL] = [0.5, 1.0, 2.0, 4.0]
+    mixed = replace(problem, weights=by_child)
+    held = total_pass(mixed, TOTAL).held_totals
+    assert held is not None
+    parent_total = None if problem.parent is None else int(problem.parent.sum())
+    expected = fit_totals(problem.noisy[TOTAL][:, 0], by_child[:, TOTAL], parent_total)
+    np.testing.assert_allclose(held, expected, atol=1e-12)
+    assert not np.allclose(held, total_pass(problem, TOTAL).held_totals)
+
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("method", ["exact", "first_order"])
 def test_pass_two_holds_the_pass_one_totals_and_every_constraint(seed: int, method: str) -> None:

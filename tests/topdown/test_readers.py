@@ -186,3 +186,34 @@ def test_an_unquoted_comma_in_an_ignored_column_is_refused_not_shifted(spark, de
     quoted = ",".join([*parts[:3], '"07,B"', *parts[4:]])
     rows = read(spark, demo, csv(tmp_path, [GOOD[0], quoted, GOOD[2]])).collect()
     assert {r["geocode"]: sum(r["counts"]) for r in rows}["440010301001001"] == 17
+
+
+def test_legacy_files_become_the_252_cell_histograms_of_their_blocks(spark):
+    """conf/pl94_e2e_providence.toml: every block of the geoheader, its cells summing to its
+    P1 total; a block's cell is its derived count (18+ Hispanic White = P3 - P4)."""
+    from censusdp_spark.io.pl94_layout import RECORD_KEY, SEGMENTS
+
+    config = load_config(ROOT / "conf" / "pl94_e2e_providence.toml", ROOT)
+    assert config.input is not None
+    blocks = read_blocks(spark, config.input, config.schema, 15, None).collect()
+    assert len(blocks) == 569
+    histograms = {r["geocode"]: dict(zip(r["cells"], r["counts"], strict=True)) for r in blocks}
+    assert sum(sum(h.values()) for h in histograms.values()) == 29_225
+    files = config.input.legacy_files()
+    geo = [ln.split("|") for ln in files.geoheader.read_text().splitlines()]
+    segments = [files.segment(n).read_text().splitlines() for n in (1, 2)]
+    names = [(*RECORD_KEY, *SEGMENTS[n]) for n in (0, 1)]
+    for line, fields in enumerate(geo):
+        if fields[2] != "750":
+            continue
+        value = {
+            name: int(v)
+            for n in (0, 1)
+            for name, v in zip(names[n], segments[n][line].split("|"), strict=True)
+            if name.startswith(("P", "H"))
+        }
+        histogram = histograms[fields[9]]
+        assert sum(histogram.values()) == value["P0010001"]
+        # cell (18plus, hispanic, White alone) = 1 * 126 + 1 * 63 + 0
+        assert histogram.get(189, 0) == value["P0030003"] - value["P0040005"]
+        assert histogram.get(0, 0) == value["P0020005"] - value["P0040005"]

@@ -70,14 +70,15 @@ _FINAL_SUM_TOLERANCE = 1e-11
 class _Model:
     """The objective in the cells-by-children layout ``z = x^T`` (shape ``(n, k)``).
 
-    ``answers = stacked_t @ z`` (shape ``(M, k)``); ``f = sum(weight * (answers - noisy)^2)``.
+    ``answers = stacked_t @ z`` (shape ``(M, k)``); ``f = sum(weight * (answers - noisy)^2)``,
+    ``weight`` of shape ``(M, 1)`` (shared by the children) or ``(M, k)`` (child by child).
     """
 
     stacked: sparse.csr_matrix  # n x M
     stacked_t: sparse.csr_matrix  # M x n
     noisy: np.ndarray  # M x k
-    weight: np.ndarray  # M x 1
-    safe_lipschitz: float  # 2 sum_q w_q (largest marginal cell of Q_q)
+    weight: np.ndarray  # M x 1, or M x k
+    safe_lipschitz: float  # 2 sum_q max_c w_{c,q} (largest marginal cell of Q_q)
     query_of: np.ndarray  # M: the query of each stacked marginal cell
 
     def objective_and_gradient(self, z: np.ndarray) -> tuple[float, np.ndarray]:
@@ -95,16 +96,19 @@ class _Model:
         bound = np.full(self.noisy.shape[1], np.inf)
         for q in np.unique(self.query_of):
             mine = self.query_of == q
-            weight = float(self.weight[mine][0, 0])
-            if weight > 0.0:
-                slack = np.count_nonzero(mine) * np.sqrt(value / weight)
-                bound = np.minimum(bound, self.noisy[mine].sum(axis=0) + slack)
+            weight = self.weight[mine][0]  # (1,) or (k,)
+            measured = weight > 0.0
+            if measured.any():
+                slack = np.count_nonzero(mine) * np.sqrt(value / np.where(measured, weight, 1.0))
+                here = np.where(measured, self.noisy[mine].sum(axis=0) + slack, np.inf)
+                bound = np.minimum(bound, here)
         return bound
 
     def lipschitz(self) -> float:
-        """The largest eigenvalue of the per-child Hessian ``2 S diag(w) S^T``, with a margin."""
+        """The largest eigenvalue of the per-child Hessian ``2 S diag(w) S^T``, with a margin;
+        with weights by child, of ``2 S diag(max_c w_c) S^T``, above every child's."""
         n = self.stacked.shape[0]
-        weight = self.weight[:, 0]
+        weight = self.weight.max(axis=1)
         if n <= 50:
             hessian = 2.0 * (self.stacked @ sparse.diags(weight) @ self.stacked_t).toarray()
             return min(self.safe_lipschitz, 1.02 * float(np.linalg.eigvalsh(hessian)[-1]))
@@ -124,22 +128,24 @@ def _build_model(problem: ChildrenProblem, rows: np.ndarray, cols: np.ndarray) -
     n = int(cols.sum())
     blocks, noisy, weights, query_of = [], [], [], []
     safe_lipschitz = 0.0
-    for q, (cell_to_marginal, answers, weight) in enumerate(
-        zip(problem.marginals, problem.noisy, problem.weights, strict=True)
+    by_child = problem.child_weights()[rows] if problem.per_child_weights else None
+    for q, (cell_to_marginal, answers) in enumerate(
+        zip(problem.marginals, problem.noisy, strict=True)
     ):
         # Marginal cells no active cell maps to only add a constant: they are dropped.
         used, local = np.unique(cell_to_marginal[cols], return_inverse=True)
-        safe_lipschitz += 2.0 * float(weight) * float(np.bincount(local).max())
+        weight = np.asarray(problem.weights)[q] if by_child is None else by_child[:, q]
+        safe_lipschitz += 2.0 * float(np.max(weight)) * float(np.bincount(local).max())
         blocks.append(sparse.csr_matrix((np.ones(n), (np.arange(n), local)), shape=(n, used.size)))
         noisy.append(answers[np.ix_(rows, used)].T)
-        weights.append(np.full(used.size, float(weight)))
+        weights.append(np.tile(np.atleast_1d(weight).astype(float), (used.size, 1)))
         query_of.append(np.full(used.size, q))
     stacked = sparse.hstack(blocks, format="csr")
     return _Model(
         stacked=stacked,
         stacked_t=stacked.T.tocsr(),
         noisy=np.ascontiguousarray(np.vstack(noisy)),
-        weight=np.concatenate(weights)[:, None],
+        weight=np.ascontiguousarray(np.vstack(weights)),
         safe_lipschitz=safe_lipschitz,
         query_of=np.concatenate(query_of),
     )

@@ -10,7 +10,9 @@ Problem. For children ``c = 1..k`` with histograms ``x_c`` over ``n`` cells,
 
 Held totals are met exactly like invariant ones (below, "the child totals" means either).
 Every child has the same Hessian ``H = 2 sum_q w_q Q_q^T Q_q``; only the linear term
-``g_c = 2 sum_q w_q Q_q^T y_{q,c}`` differs.
+``g_c = 2 sum_q w_q Q_q^T y_{q,c}`` differs. When the children were measured with different
+weights ``w_{c,q}`` (bypassing: ``ChildrenProblem.weights`` of shape ``(k, Q)``) each child has
+its own ``H_c``, handled as in ``solve_to_targets`` below.
 
 ``solve_to_targets`` solves the same constrained problem for the full-information top-down pass,
 where child ``c`` is fitted to a target ``b_c`` under its own precision ``P_c``: objective
@@ -70,16 +72,24 @@ _MAX_PROXIMAL_STEPS = 50
 
 
 def _quadratic_model(problem: ChildrenProblem) -> tuple[np.ndarray, np.ndarray]:
-    """``(H, g)`` with objective ``sum_c 0.5 x_c^T H x_c - g_c^T x_c`` plus a constant."""
-    n = problem.n_cells
-    hessian = np.zeros((n, n))
-    linear = np.zeros((problem.n_children, n))
-    for cell_to_marginal, answers, weight in zip(
-        problem.marginals, problem.noisy, problem.weights, strict=True
+    """``(H, g)`` with objective ``sum_c 0.5 x_c^T H_c x_c - g_c^T x_c`` plus a constant;
+    ``H`` is ``(n, n)`` when the weights are shared, else ``(k, n, n)``."""
+    n, k = problem.n_cells, problem.n_children
+    per_child = problem.per_child_weights
+    hessian = np.zeros((k, n, n) if per_child else (n, n))
+    linear = np.zeros((k, n))
+    weights = np.asarray(problem.weights)
+    for q, (cell_to_marginal, answers) in enumerate(
+        zip(problem.marginals, problem.noisy, strict=True)
     ):
         same_marginal = cell_to_marginal[:, None] == cell_to_marginal[None, :]
-        hessian += 2.0 * weight * same_marginal
-        linear += 2.0 * weight * answers[:, cell_to_marginal]
+        if per_child:
+            weight = weights[:, q]
+            hessian += 2.0 * weight[:, None, None] * same_marginal[None, :, :]
+            linear += 2.0 * weight[:, None] * answers[:, cell_to_marginal]
+        else:
+            hessian += 2.0 * weights[q] * same_marginal
+            linear += 2.0 * weights[q] * answers[:, cell_to_marginal]
     return hessian, linear
 
 
@@ -88,12 +98,13 @@ def weighted_squared_error(problem: ChildrenProblem, x: np.ndarray) -> float:
     total = 0.0
     k = problem.n_children
     offsets = np.arange(k)[:, None]
-    for cell_to_marginal, size, answers, weight in zip(
-        problem.marginals, problem.marginal_sizes, problem.noisy, problem.weights, strict=True
+    weights = problem.child_weights()
+    for q, (cell_to_marginal, size, answers) in enumerate(
+        zip(problem.marginals, problem.marginal_sizes, problem.noisy, strict=True)
     ):
         index = (offsets * size + cell_to_marginal[None, :]).ravel()
         fitted = np.bincount(index, weights=x.ravel(), minlength=k * size).reshape(k, size)
-        total += float(weight * np.sum((fitted - answers) ** 2))
+        total += float(np.sum(weights[:, q, None] * (fitted - answers) ** 2))
     return total
 
 
@@ -123,9 +134,10 @@ def solve_children(
         column_sums=None if block.parent is None else block.parent[cols],
         row_sums=None if block.totals is None else block.totals[rows],
     )
-    x[np.ix_(rows, cols)] = _solve_reduced(
-        hessian[np.ix_(cols, cols)], linear[np.ix_(rows, cols)], reduced
+    reduced_hessian = (
+        hessian[np.ix_(rows, cols, cols)] if hessian.ndim == 3 else hessian[np.ix_(cols, cols)]
     )
+    x[np.ix_(rows, cols)] = _solve_reduced(reduced_hessian, linear[np.ix_(rows, cols)], reduced)
     return x
 
 

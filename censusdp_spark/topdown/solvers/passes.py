@@ -100,8 +100,7 @@ def total_pass(problem: ChildrenProblem, query: int) -> ChildrenProblem:
         return problem
     if problem.marginal_sizes[query] != 1:
         raise ValueError(f"query {query}: has {problem.marginal_sizes[query]} cells, not the total")
-    k = problem.n_children
-    weights = np.full(k, float(problem.weights[query]))
+    weights = problem.child_weights()[:, query]
     parent_total = None if problem.parent is None else int(problem.parent.sum())
     held = fit_totals(problem.noisy[query][:, 0], weights, parent_total)
     return replace(problem, held_totals=held)

@@ -4,7 +4,10 @@ A parent with ``k`` children is estimated jointly: every child has a histogram o
 ``n`` active cells (cells where the parent is positive and that are not structural zeros). Each
 marginal query ``q`` maps every cell to exactly one of its ``m_q`` marginal cells, so its 0/1
 matrix ``Q_q`` (``m_q x n``) is stored compactly as ``cell_to_marginal``. Every child has one
-noisy answer vector per query, measured with variance ``1 / w_q``.
+noisy answer vector per query, measured with variance ``1 / w_q``, or ``1 / w_{c,q}`` when the
+children were measured differently (with bypassing, a child standing for a single-child chain
+spends the chain's budget, and may have been measured with a deeper level's queries: its weight
+is 0 for a query it was not asked).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ class ChildrenProblem:
             (in ``[0, m_q)``) that cell ``j`` contributes to.
         marginal_sizes: per query, ``m_q``. A marginal cell that no active cell maps to is
             allowed; its measurement only adds a constant to the objective.
-        weights: float array of length ``Q``; ``w_q = 1 / sigma_q**2``, finite and ``>= 0``.
+        weights: float array of length ``Q`` (``w_q = 1 / sigma_q**2``, shared by every
+            child) or of shape ``(k, Q)`` (``w_{c,q}``, child by child); finite and ``>= 0``,
+            ``0`` for a query that was not measured (its answers are then ignored).
         noisy: per query, a float array of shape ``(k, m_q)``: the noisy answers ``y_{q,c}``.
         parent: the parent's released integer histogram (int64, length ``n``, ``>= 0``), or
             ``None`` at the root, where ``k`` must be 1.
@@ -57,13 +62,16 @@ class ChildrenProblem:
             )
         if len(self.noisy) != n_queries:
             raise ValueError(f"noisy: {len(self.noisy)} arrays for {n_queries} queries")
-        weights = np.asarray(self.weights)
-        if weights.shape != (n_queries,):
-            raise ValueError(f"weights: shape {weights.shape}, expected ({n_queries},)")
-        if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-            raise ValueError("weights: must be finite and non-negative")
         n_cells = self._check_marginals()
         n_children = self._check_noisy()
+        weights = np.asarray(self.weights)
+        if weights.shape not in ((n_queries,), (n_children, n_queries)):
+            raise ValueError(
+                f"weights: shape {weights.shape}, expected ({n_queries},) or"
+                f" ({n_children}, {n_queries})"
+            )
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError("weights: must be finite and non-negative")
         self._check_parent(n_cells, n_children)
         self._check_child_totals(n_children)
         _check_held(self.held_totals, self.child_totals, self.parent, n_children)
@@ -126,6 +134,15 @@ class ChildrenProblem:
     def row_sums(self) -> np.ndarray | None:
         """Every child's total as a float where it is fixed (invariant or held), else None."""
         return _row_sums(self.child_totals, self.held_totals)
+
+    @property
+    def per_child_weights(self) -> bool:
+        """Whether ``weights`` differ by child (shape ``(k, Q)``)."""
+        return np.ndim(self.weights) == 2
+
+    def child_weights(self) -> np.ndarray:
+        """``w_{c,q}`` as a ``(k, Q)`` array."""
+        return np.broadcast_to(self.weights, (self.n_children, len(self.marginals)))
 
     @property
     def n_cells(self) -> int:

@@ -1,0 +1,239 @@
+"""Both estimation methods on the 2,016-cell production schema (issue 19): accuracy per level and
+query against the input, and run time per stage.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_production.py [--inputs perry ri]
+        [--secrets 2] [--methods topdown,full_information] [--work DIR]
+
+``perry`` is the shipped 2010 demonstration PPMF sample (Perry County, AL) with
+``conf/pl94_2020_production.toml`` as shipped; ``ri`` is the real RI 2010 blocks expanded to
+2,016 cells by ``benchmarks/expand_pl94.py --seed 1`` (block, voting age and Hispanic origin
+real; detailed race and GQ type SYNTHETIC), generated into ``DIR`` on first use.
+
+Every (input, secret, method) is one ``censusdp topdown --evaluate`` process with the same secret
+file for both methods, so both post-process the same noisy measurements (the outputs are marked
+not for release: an experiment, with its own secret registry). The errors are the evaluation's
+own rows (``mean_l1`` per level and query: the mean over nodes of the L1 error of that marginal;
+``mae_total`` for total population) and the stage times the manifest's. Writes
+benchmarks/results/topdown_production.md (and the per-run figures beside it as JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "conf" / "pl94_2020_production.toml"
+RESULTS = ROOT / "benchmarks" / "results" / "topdown_production.md"
+BLUEDOWN = {  # issue 19: BlueDown's L1 per query over ours (TopDown), Perry County, two secrets
+    "state": "0.20-0.59",
+    "county": "0.20-0.59",
+    "tract": "0.39-0.62",
+    "block_group": "0.65-0.97",
+    "block": "0.98-0.99",
+}
+
+
+def secret_hex(i: int) -> str:
+    return hashlib.sha256(f"bench_production secret {i}".encode()).hexdigest()
+
+
+def method_config(method: str, work: Path) -> Path:
+    """The production config with ``[estimation] method`` set."""
+    text = re.sub(r"(?m)^method\s*=.*\n", "", CONFIG.read_text())
+    assert "\n[estimation]\n" in text
+    path = work / f"production_{method}.toml"
+    path.write_text(text.replace("\n[estimation]\n", f'\n[estimation]\nmethod = "{method}"\n', 1))
+    return path
+
+
+def input_path(name: str, work: Path) -> Path | None:
+    """The input of ``name``: None for the config's own (Perry County)."""
+    if name == "perry":
+        return None
+    expanded = work / "ri_pl94.csv"
+    if not expanded.exists():
+        subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "expand_pl94.py"),
+             str(ROOT / "data" / "ri_2010_blocks_pl.csv"), str(expanded), "--seed", "1"],
+            check=True,
+        )  # fmt: skip
+    return expanded
+
+
+def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
+    secret = work / f"secret{secret_i}.hex"
+    secret.write_text(secret_hex(secret_i))
+    secret.chmod(0o600)
+    out = work / f"{name}_{secret_i}_{method}"
+    evaluation = work / f"{name}_{secret_i}_{method}.evaluation"
+    source = input_path(name, work)
+    command = [
+        str(ROOT / ".venv" / "bin" / "censusdp"), "topdown",
+        "--config", str(method_config(method, work)),
+        *(["--input", str(source)] if source else []),
+        "--output", str(out), "--overwrite", "--evaluate", "--evaluation-output", str(evaluation),
+        "--secret-file", str(secret), "--reuse-secret", "--master", "local[2]",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(
+        command,
+        check=True,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CENSUSDP_SECRET_REGISTRY": str(work / "secret_registry"),
+        },
+        stdout=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - started
+    manifest = json.loads((out / "manifest.json").read_text())
+    errors = pd.read_csv(evaluation / "errors.csv")
+    mine = errors[errors["method"] == method]
+    return {
+        "input": name,
+        "secret": secret_i,
+        "method": method,
+        "wall_s": wall,
+        "timings_s": manifest["timings_s"],
+        "nodes": manifest["nodes"],
+        "errors": [
+            {"level": r.level, "metric": r.metric, "query": r.query, "value": float(r.value)}
+            for r in mine.itertuples()
+        ],
+    }
+
+
+def _errors(runs: list[dict]) -> pd.DataFrame:
+    rows = [
+        {**e, "input": r["input"], "secret": r["secret"], "method": r["method"]}
+        for r in runs
+        for e in r["errors"]
+    ]
+    return pd.DataFrame(rows)
+
+
+def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list[str]) -> list[str]:
+    """Per level: total-population MAE and the sum over queries of the mean L1, each method's
+    mean over secrets, and the ratio to the first method (per-secret range in brackets)."""
+    frame = _errors([r for r in runs if r["input"] == name])
+    base, other = methods[0], methods[1:]
+    head = "| level | metric | " + " | ".join(methods)
+    head += "".join(f" | {m} / {base}" for m in other) + " | BlueDown / topdown (issue 19) |"
+    lines = [head, "|---|---|" + "---|" * (len(methods) + len(other) + 1)]
+    for level in levels:
+        here = frame[frame["level"] == level]
+        for metric, label in (
+            ("mae_total", "total-population MAE"),
+            ("mean_l1", "sum of query L1"),
+        ):
+            per = here[here["metric"] == metric].groupby(["method", "secret"])["value"].sum()
+            means = {m: per[m].mean() for m in methods}
+            cells = [f"{means[m]:.2f}" for m in methods]
+            for m in other:
+                ratios = per[m] / per[base]
+                spread = f" ({ratios.min():.2f}-{ratios.max():.2f})" if len(ratios) > 1 else ""
+                ratio = means[m] / means[base] if means[base] else float("nan")
+                cells.append(f"{ratio:.2f}×{spread}")
+            bluedown = BLUEDOWN.get(level, "-") if name == "perry" and metric == "mean_l1" else "-"
+            lines.append(f"| {level} | {label} | " + " | ".join(cells) + f" | {bluedown} |")
+    return lines
+
+
+def query_table(runs: list[dict], name: str, levels: list[str], methods: list[str]) -> list[str]:
+    """Ratio of the last method to the first per level and query (mean over secrets)."""
+    frame = _errors([r for r in runs if r["input"] == name])
+    frame = frame[frame["metric"] == "mean_l1"]
+    base, last = methods[0], methods[-1]
+    queries = list(dict.fromkeys(frame["query"]))
+    lines = ["| level | " + " | ".join(queries) + " |", "|---|" + "---|" * len(queries)]
+    for level in levels:
+        means = frame[frame["level"] == level].groupby(["query", "method"])["value"].mean()
+        cells = [
+            f"{means[(q, last)] / means[(q, base)]:.2f}" if (q, base) in means and means[(q, base)]
+            else "-"
+            for q in queries
+        ]  # fmt: skip
+        lines.append(f"| {level} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def timing_table(runs: list[dict]) -> list[str]:
+    stages = list(dict.fromkeys(s for r in runs for s in r["timings_s"]))
+    lines = [
+        "| input | secret | method | wall | " + " | ".join(stages) + " |",
+        "|---|---|---|---|" + "---|" * len(stages),
+    ]
+    for r in runs:
+        cells = [f"{r['timings_s'].get(s, float('nan')):.1f}" for s in stages]
+        lines.append(
+            f"| {r['input']} | {r['secret']} | {r['method']} | {r['wall_s']:.0f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
+def report(runs: list[dict], command: str, methods: list[str]) -> str:
+    levels = list(runs[0]["nodes"])
+    lines = [
+        "## Both estimation methods on the 2,016-cell production schema",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on {os.cpu_count()}"
+        f" CPUs, load average {os.getloadavg()[0]:.1f} at the end). Config:"
+        " `conf/pl94_2020_production.toml` (the 2021 production persons strategy, 11 queries per"
+        " level, state population invariant). Both methods post-process the same noisy"
+        " measurements per secret; errors are `--evaluate`'s rows against the input.",
+    ]
+    for name in dict.fromkeys(r["input"] for r in runs):
+        nodes = next(r["nodes"] for r in runs if r["input"] == name)
+        lines += [
+            "",
+            f"### {name}: nodes per level " + " / ".join(f"{nodes[lv]:,}" for lv in levels),
+            "",
+            *accuracy_table(runs, name, levels, methods),
+            "",
+            f"Per query, {methods[-1]} / {methods[0]} mean L1:",
+            "",
+            *query_table(runs, name, levels, methods),
+        ]
+    lines += ["", "Wall time per run and stage (s):", "", *timing_table(runs)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inputs", nargs="+", choices=["perry", "ri"], default=["perry"])
+    parser.add_argument("--secrets", type=int, default=2)
+    parser.add_argument("--methods", default="topdown,full_information")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_production"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    methods = args.methods.split(",")
+    args.work.mkdir(parents=True, exist_ok=True)
+    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_production.py " + " ".join(
+        shlex.quote(a) for a in sys.argv[1:]
+    )
+    runs = []
+    for name in args.inputs:
+        for secret_i in range(args.secrets):
+            for method in methods:
+                runs.append(run_once(name, method, secret_i, args.work))
+                print(f"{name} secret {secret_i} {method}: {runs[-1]['wall_s']:.0f} s", flush=True)
+                args.results.with_suffix(".json").write_text(json.dumps(runs, indent=1))
+                args.results.write_text(report(runs, command, methods))
+
+
+if __name__ == "__main__":
+    main()
