@@ -14,7 +14,13 @@ from tests.conftest import assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
-GUARANTEES = {"negative_counts": 0, "children_not_summing_to_parent": 0, "invariants_broken": 0}
+GUARANTEES = {
+    "negative_counts": 0,
+    "children_not_summing_to_parent": 0,
+    "invariants_broken": 0,
+    "noise_variances_not_from_budget": 0,
+    "paths_not_spending_rho": 0,
+}
 
 
 def config_with(tmp_path: Path, lines: str) -> Path:
