@@ -9,10 +9,13 @@ the block-by-block baseline at the same rho and secret. Writes benchmarks/result
 
 Each (state, rho, secret, method) is a separate ``censusdp topdown`` process (its own JVM),
 local[2], run on this worktree's code. A method other than ``topdown`` is written into the
-generated config as ``[estimation] method = "<name>"``; the config is loaded here first, so a
-method the installed code does not know fails at the door, before any run. GLS and the
-baseline depend only on the noisy measurements (the secret and rho), not on the method: they
-are computed once per (state, rho, secret), from the first method's ``noisy_measurements``.
+generated config as ``[estimation] method = "<name>"``; ``<name>@total`` also sets
+``[estimation] passes = ["total", "all"]`` (the Census's two passes at every level) and
+``<name>@total:county+tract`` the same at the listed levels only. The config is loaded here
+first, so a method the installed code does not know fails at the door, before any run. GLS and
+the baseline depend only on the noisy measurements (the secret and rho), not on the method:
+they are computed once per (state, rho, secret), from the first method's
+``noisy_measurements``.
 
 Per level, against the input: the mean absolute error of node totals (MAE) and the mean over
 nodes of the detailed L1 error (sum over the 16 cells of |released - true|); at the blocks, the
@@ -64,18 +67,34 @@ def secret_hex(i: int) -> str:
 
 
 def config_text(state: str, rho: str, method: str, bypass: bool = False) -> str:
-    """The demo config at ``rho`` with ``method`` in ``[estimation]`` (and with ``bypass``,
-    ``bypass_single_child = true`` in ``[budget]``)."""
+    """The demo config at ``rho`` with ``method`` (``<name>[@<pass>...]``) in ``[estimation]``
+    (and with ``bypass``, ``bypass_single_child = true`` in ``[budget]``)."""
     text = (ROOT / "conf" / f"{state}_2010_demo.toml").read_text()
     assert DEMO_RHO in text
     text = text.replace(
         DEMO_RHO, f'rho = "{rho}"' + ("\nbypass_single_child = true" if bypass else "")
     )
-    text = re.sub(r"(?m)^method\s*=.*\n", "", text)  # a shipped default is overridden below
-    line = f'method = "{method}"\n'
+    # A shipped default is overridden below.
+    text = re.sub(r"(?m)^(method|passes)\s*=.*\n", "", text)
+    line = f'method = "{method.split("@")[0]}"\n'
+    if passes := estimation_passes(method):
+        line += f"passes = {passes}\n"
     if "[estimation]\n" in text:
         return text.replace("[estimation]\n", "[estimation]\n" + line, 1)
     return text + "\n[estimation]\n" + line
+
+
+def estimation_passes(method: str) -> str | None:
+    """The TOML value of ``[estimation] passes`` for ``method``: none for ``<name>``,
+    ``["total", "all"]`` for ``<name>@total`` (every level), a table for
+    ``<name>@total:<level>+<level>...`` (those levels; the others one pass)."""
+    if "@" not in method:
+        return None
+    first, _, levels = method.split("@", 1)[1].partition(":")
+    passes = json.dumps([first, "all"])
+    if not levels:
+        return passes
+    return "{ " + ", ".join(f"{level} = {passes}" for level in levels.split("+")) + " }"
 
 
 def check_methods(
@@ -330,18 +349,26 @@ def gls_table(cases: list[dict]) -> list[str]:
     return lines
 
 
+ESTIMATION_PHASES = ("bottom_up_", "estimate_")
+"""The phases that make up the estimation (the ``estimation`` column of the timing table)."""
+
+
+def estimation_s(timings: dict[str, float]) -> float:
+    return sum(v for p, v in timings.items() if p.startswith(ESTIMATION_PHASES))
+
+
 def timing_table(cases: list[dict], methods: list[str]) -> list[str]:
-    phases = list(cases[0]["runs"][methods[0]]["timings_s"])
+    phases = list(dict.fromkeys(p for m in methods for p in cases[0]["runs"][m]["timings_s"]))
     lines = [
-        "| state | rho | secret | method | wall | " + " | ".join(phases) + " |",
-        "|---|---|---|---|---|" + "---|" * len(phases),
+        "| state | rho | secret | method | wall | estimation | " + " | ".join(phases) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(phases),
     ]
     for c in cases:
         for m in methods:
             r = c["runs"][m]
             lines.append(
                 f"| {c['state'].upper()} | {_rho(c['rho'])} | {c['secret']} | {m} | "
-                f"{r['wall_s']:.0f} | "
+                f"{r['wall_s']:.0f} | {estimation_s(r['timings_s']):.1f} | "
                 + " | ".join(f"{r['timings_s'].get(p, float('nan')):.1f}" for p in phases)
                 + " |"
             )
@@ -412,7 +439,9 @@ def main() -> None:
     parser.add_argument(
         "--methods",
         default=DEFAULT_METHOD,
-        help="comma-separated [estimation] methods, e.g. topdown,full_information",
+        help="comma-separated [estimation] methods, e.g. topdown,full_information;"
+        " <method>@total for the two passes at every level,"
+        " <method>@total:<level>+<level> at those levels only",
     )
     parser.add_argument("--keep", type=Path, help="keep the releases in this folder")
     parser.add_argument(

@@ -15,6 +15,7 @@ ORDER = [
     "topdown_methods",
     "topdown",
     "topdown_fi",
+    "topdown_passes",
     "topdown_pl94",
     "evaluation",
     "generate",

@@ -34,6 +34,8 @@ chain.
 Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
 ``engine.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
 (``solve_to_targets``), then the exact controlled rounding; a lone child takes its parent.
+With ``passes = ["total", "all"]`` the children's totals are fitted first to their bottom-up
+totals, each weighted by that total's own precision, then held (``solvers.passes``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from censusdp_spark.topdown.solvers.bottom_up import (
     total_variance,
 )
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
+from censusdp_spark.topdown.solvers.passes import total_pass_to_targets
 from censusdp_spark.topdown.solvers.rounding import round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem
 from censusdp_spark.topdown.solvers.symmetric_covariance import (
@@ -399,9 +402,12 @@ def solve_family_from_bottom_up(
             estimates, below.precisions(children, estimates), free
         )
         parent_active = None if parent is None else parent[active].astype(np.int64)
-        x_hat = solve_to_targets(PrecisionProblem(targets, precisions, parent_active, totals))
+        problem = PrecisionProblem(targets, precisions, parent_active, totals)
+        if plan.total_first:
+            problem = total_pass_to_targets(problem)
+        x_hat = solve_to_targets(problem)
         x = round_children(
-            _rounding_problem(plan, active, x_hat, parent_active, totals),
+            _rounding_problem(plan, active, x_hat, parent_active, totals, problem.held_totals),
             x_hat,
             time_limit=ROUNDING_TIME_LIMIT_S,
         )
@@ -414,16 +420,20 @@ def _rounding_problem(
     x_hat: np.ndarray,
     parent: np.ndarray | None,
     totals: np.ndarray | None,
+    held: np.ndarray | None = None,
 ) -> ChildrenProblem:
     """The rounding's view of a family: the level's queries on the active cells, and as
     "answers" those of the fractional solution (``round_children`` reads only the queries and
-    the sums; it minimises the L1 deviation of every query's answers from ``x_hat``'s)."""
+    the sums; it minimises the L1 deviation of every query's answers from ``x_hat``'s).
+    ``held``: the totals a first pass held (then the totals are rounded first)."""
     marginals = tuple(c2m[active] for c2m in plan.cell_to_marginal)
     fitted = tuple(
         np.stack([np.bincount(m, row, minlength=size) for row in x_hat])
         for m, size in zip(marginals, plan.marginal_sizes, strict=True)
     )
-    return ChildrenProblem(marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals)
+    return ChildrenProblem(
+        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held
+    )
 
 
 def estimate_level_from_bottom_up(

@@ -48,7 +48,7 @@ from censusdp_spark.privacy.accounting import (
     allocate_per_query_rho,
     bypass_paths,
 )
-from censusdp_spark.topdown.queries import MarginalQuery, parse_query
+from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
 from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
 
@@ -64,6 +64,12 @@ EstimationMethod = Literal["topdown", "full_information"]
 ``full_information``: each child fitted to its bottom-up BLUE from its own and all its
 descendants' measurements, weighted by that estimate's precision."""
 ESTIMATION_METHODS: tuple[str, ...] = get_args(EstimationMethod)
+EstimationPass = Literal["total", "all"]
+"""``total``: each child's total fitted first, under the constraints, then held exactly;
+``all``: every query (the last pass). See ``_passes``."""
+ESTIMATION_PASSES: tuple[str, ...] = get_args(EstimationPass)
+ONE_PASS: tuple[EstimationPass, ...] = ("all",)
+TOTAL_FIRST: tuple[EstimationPass, ...] = ("total", "all")
 
 
 _TERM = re.compile(r"([+-]?)\s*([A-Za-z_][A-Za-z0-9_]*)")
@@ -145,6 +151,12 @@ class RunConfig:
     method_fallback: str = ""  # why a requested "full_information" runs as "topdown", if it does
     document: Document = field(default_factory=Document, compare=False, repr=False)
     bypass_single_child: bool = False  # [budget] bypass_single_child (see BudgetModel)
+    estimation_passes: Mapping[str, tuple[EstimationPass, ...]] = field(default_factory=dict)
+    """Per level, its estimation passes; a level not listed is one pass (``passes_at``)."""
+
+    def passes_at(self, level: str) -> tuple[EstimationPass, ...]:
+        """The estimation passes of ``level``: ``("all",)`` or ``("total", "all")``."""
+        return self.estimation_passes.get(level, ONE_PASS)
 
     def query(self, level: str, name: str) -> MarginalQuery:
         for q in self.queries[level]:
@@ -229,6 +241,7 @@ class EstimationModel(Model):
     invariants: list[Name] = []
     structural_zeros: list[dict[str, list[str]]] = []
     method: EstimationMethod = "topdown"
+    passes: list[str] | dict[str, list[str]] = list(ONE_PASS)  # every level, or per level
     fallback: Literal["topdown"] | None = None  # run "topdown" where full_information cannot
 
     @field_validator("method", mode="before")
@@ -237,6 +250,21 @@ class EstimationModel(Model):
         if value not in ESTIMATION_METHODS:
             raise ValueError(f"{value!r} must be one of {list(ESTIMATION_METHODS)}")
         return value
+
+    @field_validator("passes", mode="before")
+    @classmethod
+    def _passes_shape(cls, value: Any) -> Any:
+        def is_list(v: Any) -> bool:
+            return isinstance(v, list) and all(isinstance(name, str) for name in v)
+
+        if is_list(value) or (
+            isinstance(value, Mapping)
+            and all(isinstance(k, str) and is_list(v) for k, v in value.items())
+        ):
+            return value
+        raise ValueError(
+            f"must be a list of pass names or a table of them per level, got {value!r}"
+        )
 
 
 class TopDownModel(Model):
@@ -502,6 +530,75 @@ def _check_leaf_queries(fail: Fail, leaf: str, queries: tuple[MarginalQuery, ...
         )
 
 
+def _passes(
+    fail: Fail,
+    passes: list[str] | dict[str, list[str]],
+    method: str,
+    queries: Mapping[str, tuple[MarginalQuery, ...]],
+) -> dict[str, tuple[EstimationPass, ...]]:
+    """The passes of every level: ``["all"]`` (one pass, the default) or ``["total", "all"]``
+    (the Census's two passes: each child's total first, then every query with those totals
+    held), for every level (a list) or per level (a table of lists; a level not in it is one
+    pass, as the Census's strategies choose per level).
+
+    With ``topdown`` a level must measure ``total`` to fit it first: a level of the table
+    without it is refused, and the list form skips such levels (the Census's US level) but
+    needs at least one level with it. A pass of another query is refused: a pass holds its
+    answers exactly in the passes after it, and the solvers hold exact per-child sums for the
+    total only."""
+    names = {q.name for level in queries.values() for q in level}
+    if isinstance(passes, list):
+        chosen = _level_passes(fail, "estimation.passes", passes, names)
+        with_total = {lv for lv, qs in queries.items() if TOTAL in {q.name for q in qs}}
+        if "total" in chosen and method == "topdown" and not with_total:
+            raise fail(
+                "estimation.passes",
+                '"total" fits each child\'s measured total first, but no level of'
+                ' [budget.levels] has the query "total"',
+            )
+        fitted = with_total if method == "topdown" else set(queries)
+        return {level: chosen if level in fitted else ONE_PASS for level in queries}
+    out = {}
+    for level, listed in passes.items():
+        key = f"estimation.passes.{level}"
+        if level not in queries:
+            raise fail(key, f"unknown level {level!r}; levels are {list(queries)}")
+        out[level] = _level_passes(fail, key, listed, names)
+        measures_total = TOTAL in {q.name for q in queries[level]}
+        if "total" in out[level] and method == "topdown" and not measures_total:
+            raise fail(
+                key,
+                '"total" fits each child\'s measured total first, but'
+                f' [budget.levels.{level}.queries] has no "total"',
+            )
+    return out
+
+
+def _level_passes(
+    fail: Fail, key: str, passes: list[str], names: set[str]
+) -> tuple[EstimationPass, ...]:
+    """One list of passes, checked: ``("all",)`` or ``("total", "all")``."""
+    for name in passes:
+        if name in ESTIMATION_PASSES:
+            continue
+        if name in names:
+            raise fail(
+                key,
+                f"a pass of {name!r} is not supported: the passes are"
+                f' "total" (each child\'s total first) and "all", e.g. {list(TOTAL_FIRST)}',
+            )
+        raise fail(
+            key,
+            f"{name!r} is not a pass; the passes are {list(ESTIMATION_PASSES)},"
+            f" e.g. {list(TOTAL_FIRST)}",
+        )
+    if len(set(passes)) != len(passes):
+        raise fail(key, f"a pass is given twice in {passes}")
+    if not passes or passes[-1] != "all":
+        raise fail(key, f'"all" must be the last pass, got {passes}')
+    return ONE_PASS if passes == list(ONE_PASS) else TOTAL_FIRST
+
+
 def _estimation(
     fail: Fail, model: EstimationModel, schema: Schema, hierarchy: Hierarchy
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -555,7 +652,18 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
         if model.estimation.fallback is None:
             raise
         method, fallback = model.estimation.fallback, err.rule
+    passes = _passes(fail, model.estimation.passes, method, queries)
+    if (
+        method == "topdown"
+        and model.budget.bypass_single_child
+        and any("total" in chosen for chosen in passes.values())
+    ):
+        raise fail(
+            "estimation.passes",
+            '"total" first is not supported with [budget] bypass_single_child = true and'
+            ' method = "topdown" (a bypassed node may have no measured total)',
+        )
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
-        method, fallback, document, model.budget.bypass_single_child,
+        method, fallback, document, model.budget.bypass_single_child, passes,
     )  # fmt: skip

@@ -8,6 +8,10 @@ to the parent's integer estimate cell by cell and the invariant totals held, the
 rounding to integers that keeps both. Cells where the parent is zero or that are structural
 zeros are not variables at all. Nothing per node is collected to the driver.
 
+With ``[estimation] passes = ["total", "all"]`` each family is estimated in the Census's two
+passes (``solvers.passes``): the children's totals fitted to their noisy totals alone, then
+every query with those totals held; the rounder rounds the totals first, then the cells.
+
 Every child is weighted by the exact variances of its own rows of ``noisy_measurements``
 (``sigma2``). With bypassing (``topdown.bypass``) a bypassed parent is not measured: at its own
 level it is estimated, among its siblings, from the measurements of the lowest node of its
@@ -37,7 +41,9 @@ from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.queries import TOTAL
 from censusdp_spark.topdown.solvers.least_squares import solve_children
+from censusdp_spark.topdown.solvers.passes import total_pass
 from censusdp_spark.topdown.solvers.rounding import round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
 
@@ -59,6 +65,7 @@ class LevelPlan:
     marginal_sizes: tuple[int, ...]
     weights: np.ndarray  # 1 / sigma^2 per query of the level's own budget
     structural_zero: np.ndarray  # bool per cell
+    total_first: bool = False  # two passes: each child's total first (solvers.passes)
     stand_in_queries: tuple[tuple[str, np.ndarray, int], ...] = ()
     """With bypassing: ``(name, cell_to_marginal, size)`` of the deeper levels' queries that
     this level does not ask, which a bypassed node's stand-in may have been measured with."""
@@ -81,7 +88,11 @@ class LevelPlan:
 
 
 def level_plan(config: RunConfig, level: str) -> LevelPlan:
+    """The plan of ``level``; with ``passes = ["total", "all"]`` there (``passes_at``) it fits
+    each child's total first: with ``full_information`` the bottom-up totals, with
+    ``topdown`` the level's ``total`` query (which the config then has)."""
     queries = config.queries[level]
+    total_first = "total" in config.passes_at(level)
     zero = np.zeros(config.schema.n_cells, dtype=bool)
     zero[list(config.structural_zero_cells)] = True
     names = config.hierarchy.names
@@ -101,6 +112,7 @@ def level_plan(config: RunConfig, level: str) -> LevelPlan:
         marginal_sizes=tuple(q.size for q in queries),
         weights=np.array([1.0 / float(config.budget.sigma2_for(level, q.name)) for q in queries]),
         structural_zero=zero,
+        total_first=total_first,
         stand_in_queries=tuple(stand_ins.values()),
         query_sets=tuple(
             dict.fromkeys(tuple(sorted(q.name for q in config.queries[lv])) for lv in below)
@@ -144,9 +156,11 @@ def solve_family(
     if active.size and parent is not None and k == 1:
         x[0] = parent[active]
     elif active.size:
-        marginals, sizes = plan.family_marginals if len(noisy) > len(plan.query_names) else (
+        stand_ins = len(noisy) > len(plan.query_names)
+        marginals, sizes = plan.family_marginals if stand_ins else (
             plan.cell_to_marginal, plan.marginal_sizes
         )  # fmt: skip
+        names = plan.family_query_names if stand_ins else plan.query_names
         # A query no child of the family was measured with is left out (it would only change
         # the rounding's objective): a bypassed root is then solved as its chain node would be.
         asked = np.flatnonzero(np.atleast_2d(weights).max(axis=0) > 0)
@@ -155,6 +169,7 @@ def solve_family(
             weights = weights[..., asked]
             marginals = tuple(marginals[q] for q in asked)
             sizes = tuple(sizes[q] for q in asked)
+            names = tuple(names[q] for q in asked)
         problem = ChildrenProblem(
             marginals=tuple(c2m[active] for c2m in marginals),
             marginal_sizes=sizes,
@@ -163,6 +178,8 @@ def solve_family(
             parent=None if parent is None else parent[active].astype(np.int64),
             child_totals=totals,
         )
+        if plan.total_first:
+            problem = total_pass(problem, names.index(TOTAL))
         x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
     return estimate_rows(plan.level, geocodes, active, x)
 

@@ -43,3 +43,20 @@ def test_secrets_are_fixed_and_distinct():
     secrets = [bench_topdown.secret_hex(i) for i in range(3)]
     assert secrets[0] == "9c" * 32
     assert len(set(secrets)) == 3 and all(len(bytes.fromhex(s)) == 32 for s in secrets)
+
+
+def test_a_method_with_passes_writes_them_into_estimation(tmp_path):
+    doc = tomllib.loads(bench_topdown.config_text("ri", "1/2", "full_information@total"))
+    assert doc["estimation"]["method"] == "full_information"
+    assert doc["estimation"]["passes"] == ["total", "all"]
+    assert (
+        "passes"
+        not in tomllib.loads(bench_topdown.config_text("ri", "1/2", "topdown"))["estimation"]
+    )
+    levels = tomllib.loads(
+        bench_topdown.config_text("ri", "1/2", "topdown@total:county+block_group")
+    )["estimation"]["passes"]
+    assert levels == {"county": ["total", "all"], "block_group": ["total", "all"]}
+    bench_topdown.check_methods(["ri"], ["1/2"], ["topdown@total", "topdown@total:tract"], tmp_path)
+    with pytest.raises(SystemExit, match="votingage"):
+        bench_topdown.check_methods(["ri"], ["1/2"], ["topdown@votingage"], tmp_path)

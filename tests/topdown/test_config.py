@@ -105,6 +105,87 @@ def test_unknown_estimation_method_names_file_key_and_choices(tmp_path):
         load_config(path, ROOT)
 
 
+@pytest.mark.parametrize("method", ["topdown", "full_information"])
+def test_estimation_passes_default_to_one_and_accept_total_first(tmp_path, method):
+    levels = load_config(DEMO, ROOT).hierarchy.names
+    assert {lv: load_config(DEMO, ROOT).passes_at(lv) for lv in levels} == dict.fromkeys(
+        levels, ("all",)
+    )
+    lines = f'[estimation]\nmethod = "{method}"\npasses = ["total", "all"]\n'
+    config = load_config(edited(tmp_path, "[estimation]\n", lines), ROOT)
+    # topdown fits a measured total first: the demo's nation measures none (one pass there).
+    one_pass = {"nation"} if method == "topdown" else set()
+    assert {lv: config.passes_at(lv) for lv in levels} == {
+        lv: ("all",) if lv in one_pass else ("total", "all") for lv in levels
+    }
+    explicit = edited(tmp_path, "[estimation]\n", '[estimation]\npasses = ["all"]\n')
+    assert load_config(explicit, ROOT).passes_at("county") == ("all",)
+
+
+def test_estimation_passes_per_level_leave_the_other_levels_one_pass(tmp_path):
+    table = '{ county = ["total", "all"], block_group = ["total", "all"], block = ["all"] }'
+    path = edited(tmp_path, "[estimation]\n", f"[estimation]\npasses = {table}\n")
+    config = load_config(path, ROOT)
+    assert [lv for lv in config.hierarchy.names if config.passes_at(lv) == ("total", "all")] == [
+        "county",
+        "block_group",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("passes", "key", "rule"),
+    [
+        ('["votingage", "all"]', "", "a pass of 'votingage' is not supported: the passes are"),
+        ('["bogus", "all"]', "", "'bogus' is not a pass; the passes are ['total', 'all']"),
+        ('["all", "total"]', "", "\"all\" must be the last pass, got ['all', 'total']"),
+        ('["total"]', "", '"all" must be the last pass'),
+        ("[]", "", '"all" must be the last pass, got []'),
+        ('["total", "total", "all"]', "", "a pass is given twice"),
+        ('"total"', "", "must be a list of pass names or a table of them per level, got 'total'"),
+        ('[1, "all"]', "", "must be a list of pass names or a table of them per level"),
+        ('{ counti = ["total", "all"] }', ".counti", "unknown level 'counti'; levels are"),
+        ('{ tract = ["all", "total"] }', ".tract", '"all" must be the last pass'),
+        (
+            '{ nation = ["total", "all"] }',
+            ".nation",
+            '"total" fits each child\'s measured total first, but'
+            ' [budget.levels.nation.queries] has no "total"',
+        ),
+    ],
+)
+def test_bad_estimation_passes_name_the_key_and_rule_in_one_line(tmp_path, passes, key, rule):
+    path = edited(tmp_path, "[estimation]\n", f"[estimation]\npasses = {passes}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, ROOT)
+    message = str(caught.value)
+    assert f"[estimation.passes{key}] " in message and rule in message and "\n" not in message
+
+
+def test_a_total_pass_needs_a_measured_total_with_topdown_only(tmp_path):
+    text = re.sub(r"(?m)^queries = \{.*\}$", 'queries = { "detailed" = "1" }', DEMO.read_text())
+    assert '"total"' not in text
+    passes = '[estimation]\npasses = ["total", "all"]\n'
+    path = tmp_path / "no_total.toml"
+    path.write_text(text.replace("[estimation]\n", passes))
+    with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" fits each child"):
+        load_config(path, ROOT)
+    # full_information fits the bottom-up totals, which every level has.
+    path.write_text(text.replace("[estimation]\n", passes + 'method = "full_information"\n'))
+    assert load_config(path, ROOT).passes_at("nation") == ("total", "all")
+
+
+def test_a_total_pass_with_bypassing_is_refused_with_topdown_only(tmp_path):
+    text = DEMO.read_text().replace("[estimation]\n", '[estimation]\npasses = ["total", "all"]\n')
+    text = text.replace("# bypass_single_child = true", "bypass_single_child = true")
+    path = tmp_path / "bypass.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" first is not"):
+        load_config(path, ROOT)
+    path.write_text(text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n'))
+    config = load_config(path, ROOT)
+    assert config.bypass_single_child and config.passes_at("county") == ("total", "all")
+
+
 def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path):
     text = DEMO.read_text().replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
     source = tmp_path / "source.toml"

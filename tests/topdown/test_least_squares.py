@@ -66,39 +66,50 @@ def random_problem(
 
 
 def clarabel_optimum(problem: ChildrenProblem) -> float:
-    """The optimum by Clarabel, on the QP with residuals r = Q x - y as extra variables.
+    """The optimum by Clarabel (``clarabel_solution``)."""
+    return clarabel_solution(problem)[0]
+
+
+def clarabel_solution(
+    problem: ChildrenProblem, queries: list[int] | None = None
+) -> tuple[float, np.ndarray]:
+    """The optimum and a minimiser by Clarabel, on the QP with residuals r = Q x - y as extra
+    variables, fitting the listed ``queries`` only (default all).
 
     Variables ``[x (k*n), r (sum k*m_q)]``; objective ``sum w_q ||r_q||^2``; equality rows
-    ``r - Q x = -y``, the column and row sums; and ``x >= 0``. Writing the objective in the
-    residuals keeps its value small, which Clarabel's relative gap test needs to be accurate.
+    ``r - Q x = -y``, the column and row sums (invariant or held); and ``x >= 0``. Writing the
+    objective in the residuals keeps its value small, which Clarabel's relative gap test needs
+    to be accurate.
     """
     k, n = problem.n_children, problem.n_cells
     n_x = k * n
+    fitted = range(len(problem.marginals)) if queries is None else queries
     stacked = sparse.vstack(
         [
             sparse.kron(
                 sparse.identity(k),
-                sparse.csr_matrix((np.ones(n), (m, np.arange(n))), shape=(s, n)),
+                sparse.csr_matrix(
+                    (np.ones(n), (problem.marginals[q], np.arange(n))),
+                    shape=(problem.marginal_sizes[q], n),
+                ),
             )
-            for m, s in zip(problem.marginals, problem.marginal_sizes, strict=True)
+            for q in fitted
         ]
     )
     n_r = stacked.shape[0]
     by_child = problem.child_weights()
-    weights = np.concatenate(
-        [np.repeat(by_child[:, q], s) for q, s in enumerate(problem.marginal_sizes)]
-    )
+    weights = np.concatenate([np.repeat(by_child[:, q], problem.marginal_sizes[q]) for q in fitted])
     hessian = sparse.diags(np.concatenate([np.zeros(n_x), 2.0 * weights])).tocsc()
     no_r = sparse.csr_matrix((n, n_r))
     equality_rows = [sparse.hstack([-stacked, sparse.identity(n_r)])]
-    equality_rhs = [-np.concatenate([y.ravel() for y in problem.noisy])]
+    equality_rhs = [-np.concatenate([problem.noisy[q].ravel() for q in fitted])]
     if problem.parent is not None:
         equality_rows.append(sparse.hstack([sparse.hstack([sparse.identity(n)] * k), no_r]))
         equality_rhs.append(problem.parent.astype(float))
-    if problem.child_totals is not None:
+    if problem.row_sums is not None:
         row_sum = sparse.kron(sparse.identity(k), np.ones((1, n)))
         equality_rows.append(sparse.hstack([row_sum, sparse.csr_matrix((k, n_r))]))
-        equality_rhs.append(problem.child_totals.astype(float))
+        equality_rhs.append(problem.row_sums)
     n_eq = sum(rhs.size for rhs in equality_rhs)
     matrix = sparse.vstack(
         equality_rows + [sparse.hstack([-sparse.identity(n_x), sparse.csr_matrix((n_x, n_r))])],
@@ -118,7 +129,7 @@ def clarabel_optimum(problem: ChildrenProblem) -> float:
     )
     solution = solver.solve()
     assert str(solution.status) == "Solved"
-    return float(solution.obj_val)
+    return float(solution.obj_val), np.asarray(solution.x)[:n_x].reshape(k, n)
 
 
 def assert_feasible(problem: ChildrenProblem, x: np.ndarray) -> None:
@@ -126,8 +137,8 @@ def assert_feasible(problem: ChildrenProblem, x: np.ndarray) -> None:
     assert np.all(x >= 0)
     if problem.parent is not None:
         np.testing.assert_allclose(x.sum(axis=0), problem.parent, rtol=0, atol=1e-9)
-    if problem.child_totals is not None:
-        np.testing.assert_allclose(x.sum(axis=1), problem.child_totals, rtol=0, atol=1e-9)
+    if problem.row_sums is not None:
+        np.testing.assert_allclose(x.sum(axis=1), problem.row_sums, rtol=0, atol=1e-9)
 
 
 def kkt_violation(problem: ChildrenProblem, x: np.ndarray) -> float:
@@ -157,8 +168,8 @@ def kkt_violation(problem: ChildrenProblem, x: np.ndarray) -> float:
     if problem.parent is not None:
         checked[:, problem.parent == 0] = False
         blocks.append(np.tile(np.eye(n), (k, 1)))
-    if problem.child_totals is not None:
-        checked[problem.child_totals == 0, :] = False
+    if problem.row_sums is not None:
+        checked[problem.row_sums == 0, :] = False
         blocks.append(np.repeat(np.eye(k), n, axis=0))
     size = max(1.0, float(np.abs(gradient).max()))
     positive = (x > 1e-9 * max(1.0, float(x.max()))).ravel()[checked.ravel()]
@@ -469,9 +480,9 @@ def enumerated_optimum(problem: PrecisionProblem) -> np.ndarray:
     if problem.parent is not None:
         rows.append(np.kron(np.ones(k), np.eye(n)))
         rhs.append(problem.parent.astype(float))
-    if problem.child_totals is not None:
+    if problem.row_sums is not None:
         rows.append(np.kron(np.eye(k), np.ones(n)))
-        rhs.append(problem.child_totals.astype(float))
+        rhs.append(problem.row_sums)
     best, best_value = None, np.inf
     for mask in range(1 << size):
         fixed = np.array([(mask >> i) & 1 for i in range(size)], dtype=bool)

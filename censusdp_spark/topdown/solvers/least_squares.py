@@ -5,8 +5,10 @@ Problem. For children ``c = 1..k`` with histograms ``x_c`` over ``n`` cells,
     minimise   sum_q w_q sum_c ||Q_q x_c - y_{q,c}||^2
     subject to x >= 0,
                sum_c x_c = parent                (cell by cell, when a parent is given),
-               sum_j x_{c,j} = child_totals[c]   (when child totals are given).
+               sum_j x_{c,j} = child_totals[c]   (when child totals are given),
+               sum_j x_{c,j} = held_totals[c]    (when a first pass fitted them: ``passes``).
 
+Held totals are met exactly like invariant ones (below, "the child totals" means either).
 Every child has the same Hessian ``H = 2 sum_q w_q Q_q^T Q_q``; only the linear term
 ``g_c = 2 sum_q w_q Q_q^T y_{q,c}`` differs. When the children were measured with different
 weights ``w_{c,q}`` (bypassing: ``ChildrenProblem.weights`` of shape ``(k, Q)``) each child has

@@ -12,6 +12,13 @@ Given the L2 estimate ``x_hat`` (shape ``(k, n)``), the rounded histograms are
 The objective is unweighted: every query's marginal cells count alike. Only entries with a
 fractional part can move, and only the marginal cells that contain such an entry can deviate.
 
+Multi-pass rounding (``held_totals``: a two-pass L2 estimate, ``passes = ["total", "all"]``).
+As the Census's ``MultipassRounder`` does, the children's totals are rounded first and then
+held: pass 1 (``round_totals``) chooses the integer totals ``T`` minimising
+``sum_c |T_c - sum_j x_hat_{c,j}|`` over the roundings that meet the parent cell by cell (the
+other queries do not count); pass 2 is the rounding above with ``T`` as the child totals.
+Pass 1's rounding meets the parent and has totals ``T``, so pass 2 always has a solution.
+
 The constraint set is a transportation polytope whose vertices are integral, and the L2 estimate's
 fractional parts are a point of it, so a rounding always exists when ``x_hat`` meets the
 constraints up to round-off.
@@ -66,7 +73,9 @@ def round_children(
 
     Returns an int64 array of shape ``(k, n)`` with entries ``floor(x_hat)`` or one more, that
     meets the constraints in the module docstring and minimises the total L1 deviation of all
-    query answers from those of ``x_hat``. Integral input is returned unchanged.
+    query answers from those of ``x_hat``. Integral input is returned unchanged. With
+    ``held_totals`` the totals are rounded first (``round_totals``) and held, so the
+    result's totals are ``round_totals(problem, x_hat)``.
 
     Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow
     unless the family is very large. Otherwise, without ``time_limit`` the rounding is proven optimal, which for
@@ -79,7 +88,7 @@ def round_children(
     """
     floor, fraction = _split(problem, x_hat)
     moving = fraction > 0
-    column_need, row_need = _needs(problem, x_hat, floor, moving)
+    column_need, row_need = _needs(problem, x_hat, floor, fraction)
     if not moving.any():
         return floor
     flow_size = problem.n_children * (problem.n_cells + 1) ** 2
@@ -154,25 +163,126 @@ def _split(problem: ChildrenProblem, x_hat: np.ndarray) -> tuple[np.ndarray, np.
     return floor.astype(np.int64), fraction
 
 
-def _needs(
-    problem: ChildrenProblem, x_hat: np.ndarray, floor: np.ndarray, moving: np.ndarray
-) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """How many entries to round up per cell (column) and per child (row), where constrained.
+def round_totals(problem: ChildrenProblem, x_hat: np.ndarray) -> np.ndarray:
+    """The children's rounded totals (int64, length ``k``): pass 1 of the multi-pass rounder.
 
-    At the root the row target is the child total if given, else the rounded grand total.
+    Below the root: the totals ``T`` of a rounding ``floor(x_hat) + b`` (``b`` in ``{0, 1}``,
+    only on fractional entries) that meets the parent cell by cell and minimises
+    ``sum_c |T_c - sum_j x_hat_{c,j}|``. At the root (one child, no parent): the child total
+    if given, else the rounded grand total, as in one pass. Invariant child totals are
+    returned as they are. Raises ``ValueError`` as ``round_children`` does.
+
+    Method: it is the rounding problem above with the total as the only query, so while the
+    flow path's table fits (``FLOW_SIZE_LIMIT``) ``laminar_rounding`` solves it, certified
+    optimal. Above, a network linear program, exact too: each round-up is a unit of flow from
+    its cell (which must send ``parent_j - sum_c floor_{c,j}`` units) to its child; child
+    ``c``'s deviation ``|s - F_c|`` (``s`` its round-ups, ``F_c`` the sum of its fractional
+    parts) is convex in integer ``s`` with slopes ``-1``, then ``1 - 2 (F_c - floor F_c)`` for
+    one unit, then ``+1``: three parallel arcs from the child with those costs and capacities
+    ``floor F_c``, 1 and the rest, filled in that order by any optimum. The constraint matrix
+    (a bipartite incidence matrix plus unit columns) is totally unimodular, so the dual
+    simplex's vertex is integral and its cost, the L1 deviation up to a constant, is optimal
+    among all roundings.
+
+    Each ``T_c`` is ``sum_j x_hat_{c,j}`` rounded down or up: were one a whole unit or more
+    above it, the difference between the rounding and ``x_hat`` would carry a unit of
+    round-up from that child to one below its total (each step through a cell the first holds
+    rounded up and the other down), and moving it would lower the deviation.
     """
-    column_need = None
-    if problem.parent is not None:
-        column_need = problem.parent - floor.sum(axis=0)
-        _check_need("parent", column_need, moving.sum(axis=0))
-    row_target = problem.child_totals
-    if row_target is None and problem.parent is None:
-        row_target = np.array([int(np.round(x_hat.sum()))], dtype=np.int64)
+    floor, fraction = _split(problem, x_hat)
+    column_need = _column_need(problem, floor, fraction > 0)
+    totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
+    assert totals is not None  # first_pass always fixes them
+    return totals
+
+
+def _round_ups_per_child(
+    fraction: np.ndarray, moving: np.ndarray, column_need: np.ndarray
+) -> np.ndarray:
+    """Per child, the round-ups of the L1-closest totals (``round_totals``' method)."""
+    k, n = fraction.shape
+    children, cells = np.nonzero(moving)
+    n_binary = children.shape[0]
+    if n_binary == 0:
+        return np.zeros(k, dtype=np.int64)
+    if k * (n + 1) ** 2 <= FLOW_SIZE_LIMIT:
+        total = (np.zeros(n, dtype=np.int64),)
+        return round_laminar(total, fraction, moving, column_need, None).sum(axis=1)
+    share = np.bincount(children, weights=fraction[children, cells], minlength=k)
+    available = moving.sum(axis=1)
+    below = np.floor(share)
+    step_cost = 1.0 - 2.0 * (share - below)
+    used_cells, cell_row = np.unique(cells, return_inverse=True)
+    n_cells = used_cells.size
+    # Columns: the round-ups, then per child the arcs "below", "step" and "above".
+    arc_child = np.tile(np.arange(k), 3)
+    n_columns = n_binary + 3 * k
+    rows = np.concatenate([cell_row, n_cells + children, n_cells + arc_child])
+    columns = np.concatenate(
+        [np.arange(n_binary), np.arange(n_binary), n_binary + np.arange(3 * k)]
+    )
+    values = np.concatenate([np.ones(2 * n_binary), -np.ones(3 * k)])
+    matrix = sparse.csr_matrix((values, (rows, columns)), shape=(n_cells + k, n_columns))
+    targets = np.concatenate([column_need[used_cells].astype(float), np.zeros(k)])
+    step = np.minimum(1.0, available - below)
+    upper = np.concatenate([np.ones(n_binary), below, step, available - below - step])
+    cost = np.concatenate([np.zeros(n_binary), -np.ones(k), step_cost, np.ones(k)])
+    result = linprog(
+        cost,
+        A_eq=matrix,
+        b_eq=targets,
+        bounds=np.stack([np.zeros(n_columns), upper], axis=1),
+        method="highs-ds",
+    )
+    if result.status != 0 or result.x is None:
+        raise RuntimeError(f"rounding the totals failed: {result.message}")
+    up = np.round(result.x[:n_binary])
+    if np.max(np.abs(result.x[:n_binary] - up)) > 1e-6:
+        raise RuntimeError("rounding the totals: the simplex vertex is not integral")
+    return np.bincount(children, weights=up, minlength=k).astype(np.int64)
+
+
+def _needs(
+    problem: ChildrenProblem, x_hat: np.ndarray, floor: np.ndarray, fraction: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """How many entries to round up per cell (column) and per child (row), where constrained."""
+    column_need = _column_need(problem, floor, fraction > 0)
+    first_pass = problem.held_totals is not None
+    row_target = _row_target(problem, x_hat, floor, fraction, column_need, first_pass)
     row_need = None
     if row_target is not None:
         row_need = row_target - floor.sum(axis=1)
-        _check_need("child_totals", row_need, moving.sum(axis=1))
+        _check_need("child_totals", row_need, (fraction > 0).sum(axis=1))
     return column_need, row_need
+
+
+def _column_need(
+    problem: ChildrenProblem, floor: np.ndarray, moving: np.ndarray
+) -> np.ndarray | None:
+    if problem.parent is None:
+        return None
+    column_need = problem.parent - floor.sum(axis=0)
+    _check_need("parent", column_need, moving.sum(axis=0))
+    return column_need
+
+
+def _row_target(
+    problem: ChildrenProblem,
+    x_hat: np.ndarray,
+    floor: np.ndarray,
+    fraction: np.ndarray,
+    column_need: np.ndarray | None,
+    first_pass: bool,
+) -> np.ndarray | None:
+    """Every child's rounded total where it is fixed: the invariant total if given; at the
+    root the rounded grand total; with ``first_pass`` the totals ``round_totals`` chooses."""
+    if problem.child_totals is not None:
+        return problem.child_totals
+    if column_need is None:
+        return np.array([int(np.round(x_hat.sum()))], dtype=np.int64)
+    if first_pass:
+        return floor.sum(axis=1) + _round_ups_per_child(fraction, fraction > 0, column_need)
+    return None
 
 
 def _check_need(name: str, need: np.ndarray, available: np.ndarray) -> None:

@@ -34,6 +34,11 @@ class ChildrenProblem:
             ``None`` at the root, where ``k`` must be 1.
         child_totals: invariant total of every child (int64, length ``k``, ``>= 0``), or
             ``None``. When ``parent`` is also given they must have the same sum.
+        held_totals: every child's total held exactly at a real value (float, length ``k``,
+            ``>= 0``), or ``None``: the totals a first estimation pass fitted
+            (``passes.total_pass``), which the L2 stage meets like invariant totals and
+            the rounder rounds first (``rounding.round_totals``). Not with ``child_totals``;
+            with a parent their sum is the parent's total (to ``HELD_SUM_TOLERANCE``).
 
     Construction validates shapes and values and raises ``ValueError`` naming the field.
     Arrays are stored as given: callers must not mutate them afterwards.
@@ -45,6 +50,7 @@ class ChildrenProblem:
     noisy: tuple[np.ndarray, ...]
     parent: np.ndarray | None
     child_totals: np.ndarray | None
+    held_totals: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_queries = len(self.marginals)
@@ -68,6 +74,7 @@ class ChildrenProblem:
             raise ValueError("weights: must be finite and non-negative")
         self._check_parent(n_cells, n_children)
         self._check_child_totals(n_children)
+        _check_held(self.held_totals, self.child_totals, self.parent, n_children)
 
     def _check_marginals(self) -> int:
         n_cells = np.asarray(self.marginals[0]).shape[0] if self.marginals[0].ndim == 1 else -1
@@ -124,6 +131,11 @@ class ChildrenProblem:
         return int(self.noisy[0].shape[0])
 
     @property
+    def row_sums(self) -> np.ndarray | None:
+        """Every child's total as a float where it is fixed (invariant or held), else None."""
+        return _row_sums(self.child_totals, self.held_totals)
+
+    @property
     def per_child_weights(self) -> bool:
         """Whether ``weights`` differ by child (shape ``(k, Q)``)."""
         return np.ndim(self.weights) == 2
@@ -150,6 +162,7 @@ class PrecisionProblem:
         precisions: float array ``(k, n, n)``, each symmetric positive definite.
         parent: as in ``ChildrenProblem`` (None at the root, where ``k`` must be 1).
         child_totals: as in ``ChildrenProblem``.
+        held_totals: as in ``ChildrenProblem`` (``passes.total_pass_to_targets``).
 
     Construction validates shapes and values and raises ``ValueError`` naming the field.
     """
@@ -158,6 +171,7 @@ class PrecisionProblem:
     precisions: np.ndarray
     parent: np.ndarray | None
     child_totals: np.ndarray | None
+    held_totals: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.targets.ndim != 2 or 0 in self.targets.shape:
@@ -178,14 +192,52 @@ class PrecisionProblem:
                     f"child_totals: sum {int(self.child_totals.sum())} differs from the parent's "
                     f"total {int(self.parent.sum())}"
                 )
+        _check_held(self.held_totals, self.child_totals, self.parent, k)
 
     @property
     def n_children(self) -> int:
         return int(self.targets.shape[0])
 
     @property
+    def row_sums(self) -> np.ndarray | None:
+        """As ``ChildrenProblem.row_sums``."""
+        return _row_sums(self.child_totals, self.held_totals)
+
+    @property
     def n_cells(self) -> int:
         return int(self.targets.shape[1])
+
+
+HELD_SUM_TOLERANCE = 1e-9
+"""Held totals may miss the parent's total by this much, relative (round-off of the fit)."""
+
+
+def _check_held(
+    held: np.ndarray | None, invariant: np.ndarray | None, parent: np.ndarray | None, k: int
+) -> None:
+    if held is None:
+        return
+    if invariant is not None:
+        raise ValueError("held_totals: not with child_totals (invariant totals are held already)")
+    if not isinstance(held, np.ndarray) or held.shape != (k,):
+        raise ValueError(f"held_totals: expected an array of shape ({k},)")
+    if not np.issubdtype(held.dtype, np.floating) or not np.all(np.isfinite(held)):
+        raise ValueError("held_totals: values must be finite floats")
+    if np.any(held < 0):
+        raise ValueError("held_totals: totals must be non-negative")
+    if parent is not None:
+        expected = float(parent.sum())
+        if abs(float(held.sum()) - expected) > HELD_SUM_TOLERANCE * max(1.0, expected):
+            raise ValueError(
+                f"held_totals: sum {float(held.sum())!r} differs from the parent's total"
+                f" {int(parent.sum())}"
+            )
+
+
+def _row_sums(invariant: np.ndarray | None, held: np.ndarray | None) -> np.ndarray | None:
+    if invariant is not None:
+        return invariant.astype(float)
+    return held
 
 
 def _check_counts(name: str, counts: np.ndarray, length: int) -> None:
@@ -223,7 +275,7 @@ def free_block(
     already the solution (filled in for a lone child, which must equal its parent)."""
     k, n = problem.n_children, problem.n_cells
     parent = None if problem.parent is None else problem.parent.astype(float)
-    totals = None if problem.child_totals is None else problem.child_totals.astype(float)
+    totals = problem.row_sums
     x = np.zeros((k, n))
     if parent is not None and k == 1:
         x[0] = parent
