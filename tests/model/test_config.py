@@ -90,7 +90,7 @@ def test_a_dict_config_is_copied_at_the_door():
         (lambda d: d["input"]["cells"][3].update(expr=7), "input.cells[3].expr", "must be a string"),
         (lambda d: d["budget"]["levels"]["county"].update(share=0.1), "budget.levels.county.share", "is a float"),
         (lambda d: d["geography"]["levels"][1].update(digits=-2), "geography.levels[1].digits", "-2 must be >= 0"),
-        (lambda d: d["input"].update(format="xlsx"), "input.format", "'xlsx' must be one of ('csv', 'parquet', 'delta')"),
+        (lambda d: d["input"].update(format="xlsx"), "input.format", "'xlsx' must be one of ('csv', 'parquet', 'delta', 'pl94_legacy')"),
         (lambda d: d["geography"].pop("levels"), "geography", "missing required key(s) ['levels']"),
         (lambda d: d.update(extra={}), "top level", "unknown key(s) ['extra']; allowed: ["),
         (lambda d: d.update(schema=[]), "schema", "must be a table"),
