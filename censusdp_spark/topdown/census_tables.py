@@ -103,7 +103,7 @@ def write_census_tables(
     it; returns the CSV files, relative to the output folder."""
     output = config.run.output
     for name in (PL94_TABLES, PL94_TABLES_CSV):
-        shutil.rmtree(output / name, ignore_errors=True)  # only an uncommitted leftover
+        shutil.rmtree(output / name, ignore_errors=True)  # an earlier attempt's: rewritten whole
     tables = census_tables(estimates, geography, config)
     delta.write_table(tables, output, PL94_TABLES, partition_by="level")
     written = delta.read_table(spark, output, PL94_TABLES)
