@@ -166,17 +166,21 @@ def measurement_fingerprint(
     without ``[run]``, the input's path and the ``post_processing_keys``, and the run's
     measurement ``settings`` (command-line choices that change what is measured). ``config`` is
     the TOML document (as the loaders keep it, so a config given as a mapping fingerprints as
-    the file it mirrors) or its text."""
+    the file it mirrors) or its text. A table left empty by removing the post-processing keys
+    counts as absent (adding ``[output.pl94_tables]`` to a config keeps its fingerprint)."""
     doc = tomllib.loads(config) if isinstance(config, str) else copy.deepcopy(dict(config))
     doc.pop("run", None)
     if isinstance(doc.get("input"), dict):
         doc["input"].pop("path", None)
     for key in post_processing_keys:
-        table: Any = doc
+        path: list[Any] = [doc]  # the tables from the document down to the key's
         for part in key[:-1]:
-            table = table.get(part, {}) if isinstance(table, dict) else {}
-        if isinstance(table, dict):
-            table.pop(key[-1], None)
+            path.append(path[-1].get(part, {}) if isinstance(path[-1], dict) else {})
+        if isinstance(path[-1], dict):
+            path[-1].pop(key[-1], None)
+        for parent, part, table in reversed(list(zip(path, key, path[1:], strict=False))):
+            if table == {}:  # emptied by the pop: as if the config had never had it
+                parent.pop(part, None)
     canonical = json.dumps(
         {"release": release, "input": input_sha256, "config": doc, "settings": settings or {}},
         sort_keys=True,

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, field_validator
 
 from censusdp_spark.io.pl94_layout import BLOCK_DIGITS, SUMMARY_LEVELS, TABLES, LegacyFiles
+from censusdp_spark.io.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.model.config import (
     INPUT_FORMATS,
     Budget,
@@ -136,6 +137,25 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class CensusVariable:
+    """A variable of the P.L. 94-171 tables (``io.pl94_tables.VARIABLES``) held by a schema
+    attribute: each code's level, one level per code and one code per level."""
+
+    name: str
+    attribute: str
+    level_of: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Pl94TablesSpec:
+    """``[output.pl94_tables]``: the tables released in the Census's shape (``io.pl94_tables.
+    CENSUS_TABLES``) and the variables they are computed over."""
+
+    tables: tuple[str, ...]
+    variables: tuple[CensusVariable, ...]
+
+
+@dataclass(frozen=True)
 class RunConfig:
     source: str
     run: RunOptions
@@ -153,6 +173,7 @@ class RunConfig:
     bypass_single_child: bool = False  # [budget] bypass_single_child (see BudgetModel)
     estimation_passes: Mapping[str, tuple[EstimationPass, ...]] = field(default_factory=dict)
     """Per level, its estimation passes; a level not listed is one pass (``passes_at``)."""
+    pl94_tables: Pl94TablesSpec | None = None  # [output.pl94_tables]
 
     def passes_at(self, level: str) -> tuple[EstimationPass, ...]:
         """The estimation passes of ``level``: ``("all",)`` or ``("total", "all")``."""
@@ -267,6 +288,20 @@ class EstimationModel(Model):
         )
 
 
+class CensusVariableModel(Model):
+    attribute: Name
+    map: dict[str, Name] | None = None  # code -> level; default: the codes are the levels
+
+
+class Pl94TablesModel(Model):
+    tables: Annotated[list[Name], Field(min_length=1)]  # of io.pl94_tables.CENSUS_TABLES
+    variables: dict[str, CensusVariableModel] | None = None  # not with format = "pl94_legacy"
+
+
+class OutputModel(Model):
+    pl94_tables: Pl94TablesModel | None = None
+
+
 class TopDownModel(Model):
     run: RunModel = RunModel()
     schema_: SchemaModel = Field(alias="schema")
@@ -274,6 +309,7 @@ class TopDownModel(Model):
     budget: BudgetModel
     input: InputModel | None = None
     estimation: EstimationModel = EstimationModel()
+    output: OutputModel = OutputModel()
 
 
 def _schema(fail: Fail, model: SchemaModel) -> Schema:
@@ -497,6 +533,97 @@ def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> 
     )
 
 
+PL94_TABLES_KEY = "output.pl94_tables"
+
+
+@dataclass(frozen=True)
+class GivenVariable:
+    """A Census variable as a config maps it: the config ``key``, its attribute and its map."""
+
+    key: str
+    attribute: str
+    value_map: Mapping[str, str] | None
+
+
+def _pl94_tables(
+    fail: Fail, model: Pl94TablesModel, schema: Schema, legacy: InputModel | None
+) -> Pl94TablesSpec:
+    """The tables asked for, each of whose variables the schema must hold one code per level:
+    with ``legacy`` input (``format = "pl94_legacy"``) as its ``[input.attributes]`` maps them,
+    else as ``[output.pl94_tables.variables.<VARIABLE>]`` does."""
+    key = PL94_TABLES_KEY
+    if bad := [t for t in model.tables if t not in CENSUS_TABLES]:
+        raise fail(f"{key}.tables", f"{bad} are not among {list(CENSUS_TABLES)}")
+    if len(set(model.tables)) != len(model.tables):
+        raise fail(f"{key}.tables", f"tables must be distinct, got {model.tables}")
+    given = _given_variables(fail, model, schema, legacy)
+    for table in model.tables:
+        if missing := [v for v in CENSUS_TABLES[table].variables if v not in given]:
+            where = (
+                f"[input] table = '{legacy.table}' has only {list(given)}"
+                if legacy is not None
+                else f"map each in [{key}.variables.<VARIABLE>]"
+            )
+            raise fail(
+                f"{key}.tables",
+                f"{table} needs {missing}, which the schema does not hold ({where})",
+            )
+    needed = [v for v in VARIABLES if any(v in CENSUS_TABLES[t].variables for t in model.tables)]
+    variables = tuple(_census_variable(fail, v, given[v], schema) for v in needed)
+    return Pl94TablesSpec(tuple(model.tables), variables)
+
+
+def _given_variables(
+    fail: Fail, model: Pl94TablesModel, schema: Schema, legacy: InputModel | None
+) -> dict[str, GivenVariable]:
+    """Variable -> where it is mapped, its attribute and its map, from ``[input.attributes]``
+    (legacy files) or ``[output.pl94_tables.variables]``."""
+    key = PL94_TABLES_KEY
+    if legacy is not None:
+        if model.variables is not None:
+            raise fail(
+                f"{key}.variables",
+                f"not used with [input] format = '{PL94_LEGACY}' (the variables are those of"
+                " [input.attributes])",
+            )
+        attrs = legacy.attributes or {}
+        return {
+            a.column: GivenVariable(f"input.attributes.{n}", n, a.map) for n, a in attrs.items()
+        }
+    if model.variables is None:
+        raise fail(
+            key,
+            f"missing required key(s) ['variables'] (the schema attribute and code -> level map"
+            f" of each Census variable of the tables, one of {list(VARIABLES)})",
+        )
+    if unknown := [v for v in model.variables if v not in VARIABLES]:
+        raise fail(f"{key}.variables", f"{unknown} are not among {list(VARIABLES)}")
+    given: dict[str, GivenVariable] = {}
+    for name, v in model.variables.items():
+        if v.attribute not in schema.names:
+            rule = f"{v.attribute!r} is not an attribute of the schema {list(schema.names)}"
+            raise fail(f"{key}.variables.{name}.attribute", rule)
+        if twice := [w for w, g in given.items() if g.attribute == v.attribute]:
+            rule = f"{v.attribute!r} already holds {twice[0]}"
+            raise fail(f"{key}.variables.{name}.attribute", rule)
+        given[name] = GivenVariable(f"{key}.variables.{name}", v.attribute, v.map)
+    return given
+
+
+def _census_variable(fail: Fail, name: str, given: GivenVariable, schema: Schema) -> CensusVariable:
+    """A variable whose every code is one level of its attribute and every level one code: else
+    a table field would sum levels it cannot tell apart, or miss a level's records."""
+    levels, codes = schema.attribute(given.attribute).levels, VARIABLES[name]
+    level_of = dict(given.value_map or {lv: lv for lv in levels})
+    if sorted(level_of) != sorted(codes) or sorted(level_of.values()) != sorted(levels):
+        raise fail(
+            f"{given.key}.map",
+            f"the P.L. 94-171 tables need each code of {name} {list(codes)[:8]} mapped to its"
+            f" own level of {given.attribute}, every level once",
+        )
+    return CensusVariable(name, given.attribute, level_of)
+
+
 def _check_method(fail: Fail, method: str, hierarchy: Hierarchy,
                   queries: Mapping[str, tuple[MarginalQuery, ...]], zeros: tuple[int, ...],
                   schema: Schema) -> None:  # fmt: skip
@@ -645,6 +772,9 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             f"format = '{PL94_LEGACY}' reads {BLOCK_DIGITS}-digit blocks; the leaf level"
             f" {hierarchy.leaf.name!r} has {hierarchy.leaf.digits} digits",
         )
+    tables = model.output.pl94_tables
+    legacy = model.input if model.input and model.input.format == PL94_LEGACY else None
+    pl94_tables = _pl94_tables(fail, tables, schema, legacy) if tables else None
     method, fallback = model.estimation.method, ""
     try:
         _check_method(fail, method, hierarchy, queries, zeros, schema)
@@ -665,5 +795,5 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
         )
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
-        method, fallback, document, model.budget.bypass_single_child, passes,
+        method, fallback, document, model.budget.bypass_single_child, passes, pl94_tables,
     )  # fmt: skip

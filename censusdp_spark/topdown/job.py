@@ -7,7 +7,9 @@ Stages (each a Spark job; nothing per node is collected to the driver):
    node the public bypass plan measures), written once to ``noisy_measurements``;
 4. estimation level by level from the noisy table, each level written to ``estimates`` before
    the next level reads it;
-5. guarantees checked; ``microdata`` regenerated from the block estimates;
+5. guarantees checked; ``microdata`` regenerated from the block estimates; with
+   ``[output.pl94_tables]``, the P.L. 94-171 tables of every node from the estimates
+   (``pl94_tables`` and its CSV copies);
 6. with ``evaluate``: error against the truth in ``<output>.evaluation/``, beside the release
    and never inside it (internal, not for release);
 7. the manifest, last.
@@ -45,6 +47,7 @@ from censusdp_spark.topdown.bottom_up import (
     write_bottom_up,
 )
 from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
+from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
@@ -87,6 +90,7 @@ class RunSummary:
     method: str = "topdown"
     method_fallback: str = ""
     bypass: str = ""  # the bypassed single-child parents per level, with bypassing
+    tables: list[str] = field(default_factory=list)  # the Delta tables written
 
     def text(self) -> str:
         lines = [
@@ -101,7 +105,7 @@ class RunSummary:
             f"  elapsed: {self.elapsed_s:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
             + ")",
-            f"  tables: {', '.join(delta.table_path(self.output, t) for t in (delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA))}",
+            f"  tables: {', '.join(delta.table_path(self.output, t) for t in self.tables)}",
             f"  manifest: {self.output / 'manifest.json'}",
         ]
         if self.evaluation_dir is not None:
@@ -141,8 +145,10 @@ POST_PROCESSING_KEYS = (
     ("estimation", "method"),
     ("estimation", "passes"),
     ("estimation", "fallback"),
+    ("output", "pl94_tables"),
 )
-"""Config keys that change only the estimation from the noisy measurements, not the noise."""
+"""Config keys that change only the estimation from the noisy measurements, or what is computed
+from the estimates, not the noise."""
 
 
 def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
@@ -282,6 +288,11 @@ def _run_topdown(
         bottom_up = delta.read_table(spark, output, BOTTOM_UP)
         delta.write_table(total_variances(bottom_up, config), output, TOTAL_VARIANCES)
         clock.lap("total_variances")
+    csv_files: list[str] = []
+    if config.pl94_tables is not None:  # post-processing of the released estimates only
+        geography = nodes.select("level", "geocode")  # the node list: from the spine alone
+        csv_files = write_census_tables(spark, released, geography, config)
+        clock.lap("pl94_tables")
 
     evaluation_rows: list[dict[str, Any]] = []
     eval_dir: Path | None = None
@@ -319,6 +330,10 @@ def _run_topdown(
         method=config.estimation_method,
         method_fallback=config.method_fallback,
         bypass=bypass.text() if bypass else "",
+        tables=[delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
+        + ([BOTTOM_UP] if full_information else [])
+        + ([TOTAL_VARIANCES] if options.variances else [])
+        + ([PL94_TABLES] if config.pl94_tables else []),
     )
     write_manifest(
         output / "manifest.json",
@@ -338,9 +353,12 @@ def _run_topdown(
             "nodes": summary.nodes,
             "guarantee_checks": checks,
             **run.manifest_fields(),
-            "tables": [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
-            + ([BOTTOM_UP] if full_information else [])
-            + ([TOTAL_VARIANCES] if options.variances else []),
+            "tables": summary.tables,
+            **(
+                {"pl94_tables": {"tables": list(config.pl94_tables.tables), "csv": csv_files}}
+                if config.pl94_tables
+                else {}
+            ),
         },
     )
     blocks.unpersist()

@@ -119,14 +119,21 @@ def read_legacy_blocks(spark: SparkSession, spec: InputSpec, spine: SpineSpec | 
     most of the read's planning time."""
     assert spec.legacy is not None
     blocks = read_legacy(spark, spec.legacy_files(), spec.legacy.summary_levels, spine)
+    terms, index = legacy_terms(spec)
+    return blocks.mapInPandas(partial(_histograms, terms=terms, index=index), HISTOGRAMS)
+
+
+def legacy_terms(spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``(terms, index)``: the matrix (``io.pl94_layout.CELLS`` x mapped schema cells) of the
+    signs with which each table cell enters each mapped cell's expression, and the schema cell
+    of each column."""
     terms = np.zeros((len(CELLS), len(spec.cells)))
     for j, cell in enumerate(spec.cells):
         for c in cell.plus:
             terms[CELLS.index(c), j] += 1
         for c in cell.minus:
             terms[CELLS.index(c), j] -= 1
-    index = np.array([cell.cell for cell in spec.cells], dtype=np.int32)
-    return blocks.mapInPandas(partial(_histograms, terms=terms, index=index), HISTOGRAMS)
+    return terms, np.array([cell.cell for cell in spec.cells], dtype=np.int32)
 
 
 def _histograms(

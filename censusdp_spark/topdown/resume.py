@@ -20,11 +20,19 @@ from pyspark.sql import functions as F
 from censusdp_spark.io import delta
 from censusdp_spark.release.runner import ReleaseRun
 from censusdp_spark.topdown.bottom_up import BOTTOM_UP, TOTAL_VARIANCES
+from censusdp_spark.topdown.census_tables import PL94_TABLES
 from censusdp_spark.topdown.config import RunConfig
 
 log = logging.getLogger("censusdp")
 
-TABLES = (delta.NOISY_MEASUREMENTS, BOTTOM_UP, delta.ESTIMATES, delta.MICRODATA, TOTAL_VARIANCES)
+TABLES = (
+    delta.NOISY_MEASUREMENTS,
+    BOTTOM_UP,
+    delta.ESTIMATES,
+    delta.MICRODATA,
+    TOTAL_VARIANCES,
+    PL94_TABLES,
+)
 
 
 def remove_uncommitted_files(spark: SparkSession, output: Path) -> None:

@@ -217,8 +217,9 @@ def test_a_leaf_query_set_that_does_not_identify_cells_is_one_line(
 @pytest.mark.slow
 def test_the_2016_cell_production_schema_runs_with_compact_covariances(spark, tmp_path):
     """The shipped production config on its Perry County PPMF: 4 packed 15 x 15 blocks per
-    inner node in ``bottom_up`` (not 2,016 x 2,016), the guarantees hold, and the Spark
-    ``total_variances`` are the compact covariances' ``1^T C 1``."""
+    inner node in ``bottom_up`` (not 2,016 x 2,016), the guarantees hold, the Spark
+    ``total_variances`` are the compact covariances' ``1^T C 1``, and its P1-P5 tables are
+    consistent with the estimates."""
     from censusdp_spark.topdown.bottom_up import config_layout
     from censusdp_spark.topdown.solvers.symmetric_covariance import SymmetricMatrix
 
@@ -251,3 +252,14 @@ def test_the_2016_cell_production_schema_runs_with_compact_covariances(spark, tm
         expected = SymmetricMatrix.unpack(layout, np.asarray(packed)).total_variance()
         assert variance[(level, geocode)] == (0.0 if exact else pytest.approx(expected, rel=1e-9))
     assert (variances[variances.level == "block"]["variance"] > 0).all()
+    # P1-P5 from the schema's attributes through [output.pl94_tables.variables] (PPMF input)
+    tables = table(spark, out / "pl94_tables").toPandas()
+    assert manifest["pl94_tables"]["tables"] == ["P1", "P2", "P3", "P4", "P5"]
+    estimates = table(spark, out / "estimates").groupBy("geocode").sum("count").toPandas()
+    totals = dict(zip(estimates["geocode"], estimates["sum(count)"], strict=True))
+    assert dict(zip(tables["GEOCODE"], tables["P0010001"], strict=True)) == {
+        g: totals.get(g, 0) for g in tables["GEOCODE"]
+    }
+    assert (tables["P0010001"] == tables["P0020001"]).all()
+    assert (tables["P0050001"] == tables["P0050002"] + tables["P0050007"]).all()
+    assert (tables["P0050001"] <= tables["P0010001"]).all()

@@ -1,28 +1,81 @@
-"""TopDown persons end to end on the real P.L. 94-171 legacy files (the 2018 End-to-End
-prototype for Providence County, RI), through the CLI: ``conf/pl94_e2e_providence.toml``."""
+"""TopDown persons and units end to end on the real P.L. 94-171 legacy files (the 2018
+End-to-End prototype for Providence County, RI), through the CLI:
+``conf/pl94_e2e_providence.toml`` and ``conf/pl94_e2e_providence_units.toml``, with their
+released P.L. 94-171 tables."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from censusdp_spark.cli import main
+from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, RECORD_KEY, SEGMENTS, LegacyFiles
+from censusdp_spark.io.pl94_tables import table_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pl94_e2e_providence.toml"
+UNITS = ROOT / "conf" / "pl94_e2e_providence_units.toml"
+SAMPLE = LegacyFiles(ROOT / "data" / "pl94_2018_e2e_providence_ri", "ri", "2018_2020Style")
 BLOCK_POPULATION = 29_225  # the sample's 569 blocks (its state record says 614,053: the county's)
+DIGITS = {"nation": 0, "state": 2, "county": 5, "tract": 11, "block_group": 12, "block": 15}
+
+
+def run(config: Path, tmp_path: Path, secret: str) -> Path:
+    secret_file = tmp_path / "secret.hex"
+    secret_file.write_text(secret * 32 + "\n")
+    secret_file.chmod(0o600)
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--output", str(out), "--secret-file", str(secret_file)]
+    assert main(["topdown", *args]) == 0
+    return out
+
+
+def released_tables(spark, out: Path, tables: list[str]) -> pd.DataFrame:
+    """The Delta table ``pl94_tables``, checked against its CSV copies and across levels: one
+    row per node, every level's fields summing to its parent's, field by field."""
+    fields = [f.name for f in table_fields(tables)]
+    rows = spark.read.format("delta").load(str(out / "pl94_tables")).toPandas()
+    assert list(rows.columns) == ["level", "SUMLEV", "GEOCODE", *fields]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "pl94_tables" in manifest["tables"]
+    assert manifest["pl94_tables"] == {
+        "tables": tables, "csv": [f"pl94_tables_csv/{lv}.csv" for lv in DIGITS]
+    }  # fmt: skip
+    for level, digits in DIGITS.items():
+        csv = pd.read_csv(
+            out / "pl94_tables_csv" / f"{level}.csv", dtype=str, keep_default_na=False
+        )
+        here = rows[rows["level"] == level].drop(columns="level").sort_values("GEOCODE")
+        assert list(csv.columns) == ["SUMLEV", "GEOCODE", *fields]
+        assert csv.to_numpy().tolist() == here.astype(str).to_numpy().tolist(), level
+        assert (here["GEOCODE"].str.len() == digits).all()
+    levels = list(DIGITS)
+    for parent, child in zip(levels, levels[1:], strict=False):
+        children = rows[rows["level"] == child]
+        summed = children.groupby(children["GEOCODE"].str[: DIGITS[parent]])[fields].sum()
+        parents = rows[rows["level"] == parent].set_index("GEOCODE")[fields]
+        pd.testing.assert_frame_equal(summed.sort_index(), parents.sort_index(), check_names=False)
+    return rows
+
+
+def file_blocks(segment: int) -> pd.DataFrame:
+    """The sample's block records: GEOCODE and the cells of ``segment``, as integers."""
+    geo = pd.read_csv(
+        SAMPLE.geoheader, sep="|", header=None, names=list(GEOHEADER_FIELDS), dtype=str
+    )
+    names = [*RECORD_KEY, *SEGMENTS[segment - 1]]
+    cells = pd.read_csv(SAMPLE.segment(segment), sep="|", header=None, names=names, dtype=str)
+    blocks = pd.concat([geo[["SUMLEV", "GEOCODE"]], cells[list(SEGMENTS[segment - 1])]], axis=1)
+    blocks = blocks[blocks["SUMLEV"] == "750"].set_index("GEOCODE")
+    return blocks.drop(columns="SUMLEV").astype("int64")
 
 
 @pytest.mark.slow
 def test_the_providence_config_releases_every_block_with_every_guarantee(spark, tmp_path):
-    secret = tmp_path / "secret.hex"
-    secret.write_text("c3" * 32 + "\n")
-    secret.chmod(0o600)
-    out = tmp_path / "out"
-    args = ["topdown", "--config", str(CONFIG), "--output", str(out), "--secret-file", str(secret)]
-    assert main(args) == 0
+    out = run(CONFIG, tmp_path, "c3")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["guarantee_checks"] == {
         "negative_counts": 0,
@@ -45,3 +98,33 @@ def test_the_providence_config_releases_every_block_with_every_guarantee(spark, 
     microdata = spark.read.format("delta").load(str(out / "microdata"))
     assert microdata.count() == BLOCK_POPULATION
     assert set(microdata.columns) == {"geocode", "votingage", "hispanic", "cenrace"}
+    # P1-P4 of every node, post-processing of the estimates; the released state's P1 total is
+    # its blocks' 29,225 (the file's state record carries the whole county's 614,053)
+    tables = released_tables(spark, out, ["P1", "P2", "P3", "P4"])
+    assert len(tables) == 1 + 1 + 1 + 7 + 28 + 569
+    state = tables[tables["level"] == "state"].iloc[0]
+    assert (state["SUMLEV"], state["GEOCODE"], state["P0010001"]) == ("040", "44", BLOCK_POPULATION)
+    assert (tables["P0010001"] == tables["P0020001"]).all()
+    assert (tables["P0030001"] == tables["P0040001"]).all()
+    assert (tables["P0010001"] == tables["P0010002"] + tables["P0010009"]).all()
+    assert (tables["P0030001"] <= tables["P0010001"]).all()
+    per_node = estimates.groupBy("geocode").agg({"count": "sum"}).collect()
+    node_totals = {r["geocode"]: r["sum(count)"] for r in per_node}  # nodes with a non-zero cell
+    released = tables.set_index("GEOCODE")["P0010001"].to_dict()
+    assert released == {g: node_totals.get(g, 0) for g in released}  # every node, the empty ones 0
+
+
+@pytest.mark.slow
+def test_the_providence_units_config_releases_h1_with_the_block_totals_exact(spark, tmp_path):
+    """H1 of every node from the units release: each block's housing units (invariant) are the
+    file's H0010001, occupied plus vacant."""
+    out = run(UNITS, tmp_path, "c4")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["guarantee_checks"].values()) == {0}
+    tables = released_tables(spark, out, ["H1"])
+    assert (tables["H0010001"] == tables["H0010002"] + tables["H0010003"]).all()
+    blocks = tables[tables["level"] == "block"].set_index("GEOCODE")
+    truth = file_blocks(2)
+    assert len(blocks) == len(truth) == 569
+    assert (blocks["H0010001"] == truth.loc[blocks.index, "H0010001"]).all()
+    assert tables.loc[tables["level"] == "state", "H0010001"].item() == truth["H0010001"].sum()

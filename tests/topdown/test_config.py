@@ -328,6 +328,7 @@ def test_a_coarser_cenrace_map_sums_the_derived_cells():
     doc["schema"]["attributes"][2] = {"name": "cenrace", "levels": ["one", "more"]}
     groups = {f"{r:02d}": ("one" if r <= 6 else "more") for r in range(1, 64)}
     doc["input"]["attributes"]["cenrace"]["map"] = groups
+    del doc["output"]  # P1-P4 need the 63 races apart (tests/topdown/test_census_tables.py)
     config = load_config(doc, ROOT)
     assert config.input is not None and len(config.input.cells) == 8
     # under 18, not Hispanic, one race: the six single races of P2 less those of P4
