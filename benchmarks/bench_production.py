@@ -219,20 +219,31 @@ def main() -> None:
     parser.add_argument("--methods", default="topdown,full_information")
     parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_production"))
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the runs saved beside --results and make only the missing ones",
+    )
     args = parser.parse_args()
     methods = args.methods.split(",")
     args.work.mkdir(parents=True, exist_ok=True)
     command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_production.py " + " ".join(
         shlex.quote(a) for a in sys.argv[1:]
     )
-    runs = []
+    saved = args.results.with_suffix(".json")
+    runs = json.loads(saved.read_text()) if args.append and saved.exists() else []
     for name in args.inputs:
         for secret_i in range(args.secrets):
             for method in methods:
+                if any(
+                    (r["input"], r["secret"], r["method"]) == (name, secret_i, method) for r in runs
+                ):
+                    continue
                 runs.append(run_once(name, method, secret_i, args.work))
                 print(f"{name} secret {secret_i} {method}: {runs[-1]['wall_s']:.0f} s", flush=True)
-                args.results.with_suffix(".json").write_text(json.dumps(runs, indent=1))
-                args.results.write_text(report(runs, command, methods))
+                saved.write_text(json.dumps(runs, indent=1))
+                done = [m for m in methods if any(r["method"] == m for r in runs)]
+                args.results.write_text(report(runs, command, done))
 
 
 if __name__ == "__main__":
