@@ -39,6 +39,14 @@ def secret_file(tmp_path: Path) -> Path:
     return path
 
 
+TOPDOWN_GUARANTEES_HELD = {
+    "negative_counts": 0,
+    "children_not_summing_to_parent": 0,
+    "invariants_broken": 0,
+    "noise_variances_not_from_budget": 0,
+    "paths_not_spending_rho": 0,
+}
+"""A TopDown manifest's ``guarantee_checks`` when every guarantee holds."""
 COUNTY = "44001"  # Bristol County, RI: 1,092 blocks of the real 2010 file
 
 
