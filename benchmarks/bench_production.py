@@ -142,10 +142,12 @@ def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list
             means = {m: per[m].mean() for m in methods}
             cells = [f"{means[m]:.2f}" for m in methods]
             for m in other:
+                if not means[base]:  # an invariant total: both exact
+                    cells.append("-")
+                    continue
                 ratios = per[m] / per[base]
                 spread = f" ({ratios.min():.2f}-{ratios.max():.2f})" if len(ratios) > 1 else ""
-                ratio = means[m] / means[base] if means[base] else float("nan")
-                cells.append(f"{ratio:.2f}×{spread}")
+                cells.append(f"{means[m] / means[base]:.2f}×{spread}")
             bluedown = BLUEDOWN.get(level, "-") if name == "perry" and metric == "mean_l1" else "-"
             lines.append(f"| {level} | {label} | " + " | ".join(cells) + f" | {bluedown} |")
     return lines
@@ -242,8 +244,14 @@ def main() -> None:
                 runs.append(run_once(name, method, secret_i, args.work))
                 print(f"{name} secret {secret_i} {method}: {runs[-1]['wall_s']:.0f} s", flush=True)
                 saved.write_text(json.dumps(runs, indent=1))
-                done = [m for m in methods if any(r["method"] == m for r in runs)]
-                args.results.write_text(report(runs, command, done))
+                write_report(runs, command, methods, args.results)
+    write_report(runs, command, methods, args.results)
+
+
+def write_report(runs: list[dict], command: str, methods: list[str], results: Path) -> None:
+    """The report of the runs made so far (only the methods that have run)."""
+    done = [m for m in methods if any(r["method"] == m for r in runs)]
+    results.write_text(report(runs, command, done))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ ORDER = [
     "topdown_fi",
     "topdown_passes",
     "topdown_pl94",
+    "topdown_production",
     "evaluation",
     "generate",
     "national",
