@@ -230,16 +230,20 @@ def _leaf_tables_input(families: int, kids: int, sizes: int, parents: list[str] 
     frame, parents, truth = leaf_rows(families, kids, sizes, "histogram", parents)
     plan = _dp_plan(sizes)
     parent_truth = truth.reshape(families, kids, sizes).sum(1)
-    up = pd.DataFrame(
+    return frame, _parent_rows(parents, "mid", parent_truth), plan, parent_truth
+
+
+def _parent_rows(geocodes: list[str], level: str, truth: np.ndarray) -> pd.DataFrame:
+    """The parents' rows of a family batch: their noisy histograms of ``truth``."""
+    return pd.DataFrame(
         {
-            "geocode": parents,
-            "level": "mid",
+            "geocode": geocodes,
+            "level": level,
             "groups": 0,
-            "noisy": _arrays(_noisy(parent_truth, "histogram", HISTOGRAM_SCALE)),
+            "noisy": _arrays(_noisy(truth, "histogram", HISTOGRAM_SCALE)),
             "widen": None,
         }
     )
-    return frame, up, plan, parent_truth
 
 
 def dp_leaf_tables_case(families: int, kids: int, sizes: int) -> Case:
@@ -300,16 +304,7 @@ def _mid_tables(families: int, kids: int, sizes: int, leaves_per_kid: int):
 def dp_mid_tables_case(families: int, kids: int, sizes: int) -> Case:
     def make():
         tables, plan, top = _mid_tables(families, kids, sizes, 4)
-        parents = sorted(set(tables[PARENT]))
-        up = pd.DataFrame(
-            {
-                "geocode": parents,
-                "level": "top",
-                "groups": 0,
-                "noisy": _arrays(_noisy(top, "histogram", HISTOGRAM_SCALE)),
-                "widen": None,
-            }
-        )
+        up = _parent_rows(sorted(set(tables[PARENT])), "top", top)
         children = tables.drop(columns="level")
         batch = _family_batch(children, up, ["geocode", "size"])
         solve = gs.dp_tables_solver(plan, leaves=False)
