@@ -12,14 +12,14 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.cli import main
-from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, RECORD_KEY, SEGMENTS, LegacyFiles
+from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, RECORD_KEY, SEGMENTS
 from censusdp_spark.io.pl94_tables import table_fields
 from tests.conftest import TOPDOWN_GUARANTEES_HELD
+from tests.io.test_pl94_layout import SAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pl94_e2e_providence.toml"
 UNITS = ROOT / "conf" / "pl94_e2e_providence_units.toml"
-SAMPLE = LegacyFiles(ROOT / "data" / "pl94_2018_e2e_providence_ri", "ri", "2018_2020Style")
 BLOCK_POPULATION = 29_225  # the sample's 569 blocks (its state record says 614,053: the county's)
 DIGITS = {"nation": 0, "state": 2, "county": 5, "tract": 11, "block_group": 12, "block": 15}
 

@@ -20,9 +20,8 @@ from censusdp_spark.io.pl94_layout import (
 )
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
+from tests.io.test_pl94_layout import SAMPLE
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = LegacyFiles(ROOT / "data" / "pl94_2018_e2e_providence_ri", "ri", "2018_2020Style")
 CHECKED = ("140", "150")  # the sample's state and county records are the whole county's
 
 
