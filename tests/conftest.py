@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,16 @@ TOPDOWN_GUARANTEES_HELD = {
     "paths_not_spending_rho": 0,
 }
 """A TopDown manifest's ``guarantee_checks`` when every guarantee holds."""
+SHIPPED_METHOD = re.compile(r'(?m)^method = "full_information" .*\n')
+"""The ``[estimation] method`` line of every shipped TopDown config (their default)."""
+
+
+def with_method(text: str, method: str) -> str:
+    """A shipped TopDown config's text with its estimation method set to ``method``."""
+    assert len(SHIPPED_METHOD.findall(text)) == 1, "not a shipped TopDown config"
+    return SHIPPED_METHOD.sub(f'method = "{method}"\n', text)
+
+
 COUNTY = "44001"  # Bristol County, RI: 1,092 blocks of the real 2010 file
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from censusdp_spark.cli import main
 from censusdp_spark.topdown.config import load_config
-from tests.conftest import TOPDOWN_GUARANTEES_HELD
+from tests.conftest import TOPDOWN_GUARANTEES_HELD, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
@@ -40,7 +40,7 @@ def bypass_secret(tmp_path_factory) -> Path:
 
 def bypass_config(folder: Path, method: str) -> Path:
     text = DEMO.read_text().replace("[budget]\n", "[budget]\nbypass_single_child = true\n", 1)
-    text = text.replace("[estimation]\n", f'[estimation]\nmethod = "{method}"\n', 1)
+    text = with_method(text, method)
     path = folder / f"ri_bypass_{method}.toml"
     path.write_text(text)
     return path

@@ -15,7 +15,7 @@ from scipy.sparse.linalg import LinearOperator, cg
 from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.topdown.config import load_config
-from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables
+from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
 from tests.e2e.test_faults import censusdp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,9 +25,8 @@ DEMO = ROOT / "conf" / "ri_2010_demo.toml"
 @pytest.fixture(scope="module")
 def fi_config(tmp_path_factory) -> Path:
     text = DEMO.read_text()
-    assert "[estimation]\n" in text
     path = tmp_path_factory.mktemp("config") / "ri_full_information.toml"
-    path.write_text(text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n'))
+    path.write_text(with_method(text, "full_information"))
     return path
 
 
@@ -219,11 +218,7 @@ def test_the_2016_cell_production_schema_runs_with_compact_covariances(spark, tm
 
     production = ROOT / "conf" / "pl94_2020_production.toml"
     config_path = tmp_path / "pl94_fi.toml"
-    config_path.write_text(
-        production.read_text().replace(
-            "[estimation]\n", '[estimation]\nmethod = "full_information"\n'
-        )
-    )
+    config_path.write_text(with_method(production.read_text(), "full_information"))
     secret = tmp_path / "secret.hex"  # its own: a secret makes one release of one input
     secret.write_text("c0" * 32 + "\n")
     secret.chmod(0o600)

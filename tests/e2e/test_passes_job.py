@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables
+from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
 
 
-def config_with(tmp_path: Path, lines: str) -> Path:
-    text = DEMO.read_text()
-    assert "[estimation]\n" in text
+def config_with(tmp_path: Path, lines: str, method: str = "full_information") -> Path:
+    text = with_method(DEMO.read_text(), method)
     path = tmp_path / "config.toml"
     path.write_text(text.replace("[estimation]\n", "[estimation]\n" + lines))
     return path
@@ -38,7 +37,7 @@ def estimates(spark, output: Path):
 def test_two_passes_keep_every_guarantee(
     spark, method, county_csv, fixed_secret, reference_release, tmp_path
 ):
-    config = config_with(tmp_path, f'method = "{method}"\npasses = ["total", "all"]\n')
+    config = config_with(tmp_path, 'passes = ["total", "all"]\n', method)
     out = release(config, county_csv, fixed_secret, tmp_path / "out")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["guarantee_checks"] == TOPDOWN_GUARANTEES_HELD

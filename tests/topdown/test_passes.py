@@ -27,6 +27,7 @@ from censusdp_spark.topdown.solvers import (
     total_pass_to_targets,
     weighted_squared_error,
 )
+from tests.conftest import with_method
 from tests.topdown.test_least_squares import (
     assert_feasible,
     clarabel_solution,
@@ -300,8 +301,8 @@ def test_level_plans_fit_totals_first_where_there_is_a_total_to_fit(tmp_path, me
     root = Path(__file__).resolve().parents[2]
     text = (root / "conf" / "ri_2010_demo.toml").read_text()
     path = tmp_path / "passes.toml"
-    lines = f'[estimation]\nmethod = "{method}"\npasses = ["total", "all"]\n'
-    path.write_text(text.replace("[estimation]\n", lines))
+    lines = '[estimation]\npasses = ["total", "all"]\n'
+    path.write_text(with_method(text, method).replace("[estimation]\n", lines))
     config = load_config(path, root)
     plans = {level: level_plan(config, level).total_first for level in config.hierarchy.names}
     # topdown's nation measures no total (one pass there, as the Census's US level).
