@@ -1,5 +1,6 @@
 """solve_children: optimality against Clarabel, a KKT certificate, constraints, edge cases;
-the first-order path for large families against the exact one."""
+the first-order path for large families against the exact one; allowed masks (forbidden
+entries) against an enumeration of active sets on the allowed entries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""round_children: optimal against brute force, constraints always hold, integral input kept."""
+"""round_children: optimal against brute force, constraints always hold, integral input kept,
+forbidden entries (allowed masks) stay 0."""
 
 from __future__ import annotations
 

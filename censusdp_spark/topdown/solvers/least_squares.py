@@ -128,9 +128,9 @@ def solve_children(
 ) -> np.ndarray:
     """The children's histograms minimising the weighted squared error of every query.
 
-    Returns a float array of shape ``(k, n)`` that is non-negative, whose columns sum to the
-    parent exactly up to round-off (when a parent is given) and whose rows sum to the child
-    totals (when given). With the exact method it satisfies the KKT conditions of the problem in
+    Returns a float array of shape ``(k, n)`` that is non-negative, exactly 0 where
+    ``allowed`` is False (when given), whose columns sum to the parent exactly up to round-off
+    (when a parent is given) and whose rows sum to the child totals (when given). With the exact method it satisfies the KKT conditions of the problem in
     the module docstring to round-off; with the first-order method its objective is within
     ``first_order.RELATIVE_GAP`` (relative) of the optimum and the row sums hold to ``1e-11``
     or round-off. ``method="auto"`` picks the exact method up to ``EXACT_SIZE_LIMIT``. Raises ``ValueError``
@@ -158,10 +158,10 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
 
     Minimises ``sum_c (x_c - b_c)^T P_c (x_c - b_c)`` subject to ``x >= 0``, the columns summing
     to the parent (when given), the rows to the child totals (when given) and ``x`` zero where
-    ``allowed`` is False (when given). Returns a float
-    array ``(k, n)`` satisfying the KKT conditions to round-off (the exact method's check);
-    a lone child with a parent is the parent. Raises ``ValueError`` if the constraints cannot
-    all hold.
+    ``allowed`` is False (when given). Returns a float array ``(k, n)`` satisfying the KKT
+    conditions to round-off (the exact method's check), exactly 0 on forbidden entries; a lone
+    child with a parent is the parent. Raises ``ValueError`` if the constraints cannot all
+    hold.
     """
     x, block = free_block(problem)
     if block is None:
