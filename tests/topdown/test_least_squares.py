@@ -942,3 +942,14 @@ def test_a_child_whose_total_has_no_allowed_cell_is_refused() -> None:
     root = random_problem(np.random.default_rng(2), 1, with_totals=True, root=True)
     with pytest.raises(ValueError, match="allowed: child 0"):
         replace(root, allowed=np.zeros((1, root.n_cells), dtype=bool))
+
+
+def test_the_masked_kkt_check_rejects_a_feasible_suboptimal_point() -> None:
+    problem = masked_problem(np.random.default_rng(3), 4, (2, 2, 4), True, density=0.8)
+    assert problem.allowed is not None and problem.parent is not None
+    assert problem.row_sums is not None
+    scaled_mask = masked_feasible_point(
+        problem.allowed, problem.parent.astype(float), problem.row_sums
+    )
+    assert kkt_violation_masked(problem, scaled_mask) > 1e-3
+    assert kkt_violation_masked(problem, solve_children(problem)) < 1e-8
