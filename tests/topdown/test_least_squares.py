@@ -1,7 +1,11 @@
 """solve_children: optimality against Clarabel, a KKT certificate, constraints, edge cases;
-the first-order path for large families against the exact one."""
+the first-order path for large families against the exact one; allowed masks (forbidden
+entries) against an enumeration of active sets on the allowed entries."""
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import replace
 
 import clarabel
 import numpy as np
@@ -17,6 +21,7 @@ from censusdp_spark.topdown.solvers import (
     solve_to_targets,
     weighted_squared_error,
 )
+from censusdp_spark.topdown.solvers.subproblem import masked_feasible_point
 
 
 def marginal_queries(dims: tuple[int, ...], subsets: list[tuple[int, ...]]):
@@ -329,6 +334,7 @@ def _replace(problem: ChildrenProblem, **changes: object) -> ChildrenProblem:
         "noisy": problem.noisy,
         "parent": problem.parent,
         "child_totals": problem.child_totals,
+        "allowed": problem.allowed,
     }
     fields.update(changes)
     return ChildrenProblem(**fields)  # type: ignore[arg-type]
@@ -584,3 +590,366 @@ def test_per_child_weights_of_the_wrong_shape_are_refused():
     problem = random_problem(np.random.default_rng(1), 3)
     with pytest.raises(ValueError, match=r"weights: shape \(2, 3\), expected \(3,\) or \(3, 3\)"):
         _replace(problem, weights=np.ones((2, 3)))
+
+
+# --- allowed masks: entries forbidden child by child ------------------------------------
+
+SMALL_DIMS = [(2,), (3,), (2, 2), (5,), (2, 3)]
+
+
+def masked_problem(
+    rng: np.random.Generator,
+    k: int,
+    dims: tuple[int, ...],
+    with_totals: bool,
+    subsets: list[tuple[int, ...]] | None = None,
+    density: float = 0.6,
+    scale: int = 6,
+) -> ChildrenProblem:
+    """A random mask, a random integer truth that is 0 where the mask forbids, the parent its
+    column sums (None at the root, k = 1), the totals its row sums; noisy answers of the
+    truth's marginals. At least one entry is forbidden."""
+    subsets = subsets if subsets is not None else [(), (0,), tuple(range(len(dims)))]
+    maps, sizes = marginal_queries(dims, subsets)
+    n = maps[0].shape[0]
+    allowed = rng.random((k, n)) < density
+    allowed.flat[rng.integers(k * n)] = False
+    truth = np.where(allowed, rng.poisson(scale, (k, n)), 0).astype(np.int64)
+    sigmas = rng.uniform(0.5, 3.0, len(subsets))
+    noisy = tuple(
+        np.stack([np.bincount(m, child, minlength=s) for child in truth])
+        + rng.normal(0.0, sigma, (k, s))
+        for m, s, sigma in zip(maps, sizes, sigmas, strict=True)
+    )
+    return ChildrenProblem(
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=1.0 / sigmas**2,
+        noisy=noisy,
+        parent=None if k == 1 else truth.sum(axis=0),
+        child_totals=truth.sum(axis=1) if with_totals else None,
+        allowed=allowed,
+    )
+
+
+def small_masked_problem(seed: int) -> ChildrenProblem:
+    """A masked problem with at most 10 allowed entries (for enumeration); every fifth a root,
+    every third with per-child weights."""
+    rng = np.random.default_rng(seed)
+    root = seed % 5 == 0
+    while True:
+        k = 1 if root else int(rng.integers(2, 5))
+        dims = SMALL_DIMS[int(rng.integers(len(SMALL_DIMS)))]
+        problem = masked_problem(rng, k, dims, with_totals=bool(seed % 2))
+        if problem.allowed is not None and 0 < problem.allowed.sum() <= 10:
+            return per_child(problem, rng) if seed % 3 == 0 and not root else problem
+
+
+def query_quadratic(problem: ChildrenProblem) -> tuple[np.ndarray, np.ndarray]:
+    """``(H_c, g_c)`` (shapes ``(k, n, n)``, ``(k, n)``) of the objective
+    ``sum_c 0.5 x_c^T H_c x_c - g_c^T x_c`` + constant, from explicit query matrices."""
+    k, n = problem.n_children, problem.n_cells
+    hessians, linear = np.zeros((k, n, n)), np.zeros((k, n))
+    for m, s, w, y in zip(
+        problem.marginals, problem.marginal_sizes, problem.child_weights().T, problem.noisy,
+        strict=True,
+    ):  # fmt: skip
+        query = np.zeros((s, n))
+        query[m, np.arange(n)] = 1.0
+        hessians += 2.0 * w[:, None, None] * (query.T @ query)[None]
+        linear += 2.0 * w[:, None] * (y @ query)
+    return hessians, linear
+
+
+def enumerated_masked_optimum(
+    hessians: np.ndarray,
+    linear: np.ndarray,
+    parent: np.ndarray | None,
+    row_sums: np.ndarray | None,
+    allowed: np.ndarray,
+) -> np.ndarray:
+    """The minimiser of ``sum_c 0.5 x_c^T H_c x_c - g_c^T x_c`` by enumeration over the allowed
+    entries only (forbidden ones are not variables: 0): for every subset of them fixed at 0,
+    the equality-constrained QP's KKT system; the best feasible minimiser wins."""
+    k, n = allowed.shape
+    children, cells = np.nonzero(allowed)
+    m = children.size
+    hessian = hessians[children[:, None], cells[:, None], cells[None, :]]
+    hessian = np.where(children[:, None] == children[None, :], hessian, 0.0)
+    g = linear[children, cells]
+    rows, rhs = [], []
+    if parent is not None:
+        rows.append((cells[None, :] == np.arange(n)[:, None]).astype(float))
+        rhs.append(parent.astype(float))
+    if row_sums is not None:
+        rows.append((children[None, :] == np.arange(k)[:, None]).astype(float))
+        rhs.append(np.asarray(row_sums, dtype=float))
+    best, best_value = None, np.inf
+    for fixed in itertools.product((False, True), repeat=m):
+        a = np.vstack([*rows, np.eye(m)[list(fixed)]])
+        b = np.concatenate([*rhs, np.zeros(sum(fixed))])
+        kkt = np.block([[hessian, a.T], [a, np.zeros((a.shape[0], a.shape[0]))]])
+        z = np.linalg.lstsq(kkt, np.concatenate([g, b]), rcond=None)[0][:m]
+        if np.max(np.abs(a @ z - b), initial=0.0) > 1e-8 or z.min(initial=0.0) < -1e-9:
+            continue
+        value = 0.5 * z @ hessian @ z - g @ z
+        if value < best_value:
+            best, best_value = z, value
+    assert best is not None
+    x = np.zeros((k, n))
+    x[children, cells] = best
+    return x
+
+
+def assert_masked_feasible(
+    x: np.ndarray, parent: np.ndarray | None, row_sums: np.ndarray | None, allowed: np.ndarray
+) -> None:
+    assert np.all(x >= 0)
+    assert np.all(x[~allowed] == 0.0)
+    if parent is not None:
+        np.testing.assert_allclose(x.sum(axis=0), parent, rtol=0, atol=1e-9)
+    if row_sums is not None:
+        np.testing.assert_allclose(x.sum(axis=1), row_sums, rtol=0, atol=1e-9)
+
+
+def assert_masked_children_optimal(problem: ChildrenProblem, x: np.ndarray) -> None:
+    assert problem.allowed is not None
+    assert_masked_feasible(x, problem.parent, problem.row_sums, problem.allowed)
+    reference = enumerated_masked_optimum(
+        *query_quadratic(problem), problem.parent, problem.row_sums, problem.allowed
+    )
+    assert weighted_squared_error(problem, x) == pytest.approx(
+        weighted_squared_error(problem, reference), rel=1e-7, abs=1e-9
+    )
+    np.testing.assert_allclose(x, reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_masked_solves_equal_the_enumerated_optimum(seed: int) -> None:
+    problem = small_masked_problem(seed)
+    assert_masked_children_optimal(problem, solve_children(problem, method="exact"))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_masked_primal_active_set_equals_the_enumerated_optimum(seed: int, monkeypatch) -> None:
+    """With no primal-dual steps the primal method solves from ``_feasible_point_near``."""
+    monkeypatch.setattr(least_squares, "_MAX_PDAS_STEPS", 0)
+    problem = small_masked_problem(seed)
+    assert_masked_children_optimal(problem, solve_children(problem, method="exact"))
+
+
+def masked_precision_problem(seed: int) -> PrecisionProblem:
+    """A ``PrecisionProblem`` on the mask, parent and totals of ``small_masked_problem``."""
+    masked = small_masked_problem(seed)
+    rng = np.random.default_rng(1000 + seed)
+    k, n = masked.n_children, masked.n_cells
+    factors = rng.normal(size=(k, n, n))
+    return PrecisionProblem(
+        targets=rng.normal(2.0, 3.0, (k, n)),
+        precisions=factors @ factors.transpose(0, 2, 1) + 0.1 * np.eye(n),
+        parent=masked.parent,
+        child_totals=masked.child_totals,
+        allowed=masked.allowed,
+    )
+
+
+def target_objective(problem: PrecisionProblem, x: np.ndarray) -> float:
+    residual = x - problem.targets
+    return float(np.einsum("ci,cij,cj->", residual, problem.precisions, residual))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_masked_precision_solves_equal_the_enumerated_optimum(seed: int) -> None:
+    problem = masked_precision_problem(seed)
+    assert problem.allowed is not None
+    x = solve_to_targets(problem)
+    assert_masked_feasible(x, problem.parent, problem.row_sums, problem.allowed)
+    reference = enumerated_masked_optimum(
+        2.0 * problem.precisions,
+        2.0 * np.einsum("cij,cj->ci", problem.precisions, problem.targets),
+        problem.parent,
+        problem.row_sums,
+        problem.allowed,
+    )
+    assert target_objective(problem, x) == pytest.approx(
+        target_objective(problem, reference), rel=1e-7, abs=1e-9
+    )
+    np.testing.assert_allclose(x, reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_all_true_mask_is_no_mask(seed: int) -> None:
+    rng = np.random.default_rng(400 + seed)
+    problem = random_problem(rng, 4, dims=(2, 2, 3), with_totals=bool(seed % 2))
+    everything = replace(problem, allowed=np.ones((4, problem.n_cells), dtype=bool))
+    for method in ("exact", "first_order"):
+        np.testing.assert_array_equal(
+            solve_children(everything, method=method), solve_children(problem, method=method)
+        )
+    precision = random_precision_problem(rng, 3, 3, with_totals=bool(seed % 2))
+    np.testing.assert_array_equal(
+        solve_to_targets(replace(precision, allowed=np.ones((3, 3), dtype=bool))),
+        solve_to_targets(precision),
+    )
+
+
+def test_children_and_cells_with_nothing_allowed_are_zero() -> None:
+    problem = small_masked_problem(32)
+    assert problem.allowed is not None and problem.parent is not None
+    assert problem.child_totals is None
+    allowed = problem.allowed.copy()
+    allowed[0] = False
+    orphans = ~allowed.any(axis=0)  # cells only child 0 could hold: parent 0 now
+    assert orphans.any()
+    stripped = replace(problem, parent=np.where(orphans, 0, problem.parent), allowed=allowed)
+    x = solve_children(stripped, method="exact")
+    assert np.all(x[0] == 0.0) and np.all(x[:, orphans] == 0.0)
+    assert_masked_children_optimal(stripped, x)
+
+
+@pytest.mark.parametrize(
+    ("mask", "rows", "columns"),
+    [
+        # Entry (0, 1) is 0 in every feasible point: Sinkhorn stalls, the LP takes over.
+        ([[True, True], [False, True]], [1.0, 1.0], [1.0, 1.0]),
+        ([[True, False, True], [True, True, False]], [3.0, 2.0], [1.0, 2.0, 2.0]),
+    ],
+)
+def test_the_masked_interior_point_is_feasible_and_zero_where_forbidden(mask, rows, columns):
+    allowed = np.array(mask)
+    x = masked_feasible_point(allowed, np.array(columns), np.array(rows))
+    assert_masked_feasible(x, np.array(columns), np.array(rows), allowed)
+
+
+def test_a_mask_that_no_point_meets_is_refused() -> None:
+    # Child 0 may only hold cell 0 (count 1) but must hold 2 persons; validation cannot see it.
+    allowed = np.array([[True, False], [True, True]])
+    with pytest.raises(ValueError, match="allowed: no point on the mask"):
+        masked_feasible_point(allowed, np.array([1.0, 2.0]), np.array([2.0, 1.0]))
+    maps, sizes = marginal_queries((2,), [(), (0,)])
+    noisy = tuple(np.ones((2, s)) for s in sizes)
+    problem = ChildrenProblem(
+        maps, sizes, np.ones(2), noisy, np.array([1, 2]), np.array([2, 1]), allowed=allowed
+    )
+    for method in ("exact", "first_order"):
+        with pytest.raises(ValueError, match="allowed: no point on the mask"):
+            solve_children(problem, method=method)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_masked_solves_with_a_singular_hessian_are_kkt_points(seed: int, with_totals: bool):
+    """Only the total and one margin: the proximal-point path, certified by the LP check."""
+    rng = np.random.default_rng(600 + seed)
+    problem = masked_problem(rng, 4, (3, 4), with_totals, subsets=[(), (0,)], density=0.7)
+    assert problem.allowed is not None
+    x = solve_children(problem, method="exact")
+    assert_masked_feasible(x, problem.parent, problem.row_sums, problem.allowed)
+    assert kkt_violation_masked(problem, x) < 1e-8
+
+
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_first_order_honours_the_mask(with_totals: bool) -> None:
+    rng = np.random.default_rng(500 + int(with_totals))
+    problem = masked_problem(
+        rng, 10, (3, 4, 5), with_totals, subsets=MEDIUM_SUBSETS, density=0.7, scale=20
+    )
+    assert problem.allowed is not None
+    x = solve_children(problem, method="first_order")
+    assert_masked_feasible(x, problem.parent, problem.row_sums, problem.allowed)
+    exact = solve_children(problem, method="exact")
+    assert_masked_feasible(exact, problem.parent, problem.row_sums, problem.allowed)
+    assert kkt_violation_masked(problem, exact) < 1e-8
+    assert weighted_squared_error(problem, x) == pytest.approx(
+        weighted_squared_error(problem, exact), rel=1e-6
+    )
+
+
+def test_first_order_honours_the_mask_at_the_root() -> None:
+    problem = masked_problem(np.random.default_rng(510), 1, (3, 4, 5), True, MEDIUM_SUBSETS)
+    assert problem.allowed is not None
+    x = solve_children(problem, method="first_order")
+    assert_masked_feasible(x, None, problem.row_sums, problem.allowed)
+    exact = weighted_squared_error(problem, solve_children(problem, method="exact"))
+    assert weighted_squared_error(problem, x) == pytest.approx(exact, rel=1e-6)
+
+
+def kkt_violation_masked(problem: ChildrenProblem, x: np.ndarray) -> float:
+    """``kkt_violation`` with the forbidden entries left out (their equality ``x = 0`` has a
+    free multiplier)."""
+    assert problem.allowed is not None
+    k, n = x.shape
+    hessians, linear = query_quadratic(problem)
+    gradient = np.einsum("cij,cj->ci", hessians, x) - linear
+    checked = problem.allowed.copy()
+    blocks = []
+    if problem.parent is not None:
+        checked[:, problem.parent == 0] = False
+        blocks.append(np.tile(np.eye(n), (k, 1)))
+    if problem.row_sums is not None:
+        checked[problem.row_sums == 0, :] = False
+        blocks.append(np.repeat(np.eye(k), n, axis=0))
+    size = max(1.0, float(np.abs(gradient).max()))
+    positive = (x > 1e-9 * max(1.0, float(x.max()))).ravel()[checked.ravel()]
+    grad = gradient.ravel()[checked.ravel()] / size
+    multipliers = np.hstack(blocks)[checked.ravel()] if blocks else np.zeros((grad.size, 0))
+    n_mult = multipliers.shape[1]
+    t_column = -np.ones((grad.size, 1))
+    result = linprog(
+        np.concatenate([np.zeros(n_mult), [1.0]]),
+        A_ub=np.vstack(
+            [np.hstack([multipliers, t_column])[positive], np.hstack([-multipliers, t_column])]
+        ),
+        b_ub=np.concatenate([-grad[positive], grad]),
+        bounds=[(None, None)] * n_mult + [(0, None)],
+    )
+    assert result.status == 0
+    return float(result.x[-1])
+
+
+def _masked_base() -> ChildrenProblem:
+    return random_problem(np.random.default_rng(1), 3, dims=(2, 3), with_totals=True)
+
+
+@pytest.mark.parametrize(
+    ("allowed", "message"),
+    [
+        (np.ones((3, 5), dtype=bool), r"allowed: expected an array of shape \(3, 6\)"),
+        (np.ones((3, 6), dtype=np.int64), "allowed: dtype int64 is not bool"),
+        (np.zeros((3, 6), dtype=bool), "allowed: cell .* of the parent .* has no child allowed"),
+    ],
+)
+def test_bad_masks_are_refused_naming_the_field(allowed: np.ndarray, message: str) -> None:
+    problem = _masked_base()
+    with pytest.raises(ValueError, match=message):
+        replace(problem, allowed=allowed)
+    precision = PrecisionProblem(
+        np.zeros((3, 6)), np.broadcast_to(np.eye(6), (3, 6, 6)).copy(), problem.parent, None
+    )
+    with pytest.raises(ValueError, match=message):
+        replace(precision, allowed=allowed)
+
+
+def test_a_child_whose_total_has_no_allowed_cell_is_refused() -> None:
+    problem = _masked_base()
+    assert problem.parent is not None and problem.child_totals is not None
+    allowed = np.ones((3, 6), dtype=bool)
+    child = int(np.argmax(problem.child_totals))
+    allowed[child, problem.parent > 0] = False
+    allowed[(child + 1) % 3, problem.parent > 0] = True
+    with pytest.raises(ValueError, match=rf"allowed: child {child} \(total .*\) has no allowed"):
+        replace(problem, allowed=allowed)
+    root = random_problem(np.random.default_rng(2), 1, with_totals=True, root=True)
+    with pytest.raises(ValueError, match="allowed: child 0"):
+        replace(root, allowed=np.zeros((1, root.n_cells), dtype=bool))
+
+
+def test_the_masked_kkt_check_rejects_a_feasible_suboptimal_point() -> None:
+    problem = masked_problem(np.random.default_rng(3), 4, (2, 2, 4), True, density=0.8)
+    assert problem.allowed is not None and problem.parent is not None
+    assert problem.row_sums is not None
+    scaled_mask = masked_feasible_point(
+        problem.allowed, problem.parent.astype(float), problem.row_sums
+    )
+    assert kkt_violation_masked(problem, scaled_mask) > 1e-3
+    assert kkt_violation_masked(problem, solve_children(problem)) < 1e-8

@@ -30,9 +30,11 @@ from censusdp_spark.topdown.solvers import (
 from tests.conftest import with_method
 from tests.topdown.test_least_squares import (
     assert_feasible,
+    assert_masked_feasible,
     clarabel_solution,
     enumerated_optimum,
     kkt_violation,
+    masked_problem,
     random_precision_problem,
     random_problem,
 )
@@ -309,3 +311,43 @@ def test_level_plans_fit_totals_first_where_there_is_a_total_to_fit(tmp_path, me
     assert plans == {level: method == "full_information" or level != "nation" for level in plans}
     one_pass = load_config(root / "conf" / "ri_2010_demo.toml", root)
     assert not any(level_plan(one_pass, lv).total_first for lv in one_pass.hierarchy.names)
+
+
+# --- allowed masks: pass 1 refuses them; the multi-pass rounder keeps them -------------
+
+
+def test_the_total_pass_refuses_a_mask_that_forbids_and_keeps_one_that_does_not() -> None:
+    problem = masked_problem(np.random.default_rng(20), 3, (2, 3), with_totals=False)
+    with pytest.raises(ValueError, match="allowed: the total-first pass"):
+        total_pass(problem, TOTAL)
+    everything = replace(problem, allowed=np.ones((3, 6), dtype=bool))
+    second = total_pass(everything, TOTAL)
+    assert second.allowed is everything.allowed and second.held_totals is not None
+    precision = random_precision_problem(np.random.default_rng(21), 3, 3, with_totals=False)
+    allowed = np.ones((3, 3), dtype=bool)
+    assert total_pass_to_targets(replace(precision, allowed=allowed)).allowed is allowed
+    allowed = allowed.copy()
+    allowed[0, 0] = False
+    with pytest.raises(ValueError, match="allowed: the total-first pass"):
+        total_pass_to_targets(replace(precision, allowed=allowed))
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_masked_two_pass_rounding_keeps_forbidden_entries_zero_and_every_sum(
+    seed: int, totals_path
+) -> None:
+    """Held totals of a masked L2 estimate (feasible on the mask by construction): the rounded
+    totals are the L1-closest, and pass 2 meets them on the mask."""
+    rng = np.random.default_rng(800 + seed)
+    problem = masked_problem(rng, int(rng.integers(2, 4)), (2, 2), with_totals=False, scale=4)
+    assert problem.allowed is not None
+    held = replace(problem, held_totals=solve_children(problem).sum(axis=1))
+    x_hat = solve_children(held)
+    assert_masked_feasible(x_hat, held.parent, held.held_totals, problem.allowed)
+    totals = round_totals(held, x_hat)
+    x = round_children(held, x_hat)
+    assert np.all(x[~problem.allowed] == 0) and x.min() >= 0
+    np.testing.assert_array_equal(x.sum(axis=0), problem.parent)
+    np.testing.assert_array_equal(x.sum(axis=1), totals)
+    best = min(np.abs(r.sum(axis=1) - x_hat.sum(axis=1)).sum() for r in roundings(held, x_hat))
+    assert np.abs(totals - x_hat.sum(axis=1)).sum() == pytest.approx(best, abs=1e-9)

@@ -1,4 +1,5 @@
-"""round_children: optimal against brute force, constraints always hold, integral input kept."""
+"""round_children: optimal against brute force, constraints always hold, integral input kept,
+forbidden entries (allowed masks) stay 0."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from scipy.optimize import milp
 
 from censusdp_spark.topdown.solvers import ChildrenProblem, round_children, solve_children
 from censusdp_spark.topdown.solvers.laminar_rounding import is_laminar, round_laminar
+from tests.topdown.test_least_squares import masked_problem
 
 
 def small_problem(
@@ -378,3 +380,40 @@ def test_sums_that_no_rounding_meets_together_are_rejected() -> None:
     )
     with pytest.raises(ValueError, match="parent and child_totals"):
         round_children(problem, np.array([[0.5, 0.0], [0.0, 0.5]]))
+
+
+# --- allowed masks -----------------------------------------------------------------------
+
+
+def small_masked(seed: int, with_totals: bool) -> ChildrenProblem:
+    """2-3 children over 2 x 2 cells with some entries forbidden (few enough to enumerate)."""
+    rng = np.random.default_rng(seed)
+    return masked_problem(rng, int(rng.integers(2, 4)), (2, 2), with_totals, scale=4)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_a_masked_estimate_rounds_optimally_and_keeps_forbidden_entries_zero(
+    seed: int, with_totals: bool
+) -> None:
+    problem = small_masked(700 + seed, with_totals)
+    assert problem.allowed is not None
+    x_hat = solve_children(problem)
+    x = round_children(problem, x_hat)
+    assert np.all(x[~problem.allowed] == 0)
+    assert meets_constraints(problem, x, 0)
+    assert deviation(problem, x, x_hat) == pytest.approx(
+        brute_force_best(problem, x_hat, 0), abs=1e-9
+    )
+
+
+def test_an_estimate_not_zero_on_a_forbidden_entry_is_rejected() -> None:
+    problem = small_masked(720, with_totals=False)
+    assert problem.allowed is not None
+    x_hat = solve_children(problem)
+    c, j = np.argwhere(~problem.allowed)[0]
+    donor = int(np.flatnonzero(problem.allowed[:, j] & (x_hat[:, j] > 0.5))[0])
+    x_hat[c, j] += 0.5
+    x_hat[donor, j] -= 0.5
+    with pytest.raises(ValueError, match="allowed forbids"):
+        round_children(problem, x_hat)

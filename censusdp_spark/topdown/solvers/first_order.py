@@ -5,7 +5,7 @@ Problem (as in ``least_squares``): with ``x`` of shape ``(k, n)``,
 
     minimise   f(x) = sum_q w_q sum_c ||Q_q x_c - y_{q,c}||^2
     subject to x >= 0,  sum_c x_c = parent (when given),  sum_j x_{c,j} = child_totals[c] (when
-               given).
+               given),  x_{c,j} = 0 where ``allowed[c, j]`` is False (when given).
 
 Method: FISTA (accelerated projected gradient, Beck & Teboulle 2009) with gradient-based
 adaptive restart (O'Donoghue & Candes 2015). Nothing of size ``n x n`` is formed:
@@ -24,6 +24,12 @@ adaptive restart (O'Donoghue & Candes 2015). Nothing of size ``n x n`` is formed
   column simplices and the row sums: ``x = max(v - a_j - b_c, 0)``, alternately solving for
   the cell thresholds ``a`` and the child thresholds ``b``, warm-started from the previous
   projection, until the row sums are met to ``1e-9`` times the largest sum.
+* Forbidden entries (``allowed``) are fixed at 0: the feasible set is the face of the one
+  above where they vanish, and its projection is the same computation with the forbidden
+  entries of ``v`` set to ``-inf`` (each simplex and threshold then ranges over the allowed
+  entries only; ``max(-inf - a, 0) = 0``). The duality-gap bound below minimises over the
+  allowed entries only. With both sums a mask can leave no feasible point although every
+  line has an allowed entry; ``subproblem.masked_feasible_point`` checks that first.
 
 Accuracy. Every ``_CHECK_EVERY`` iterations the solver computes a duality-gap certificate
 ``f(x) - f* <= <g, x> - min_s <g, s>`` over feasible ``s`` (``g`` the gradient at ``x``; the
@@ -51,7 +57,12 @@ import numpy as np
 import scipy.sparse as sparse
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
-from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, free_block
+from censusdp_spark.topdown.solvers.subproblem import (
+    ChildrenProblem,
+    FreeBlock,
+    free_block,
+    masked_feasible_point,
+)
 
 RELATIVE_GAP = 1e-7
 """Stop when the certified suboptimality is at most this fraction of the objective."""
@@ -161,26 +172,42 @@ def solve_children_first_order(problem: ChildrenProblem) -> np.ndarray:
     if block is None:
         return x
     model = _build_model(problem, block.rows, block.cols)
+    _check_masked_feasible(block)
     feasible = _FeasibleSet(
         cell_sums=None if block.parent is None else block.parent[block.cols],
         child_sums=None if block.totals is None else block.totals[block.rows],
+        allowed=None if block.allowed is None else block.allowed.T,
     )
     z = _fista(model, feasible)
     x[np.ix_(block.rows, block.cols)] = z.T
     return x
 
 
+def _check_masked_feasible(block: FreeBlock) -> None:
+    """Raise ``ValueError`` when a mask leaves no point meeting both the parent and the totals
+    (the projection would not notice: it would return a point missing the totals)."""
+    if block.allowed is not None and block.parent is not None and block.totals is not None:
+        masked_feasible_point(block.allowed, block.parent[block.cols], block.totals[block.rows])
+
+
 class _FeasibleSet:
     """The feasible set in the ``(n, k)`` layout, with its Euclidean projection.
 
     ``cell_sums``: the parent (sum over children, per cell), ``child_sums``: the child totals
-    (sum over cells, per child). For the transportation case the dual thresholds of the last
-    projection are kept to warm-start the next.
+    (sum over cells, per child), ``allowed``: ``(n, k)``, False where the entry is fixed at 0
+    (or None). For the transportation case the dual thresholds of the last projection are kept
+    to warm-start the next.
     """
 
-    def __init__(self, cell_sums: np.ndarray | None, child_sums: np.ndarray | None) -> None:
+    def __init__(
+        self,
+        cell_sums: np.ndarray | None,
+        child_sums: np.ndarray | None,
+        allowed: np.ndarray | None = None,
+    ) -> None:
         self.cell_sums = cell_sums
         self.child_sums = child_sums
+        self.allowed = allowed
         self.cell_shift: np.ndarray | None = None
         self.child_shift: np.ndarray | None = None
         largest = max([1.0] + [float(s.max()) for s in (cell_sums, child_sums) if s is not None])
@@ -190,7 +217,12 @@ class _FeasibleSet:
     def bounded(self) -> bool:
         return self.cell_sums is not None or self.child_sums is not None
 
+    def only_allowed(self, v: np.ndarray, forbidden: float) -> np.ndarray:
+        """``v`` with its forbidden entries set to ``forbidden``."""
+        return v if self.allowed is None else np.where(self.allowed, v, forbidden)
+
     def project(self, v: np.ndarray, tolerance: float | None = None) -> np.ndarray:
+        v = self.only_allowed(v, -np.inf)
         if self.cell_sums is None and self.child_sums is None:
             return np.maximum(v, 0.0)
         if self.child_sums is None:
@@ -315,11 +347,13 @@ def _gap(
     step: float,
 ) -> float:
     """An upper bound on ``f(x) - f*``: ``<g, x> - min <g, s>`` over the feasible ``s``, or at
-    the root without a total (``x >= 0`` only) over those ``s`` that could beat ``x``."""
+    the root without a total (``x >= 0`` only) over those ``s`` that could beat ``x``; the
+    minimum is over the allowed entries (``g`` is ``+inf`` on the others)."""
+    allowed_gradient = feasible.only_allowed(gradient, np.inf)
     if feasible.bounded:
-        lower = feasible.lower_bound(gradient, step)
+        lower = feasible.lower_bound(allowed_gradient, step)
     else:
-        most_negative = np.minimum(gradient.min(axis=0), 0.0)
+        most_negative = np.minimum(allowed_gradient.min(axis=0), 0.0)
         lower = float(model.total_bound(value) @ most_negative)
     return float(np.sum(gradient * x)) - lower
 

@@ -6,7 +6,8 @@ Problem. For children ``c = 1..k`` with histograms ``x_c`` over ``n`` cells,
     subject to x >= 0,
                sum_c x_c = parent                (cell by cell, when a parent is given),
                sum_j x_{c,j} = child_totals[c]   (when child totals are given),
-               sum_j x_{c,j} = held_totals[c]    (when a first pass fitted them: ``passes``).
+               sum_j x_{c,j} = held_totals[c]    (when a first pass fitted them: ``passes``),
+               x_{c,j} = 0                       (where ``allowed[c, j]`` is False, if given).
 
 Held totals are met exactly like invariant ones (below, "the child totals" means either).
 Every child has the same Hessian ``H = 2 sum_q w_q Q_q^T Q_q``; only the linear term
@@ -38,11 +39,18 @@ Method: an active-set method with exact face solves.
   from a feasible point near the last iterate.
 * A point is returned only after a KKT check: free entries non-negative, multipliers of the
   fixed entries non-negative, stationarity and the equality constraints to round-off.
+* Forbidden entries (``allowed`` False) are fixed from the start and never released: no free
+  set contains them, and their multipliers, which the equality ``x_{c,j} = 0`` leaves free in
+  sign, never count as blocking (not in the KKT check either). The primal method's strictly
+  feasible starting point is then no longer the proportional split but the allowed mask
+  scaled to the sums by iterative proportional fitting
+  (``subproblem.masked_feasible_point``).
 * When ``H`` is singular (the queries do not identify every cell) the solution is not unique;
   proximal-point iterations on ``H + delta I`` converge to one optimal solution.
 
 Degenerate inputs are removed before solving: a cell whose parent count is 0 and a child whose
-invariant total is 0 are all zeros, and a single child with a parent equals the parent.
+invariant total is 0 are all zeros, as are a child with no allowed cell and a cell with no
+allowed child, and a single child with a parent equals the parent.
 
 Large families. The exact method keeps an ``n x n`` inverse per child, so its memory and time
 grow like ``k n^2`` (and ``n^3`` per factorisation). When ``k n^2`` of the reduced problem
@@ -50,6 +58,7 @@ exceeds ``EXACT_SIZE_LIMIT``, ``solve_children`` uses the first-order solver in
 ``first_order`` instead: ``O(k n Q)`` memory and time per iteration, and an objective certified
 to be within ``1e-7`` relative of the optimum rather than a KKT point to round-off. The limit is
 where the two took the same time on benchmark families (about 0.1-0.5 s, one BLAS thread).
+The first-order method honours ``allowed`` in its projection.
 """
 
 from __future__ import annotations
@@ -60,7 +69,13 @@ from typing import Literal
 import numpy as np
 
 from censusdp_spark.topdown.solvers.first_order import solve_children_first_order
-from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem, free_block
+from censusdp_spark.topdown.solvers.subproblem import (
+    ChildrenProblem,
+    FreeBlock,
+    PrecisionProblem,
+    free_block,
+    masked_feasible_point,
+)
 
 EXACT_SIZE_LIMIT = 2_000_000
 """``solve_children`` uses the exact method while ``k * n**2`` (after dropping zero cells and
@@ -113,9 +128,9 @@ def solve_children(
 ) -> np.ndarray:
     """The children's histograms minimising the weighted squared error of every query.
 
-    Returns a float array of shape ``(k, n)`` that is non-negative, whose columns sum to the
-    parent exactly up to round-off (when a parent is given) and whose rows sum to the child
-    totals (when given). With the exact method it satisfies the KKT conditions of the problem in
+    Returns a float array of shape ``(k, n)`` that is non-negative, exactly 0 where
+    ``allowed`` is False (when given), whose columns sum to the parent exactly up to round-off
+    (when a parent is given) and whose rows sum to the child totals (when given). With the exact method it satisfies the KKT conditions of the problem in
     the module docstring to round-off; with the first-order method its objective is within
     ``first_order.RELATIVE_GAP`` (relative) of the optimum and the row sums hold to ``1e-11``
     or round-off. ``method="auto"`` picks the exact method up to ``EXACT_SIZE_LIMIT``. Raises ``ValueError``
@@ -130,10 +145,7 @@ def solve_children(
         return solve_children_first_order(problem)
     rows, cols = block.rows, block.cols
     hessian, linear = _quadratic_model(problem)
-    reduced = _Constraints(
-        column_sums=None if block.parent is None else block.parent[cols],
-        row_sums=None if block.totals is None else block.totals[rows],
-    )
+    reduced = _reduced_constraints(block)
     reduced_hessian = (
         hessian[np.ix_(rows, cols, cols)] if hessian.ndim == 3 else hessian[np.ix_(cols, cols)]
     )
@@ -145,10 +157,11 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     """The children's histograms closest to their targets, each in its own precision's norm.
 
     Minimises ``sum_c (x_c - b_c)^T P_c (x_c - b_c)`` subject to ``x >= 0``, the columns summing
-    to the parent (when given) and the rows to the child totals (when given). Returns a float
-    array ``(k, n)`` satisfying the KKT conditions to round-off (the exact method's check);
-    a lone child with a parent is the parent. Raises ``ValueError`` if the constraints cannot
-    all hold.
+    to the parent (when given), the rows to the child totals (when given) and ``x`` zero where
+    ``allowed`` is False (when given). Returns a float array ``(k, n)`` satisfying the KKT
+    conditions to round-off (the exact method's check), exactly 0 on forbidden entries; a lone
+    child with a parent is the parent. Raises ``ValueError`` if the constraints cannot all
+    hold.
     """
     x, block = free_block(problem)
     if block is None:
@@ -156,10 +169,7 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     rows, cols = block.rows, block.cols
     hessians = 2.0 * problem.precisions
     linear = 2.0 * _apply(problem.precisions, problem.targets)
-    reduced = _Constraints(
-        column_sums=None if block.parent is None else block.parent[cols],
-        row_sums=None if block.totals is None else block.totals[rows],
-    )
+    reduced = _reduced_constraints(block)
     x[np.ix_(rows, cols)] = _solve_reduced(
         hessians[np.ix_(rows, cols, cols)], linear[np.ix_(rows, cols)], reduced
     )
@@ -168,10 +178,24 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Constraints:
-    """Equality constraints of a reduced problem: all listed sums are positive."""
+    """Equality constraints of a reduced problem: all listed sums are positive, and entries
+    where ``allowed`` (if not None) is False are zero."""
 
     column_sums: np.ndarray | None
     row_sums: np.ndarray | None
+    allowed: np.ndarray | None = None
+
+    def only_allowed(self, entries: np.ndarray) -> np.ndarray:
+        """``entries`` without the forbidden ones."""
+        return entries if self.allowed is None else entries & self.allowed
+
+
+def _reduced_constraints(block: FreeBlock) -> _Constraints:
+    return _Constraints(
+        column_sums=None if block.parent is None else block.parent[block.cols],
+        row_sums=None if block.totals is None else block.totals[block.rows],
+        allowed=block.allowed,
+    )
 
 
 def _solve_reduced(hessian: np.ndarray, linear: np.ndarray, sums: _Constraints) -> np.ndarray:
@@ -413,20 +437,20 @@ def _solve_definite(
     ``start`` is an optional guess of the free set (True = free).
     """
     k, n = linear.shape
-    free = np.ones((k, n), dtype=bool) if start is None else start.copy()
+    free = sums.only_allowed(np.ones((k, n), dtype=bool) if start is None else start.copy())
     free = _keep_feasible(free, np.ones((k, n)), sums)
     face = _Face(hessian, linear, free)
     scale = _tolerance_scale(hessian, linear, sums)
     seen: set[bytes] = set()
     solution = _solve_face(face, sums)
     for _ in range(_MAX_PDAS_STEPS):
-        if _is_optimal(solution, face, scale):
+        if _is_optimal(solution, face, sums, scale):
             solution = _solve_face(face.refreshed(), sums)
-            if _is_optimal(solution, face, scale):
+            if _is_optimal(solution, face, sums, scale):
                 return _clean(solution, face)
             continue
         negative = face.free & (solution.x < -1e-12 * scale.x)
-        blocked = ~face.free & (solution.dual < -1e-12 * scale.dual)
+        blocked = _blocked(solution, face, sums, scale)
         seen.add(face.free.tobytes())
         free = (face.free & ~negative) | blocked
         free = _keep_feasible(free, solution.x - solution.dual, sums)
@@ -459,9 +483,11 @@ def _keep_feasible(free: np.ndarray, preference: np.ndarray, sums: _Constraints)
     """``free`` with one entry released in every column and row that would have none.
 
     A face with an empty column (or row) cannot meet its positive sum; the released entry is
-    the one with the largest ``preference``.
+    the allowed one with the largest ``preference``.
     """
     free = free.copy()
+    if sums.allowed is not None:
+        preference = np.where(sums.allowed, preference, -np.inf)
     if sums.column_sums is not None:
         empty = np.flatnonzero(~free.any(axis=0))
         free[np.argmax(preference[:, empty], axis=0), empty] = True
@@ -471,11 +497,16 @@ def _keep_feasible(free: np.ndarray, preference: np.ndarray, sums: _Constraints)
     return free
 
 
-def _is_optimal(solution: _FaceSolution, face: _Face, scale: _Scale) -> bool:
-    """Whether the face minimiser is non-negative and no fixed entry wants to move up."""
+def _blocked(solution: _FaceSolution, face: _Face, sums: _Constraints, scale: _Scale) -> np.ndarray:
+    """The fixed allowed entries whose multipliers are negative (they want to move up)."""
+    return sums.only_allowed(~face.free & (solution.dual < -1e-12 * scale.dual))
+
+
+def _is_optimal(solution: _FaceSolution, face: _Face, sums: _Constraints, scale: _Scale) -> bool:
+    """Whether the face minimiser is non-negative and no fixed allowed entry wants to move up
+    (a forbidden entry's multiplier may have either sign)."""
     negative = face.free & (solution.x < -1e-12 * scale.x)
-    blocked = ~face.free & (solution.dual < -1e-12 * scale.dual)
-    return not negative.any() and not blocked.any()
+    return not negative.any() and not _blocked(solution, face, sums, scale).any()
 
 
 def _clean(solution: _FaceSolution, face: _Face) -> np.ndarray:
@@ -511,10 +542,10 @@ def _primal_active_set(
             face.move_to(_keep_feasible(face.free & ~blocking, x, sums))
             continue
         x = solution.x
-        blocked = ~face.free & (solution.dual < -1e-12 * scale.dual)
+        blocked = _blocked(solution, face, sums, scale)
         if not blocked.any():
             solution = _solve_face(face.refreshed(), sums)
-            if _is_optimal(solution, face, scale):
+            if _is_optimal(solution, face, sums, scale):
                 return _clean(solution, face)
             continue
         most = np.unravel_index(np.argmin(np.where(blocked, solution.dual, 0.0)), x.shape)
@@ -527,13 +558,17 @@ def _primal_active_set(
 def _feasible_point_near(guess: np.ndarray, sums: _Constraints) -> np.ndarray:
     """The feasible point closest to ``guess`` along the segment from a strictly feasible one.
 
-    ``guess`` satisfies the equality constraints; the proportional split
-    ``t_c p_j / sum(p)`` (or ``p_j / k``, or ``t_c / n``) is strictly positive and feasible.
+    ``guess`` satisfies the equality constraints and is zero on forbidden entries; the
+    proportional split ``t_c p_j / sum(p)`` (or ``p_j / k``, or ``t_c / n``) is strictly
+    positive and feasible. With forbidden entries the starting point is ``masked_feasible_point``
+    instead: zero on them, positive on the allowed entries where a feasible point can be.
     """
     k, n = guess.shape
     if sums.column_sums is None and sums.row_sums is None:
         return np.maximum(guess, 0.0)
-    if sums.column_sums is not None and sums.row_sums is not None:
+    if sums.allowed is not None:
+        interior = masked_feasible_point(sums.allowed, sums.column_sums, sums.row_sums)
+    elif sums.column_sums is not None and sums.row_sums is not None:
         interior = np.outer(sums.row_sums, sums.column_sums) / sums.column_sums.sum()
     elif sums.column_sums is not None:
         interior = np.broadcast_to(sums.column_sums / k, (k, n)).copy()

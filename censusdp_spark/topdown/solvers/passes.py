@@ -31,6 +31,12 @@ non-negativity, invariant totals, structural and parent zeros) holds exactly in 
 With invariant child totals pass 1 would return them, so the problem is left as it is (one
 pass, identical to ``passes = ["all"]``).
 
+Allowed masks. With forbidden entries (``allowed``) a child can hold at most the parent's
+count of the cells it is allowed, so not every ``t`` on the simplex is the totals of a feasible
+``x`` and the simplex projection above could hold infeasible totals. Pass 1 therefore refuses
+a mask that forbids anything (``ValueError``; the configuration refuses passes with masks); a
+mask allowing everything is carried into pass 2's problem unchanged.
+
 What "total first" means for each method.
 
 * ``topdown``: ``y_c`` is child ``c``'s noisy ``total`` answer and ``omega_c`` its weight
@@ -95,9 +101,11 @@ def total_pass(problem: ChildrenProblem, query: int) -> ChildrenProblem:
     """Pass 1 for ``topdown``: the children's totals fitted to query ``query`` (the total,
     one marginal cell) alone, under the constraints; returned as ``problem`` with those totals
     held (``held_totals``), the problem of pass 2. A problem with invariant child totals is
-    returned unchanged (pass 1 would return them)."""
+    returned unchanged (pass 1 would return them). Raises ``ValueError`` for an ``allowed``
+    mask that forbids an entry (see the module docstring)."""
     if problem.child_totals is not None:
         return problem
+    _refuse_masks(problem)
     if problem.marginal_sizes[query] != 1:
         raise ValueError(f"query {query}: has {problem.marginal_sizes[query]} cells, not the total")
     weights = problem.child_weights()[:, query]
@@ -110,12 +118,18 @@ def total_pass_to_targets(problem: PrecisionProblem) -> PrecisionProblem:
     """Pass 1 for ``full_information``: the children's totals fitted to their targets' totals
     ``1^T b_c``, each weighted by its precision ``1 / (1^T P_c^{-1} 1)``, under the
     constraints; returned as ``problem`` with those totals held. Unchanged with invariant
-    child totals."""
+    child totals; ``ValueError`` for a mask that forbids an entry, as ``total_pass``."""
     if problem.child_totals is not None:
         return problem
+    _refuse_masks(problem)
     k, n = problem.n_children, problem.n_cells
     spread = np.linalg.solve(problem.precisions, np.ones((k, n, 1)))[:, :, 0]
     variances = spread.sum(axis=1)
     parent_total = None if problem.parent is None else int(problem.parent.sum())
     held = fit_totals(problem.targets.sum(axis=1), 1.0 / variances, parent_total)
     return replace(problem, held_totals=held)
+
+
+def _refuse_masks(problem: ChildrenProblem | PrecisionProblem) -> None:
+    if problem.allowed is not None and not problem.allowed.all():
+        raise ValueError("allowed: the total-first pass does not support allowed masks")

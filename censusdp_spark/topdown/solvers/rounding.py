@@ -7,10 +7,14 @@ Given the L2 estimate ``x_hat`` (shape ``(k, n)``), the rounded histograms are
     subject to sum_c x_c = parent                (cell by cell, when a parent is given),
                sum_j x_{c,j} = child_totals[c]   (when child totals are given),
                sum_j x_j = T                     (at the root: T = child_totals[0] if given,
-                                                  else round(sum x_hat)).
+                                                  else round(sum x_hat)),
+               x_{c,j} = 0                       (where ``allowed[c, j]`` is False).
 
 The objective is unweighted: every query's marginal cells count alike. Only entries with a
 fractional part can move, and only the marginal cells that contain such an entry can deviate.
+A forbidden entry's L2 estimate is exactly 0, so it never moves and stays 0 (checked: a
+rounding that is not 0 there raises ``ValueError``). The same holds in the multi-pass rounder:
+pass 1's rounding moves allowed entries only, so pass 2 has a solution with its totals.
 
 Multi-pass rounding (``held_totals``: a two-pass L2 estimate, ``passes = ["total", "all"]``).
 As the Census's ``MultipassRounder`` does, the children's totals are rounded first and then
@@ -83,9 +87,23 @@ def round_children(
     ``time_limit`` (seconds) the best rounding HiGHS has found by then is returned: it meets
     every constraint but may not be optimal; ``RuntimeError`` if it has found none.
 
-    Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off, or
-    does not meet the constraints closely enough for a rounding to exist.
+    Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off,
+    does not meet the constraints closely enough for a rounding to exist, or is not 0 on an
+    entry that ``allowed`` forbids.
     """
+    return _allowed_only(problem, _round_children(problem, x_hat, time_limit))
+
+
+def _allowed_only(problem: ChildrenProblem, rounded: np.ndarray) -> np.ndarray:
+    """``rounded``, after checking that it is 0 wherever ``problem.allowed`` forbids."""
+    if problem.allowed is not None and np.any(rounded[~problem.allowed] != 0):
+        raise ValueError("allowed: the rounding is not 0 on a forbidden entry")
+    return rounded
+
+
+def _round_children(
+    problem: ChildrenProblem, x_hat: np.ndarray, time_limit: float | None
+) -> np.ndarray:
     floor, fraction = _split(problem, x_hat)
     moving = fraction > 0
     column_need, row_need = _needs(problem, x_hat, floor, fraction)
@@ -156,6 +174,8 @@ def _split(problem: ChildrenProblem, x_hat: np.ndarray) -> tuple[np.ndarray, np.
         raise ValueError(f"x_hat: shape {np.shape(x_hat)}, expected {shape}")
     if not np.all(np.isfinite(x_hat)) or np.any(x_hat < -INTEGRAL_TOLERANCE):
         raise ValueError("x_hat: values must be finite and non-negative")
+    if problem.allowed is not None and np.any(x_hat[~problem.allowed] > INTEGRAL_TOLERANCE):
+        raise ValueError("x_hat: not 0 on an entry that allowed forbids")
     nearest = np.round(x_hat)
     integral = np.abs(x_hat - nearest) <= INTEGRAL_TOLERANCE
     floor = np.where(integral, nearest, np.floor(x_hat))
@@ -170,7 +190,9 @@ def round_totals(problem: ChildrenProblem, x_hat: np.ndarray) -> np.ndarray:
     only on fractional entries) that meets the parent cell by cell and minimises
     ``sum_c |T_c - sum_j x_hat_{c,j}|``. At the root (one child, no parent): the child total
     if given, else the rounded grand total, as in one pass. Invariant child totals are
-    returned as they are. Raises ``ValueError`` as ``round_children`` does.
+    returned as they are. Raises ``ValueError`` as ``round_children`` does. With ``allowed``
+    the rounding moves allowed entries only (forbidden ones are 0 in ``x_hat``), so a rounding
+    on the mask with these totals exists: pass 2 always has a solution.
 
     Method: it is the rounding problem above with the total as the only query, so while the
     flow path's table fits (``FLOW_SIZE_LIMIT``) ``laminar_rounding`` solves it, certified

@@ -8,6 +8,11 @@ noisy answer vector per query, measured with variance ``1 / w_q``, or ``1 / w_{c
 children were measured differently (with bypassing, a child standing for a single-child chain
 spends the chain's budget, and may have been measured with a deeper level's queries: its weight
 is 0 for a query it was not asked).
+
+Some entries may be forbidden child by child (``allowed``): ``x_{c,j} = 0`` wherever
+``allowed[c, j]`` is False, e.g. a block with no housing unit and no group-quarters facility
+holds no persons, and a group-quarters type with no facility in a child holds no one there.
+Every solver keeps forbidden entries exactly 0.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sparse
+from scipy.optimize import linprog
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,10 @@ class ChildrenProblem:
             (``passes.total_pass``), which the L2 stage meets like invariant totals and
             the rounder rounds first (``rounding.round_totals``). Not with ``child_totals``;
             with a parent their sum is the parent's total (to ``HELD_SUM_TOLERANCE``).
+        allowed: bool array of shape ``(k, n)``: ``x_{c,j}`` must be 0 where it is False; or
+            ``None``, everything allowed. Every cell where the parent is positive needs an
+            allowed child, and every child with a positive total an allowed cell where the
+            parent is positive (any allowed cell at the root).
 
     Construction validates shapes and values and raises ``ValueError`` naming the field.
     Arrays are stored as given: callers must not mutate them afterwards.
@@ -51,6 +62,7 @@ class ChildrenProblem:
     parent: np.ndarray | None
     child_totals: np.ndarray | None
     held_totals: np.ndarray | None = None
+    allowed: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n_queries = len(self.marginals)
@@ -75,6 +87,7 @@ class ChildrenProblem:
         self._check_parent(n_cells, n_children)
         self._check_child_totals(n_children)
         _check_held(self.held_totals, self.child_totals, self.parent, n_children)
+        _check_allowed(self.allowed, self.parent, self.row_sums, (n_children, n_cells))
 
     def _check_marginals(self) -> int:
         n_cells = np.asarray(self.marginals[0]).shape[0] if self.marginals[0].ndim == 1 else -1
@@ -163,6 +176,7 @@ class PrecisionProblem:
         parent: as in ``ChildrenProblem`` (None at the root, where ``k`` must be 1).
         child_totals: as in ``ChildrenProblem``.
         held_totals: as in ``ChildrenProblem`` (``passes.total_pass_to_targets``).
+        allowed: as in ``ChildrenProblem``.
 
     Construction validates shapes and values and raises ``ValueError`` naming the field.
     """
@@ -172,6 +186,7 @@ class PrecisionProblem:
     parent: np.ndarray | None
     child_totals: np.ndarray | None
     held_totals: np.ndarray | None = None
+    allowed: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.targets.ndim != 2 or 0 in self.targets.shape:
@@ -193,6 +208,7 @@ class PrecisionProblem:
                     f"total {int(self.parent.sum())}"
                 )
         _check_held(self.held_totals, self.child_totals, self.parent, k)
+        _check_allowed(self.allowed, self.parent, self.row_sums, (k, n))
 
     @property
     def n_children(self) -> int:
@@ -234,6 +250,39 @@ def _check_held(
             )
 
 
+def _check_allowed(
+    allowed: np.ndarray | None,
+    parent: np.ndarray | None,
+    row_sums: np.ndarray | None,
+    shape: tuple[int, int],
+) -> None:
+    """Raise ``ValueError`` unless ``allowed`` is None or a ``shape`` bool array that leaves
+    every positive parent cell a child and every positive total a cell to be held in."""
+    if allowed is None:
+        return
+    if not isinstance(allowed, np.ndarray) or allowed.shape != shape:
+        raise ValueError(f"allowed: expected an array of shape {shape}")
+    if allowed.dtype != np.bool_:
+        raise ValueError(f"allowed: dtype {allowed.dtype} is not bool")
+    usable = allowed
+    if parent is not None:
+        stranded = np.flatnonzero((parent > 0) & ~allowed.any(axis=0))
+        if stranded.size:
+            j = int(stranded[0])
+            raise ValueError(
+                f"allowed: cell {j} of the parent (count {int(parent[j])}) has no child"
+                " allowed to hold it"
+            )
+        usable = allowed & (parent > 0)[None, :]
+    if row_sums is not None:
+        stranded = np.flatnonzero((row_sums > 0) & ~usable.any(axis=1))
+        if stranded.size:
+            c = int(stranded[0])
+            raise ValueError(
+                f"allowed: child {c} (total {row_sums[c]!r}) has no allowed cell to hold it"
+            )
+
+
 def _row_sums(invariant: np.ndarray | None, held: np.ndarray | None) -> np.ndarray | None:
     if invariant is not None:
         return invariant.astype(float)
@@ -254,14 +303,17 @@ def _check_counts(name: str, counts: np.ndarray, length: int) -> None:
 class FreeBlock:
     """The entries a least-squares solver must actually solve for.
 
-    Rows of children whose total is 0 and cells where the parent is 0 are 0 in every solution;
-    ``rows`` and ``cols`` mark the rest, with the parent and totals as floats (None if absent).
+    Rows of children whose total is 0 or that have no allowed cell, and cells where the parent
+    is 0 or that no remaining child is allowed, are 0 in every solution; ``rows`` and ``cols``
+    mark the rest, with the parent and totals as floats (None if absent), and ``allowed`` the
+    mask on the block (``None`` when it allows everything there).
     """
 
     rows: np.ndarray
     cols: np.ndarray
     parent: np.ndarray | None
     totals: np.ndarray | None
+    allowed: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -282,6 +334,89 @@ def free_block(
         return x, None
     rows = np.ones(k, dtype=bool) if totals is None else totals > 0
     cols = np.ones(n, dtype=bool) if parent is None else parent > 0
+    allowed = problem.allowed
+    if allowed is not None:
+        rows &= allowed[:, cols].any(axis=1)
+        cols &= allowed[rows].any(axis=0)
     if not rows.any() or not cols.any():
         return x, None
-    return x, FreeBlock(rows, cols, parent, totals)
+    block_allowed = None if allowed is None else allowed[np.ix_(rows, cols)]
+    if block_allowed is not None and block_allowed.all():
+        block_allowed = None
+    return x, FreeBlock(rows, cols, parent, totals, block_allowed)
+
+
+_MAX_SCALING_STEPS = 2_000
+_SCALING_TOLERANCE = 1e-13
+_INTERIOR_TOLERANCE = 1e-9
+
+
+def masked_feasible_point(
+    allowed: np.ndarray, column_sums: np.ndarray | None, row_sums: np.ndarray | None
+) -> np.ndarray:
+    """A feasible point that is zero on the forbidden entries and, where the mask allows it,
+    positive on the allowed ones: the mask scaled to the sums.
+
+    With one kind of sum each line's sum is spread evenly over its allowed entries (exact).
+    With both, iterative proportional fitting (Sinkhorn scaling) alternately scales the rows
+    and the columns, ending on the columns so that they are exact, until the rows are within
+    ``1e-13`` relative. It converges slowly only when some allowed entry is zero in every
+    feasible point; if after ``_MAX_SCALING_STEPS`` the rows still miss by more than ``1e-9``
+    relative, a linear program finds the point instead (``_interior_by_lp``).
+    """
+    mask = allowed.astype(float)
+    if row_sums is None:
+        return mask * (_need(column_sums) / mask.sum(axis=0))[None, :]
+    if column_sums is None:
+        return mask * (row_sums / mask.sum(axis=1))[:, None]
+    x = mask
+    size = max(float(row_sums.max()), float(column_sums.max()))
+    miss = np.inf
+    for _ in range(_MAX_SCALING_STEPS):
+        x = x * (row_sums / x.sum(axis=1))[:, None]
+        x = x * (column_sums / x.sum(axis=0))[None, :]
+        miss = float(np.max(np.abs(x.sum(axis=1) - row_sums)))
+        if miss <= _SCALING_TOLERANCE * size:
+            return x
+    if miss <= _INTERIOR_TOLERANCE * size:
+        return x
+    return _interior_by_lp(allowed, column_sums, row_sums)
+
+
+def _interior_by_lp(
+    allowed: np.ndarray, column_sums: np.ndarray, row_sums: np.ndarray
+) -> np.ndarray:
+    """The feasible point on the mask maximising its smallest allowed entry, by HiGHS (its
+    sums hold to the LP's feasibility tolerance, which the face solves that follow remove).
+    Raises ``ValueError`` when no point on the mask meets both sums."""
+    k, n = allowed.shape
+    children, cells = np.nonzero(allowed)
+    m = children.size
+    entries = np.arange(m)
+    sums = sparse.csr_matrix(
+        (np.ones(2 * m), (np.concatenate([cells, n + children]), np.tile(entries, 2))),
+        shape=(n + k, m + 1),
+    )
+    floor = sparse.hstack([-sparse.identity(m), np.ones((m, 1))], format="csr")
+    cost = np.zeros(m + 1)
+    cost[-1] = -1.0
+    result = linprog(
+        cost,
+        A_ub=floor,
+        b_ub=np.zeros(m),
+        A_eq=sums,
+        b_eq=np.concatenate([column_sums, row_sums]),
+        bounds=(0.0, None),
+        method="highs",
+    )
+    if result.status != 0 or result.x is None:
+        raise ValueError("allowed: no point on the mask meets both the parent and the totals")
+    x = np.zeros((k, n))
+    x[children, cells] = np.maximum(result.x[:m], 0.0)
+    return x
+
+
+def _need(values: np.ndarray | None) -> np.ndarray:
+    if values is None:
+        raise AssertionError("a constraint needed here is missing")
+    return values
