@@ -60,6 +60,7 @@ from censusdp_spark.topdown.estimate import (
     ESTIMATE_SCHEMA,
     ROUNDING_TIME_LIMIT_S,
     LevelPlan,
+    child_bits,
     estimate_rows,
     family_arrays,
     level_plan,
@@ -67,6 +68,7 @@ from censusdp_spark.topdown.estimate import (
     with_parent_estimates,
     worker_fault,
 )
+from censusdp_spark.topdown.occupancy import allowed_entries
 from censusdp_spark.topdown.solvers.bottom_up import (
     Covariance,
     Gaussian,
@@ -402,12 +404,15 @@ def solve_family_from_bottom_up(
             estimates, below.precisions(children, estimates), free
         )
         parent_active = None if parent is None else parent[active].astype(np.int64)
-        problem = PrecisionProblem(targets, precisions, parent_active, totals)
+        allowed = allowed_entries(plan.occupancy, child_bits(children), active)
+        problem = PrecisionProblem(targets, precisions, parent_active, totals, allowed=allowed)
         if plan.total_first:
             problem = total_pass_to_targets(problem)
         x_hat = solve_to_targets(problem)
         x = round_children(
-            _rounding_problem(plan, active, x_hat, parent_active, totals, problem.held_totals),
+            _rounding_problem(
+                plan, active, x_hat, parent_active, totals, problem.held_totals, allowed
+            ),
             x_hat,
             time_limit=ROUNDING_TIME_LIMIT_S,
         )
@@ -421,18 +426,20 @@ def _rounding_problem(
     parent: np.ndarray | None,
     totals: np.ndarray | None,
     held: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
 ) -> ChildrenProblem:
     """The rounding's view of a family: the level's queries on the active cells, and as
     "answers" those of the fractional solution (``round_children`` reads only the queries and
     the sums; it minimises the L1 deviation of every query's answers from ``x_hat``'s).
-    ``held``: the totals a first pass held (then the totals are rounded first)."""
+    ``held``: the totals a first pass held (then the totals are rounded first); ``allowed``:
+    the entries the children may hold (``occupancy.allowed_entries``)."""
     marginals = tuple(c2m[active] for c2m in plan.cell_to_marginal)
     fitted = tuple(
         np.stack([np.bincount(m, row, minlength=size) for row in x_hat])
         for m, size in zip(marginals, plan.marginal_sizes, strict=True)
     )
     return ChildrenProblem(
-        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held
+        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held, allowed
     )
 
 

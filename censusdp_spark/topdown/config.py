@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import BeforeValidator, Field, field_validator
 
-from censusdp_spark.io.pl94_layout import BLOCK_DIGITS, SUMMARY_LEVELS, TABLES, LegacyFiles
+from censusdp_spark.io.pl94_layout import BLOCK_DIGITS, CELLS, SUMMARY_LEVELS, TABLES, LegacyFiles
 from censusdp_spark.io.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.model.config import (
     INPUT_FORMATS,
@@ -137,6 +137,19 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class OccupancyGroup:
+    """``[[estimation.occupancy]]``: the schema ``cells`` whose persons live in dwellings of
+    one kind (housing units, or the group quarters of one type), which a block may hold only
+    where ``plus - minus`` (columns of the input: its counts of those dwellings) is positive.
+    A node above the blocks may hold them where one of its blocks may."""
+
+    cells: tuple[int, ...]
+    plus: tuple[str, ...]
+    minus: tuple[str, ...]
+    where: str
+
+
+@dataclass(frozen=True)
 class CensusVariable:
     """A variable of the P.L. 94-171 tables (``io.pl94_tables.VARIABLES``) held by a schema
     attribute: each code's level, one level per code and one code per level."""
@@ -174,6 +187,7 @@ class RunConfig:
     estimation_passes: Mapping[str, tuple[EstimationPass, ...]] = field(default_factory=dict)
     """Per level, its estimation passes; a level not listed is one pass (``passes_at``)."""
     pl94_tables: Pl94TablesSpec | None = None  # [output.pl94_tables]
+    occupancy: tuple[OccupancyGroup, ...] = ()  # [[estimation.occupancy]]
 
     def passes_at(self, level: str) -> tuple[EstimationPass, ...]:
         """The estimation passes of ``level``: ``("all",)`` or ``("total", "all")``."""
@@ -258,9 +272,15 @@ class InputModel(Model):
         return value
 
 
+class OccupancyModel(Model):
+    where: str  # an expression over input columns, as input.cells' expr
+    cells: dict[str, list[str]] = {}  # the group's cells, as structural_zeros (default: all)
+
+
 class EstimationModel(Model):
     invariants: list[Name] = []
     structural_zeros: list[dict[str, list[str]]] = []
+    occupancy: list[OccupancyModel] = []
     method: EstimationMethod = "topdown"
     passes: list[str] | dict[str, list[str]] = list(ONE_PASS)  # every level, or per level
     fallback: Literal["topdown"] | None = None  # run "topdown" where full_information cannot
@@ -735,12 +755,45 @@ def _estimation(
     zeros: set[int] = set()
     for i, z in enumerate(model.structural_zeros):
         key = f"estimation.structural_zeros[{i}]"
-        check_keys(z, set(schema.names), set(), partial(fail, key))
-        for name, levels in z.items():
-            if bad := [v for v in levels if v not in schema.attribute(name).levels]:
-                raise fail(f"{key}.{name}", f"{bad} are not levels of {name}")
-        zeros.update(int(c) for c in schema.cells_matching({n: frozenset(v) for n, v in z.items()}))
+        zeros.update(int(c) for c in _cells_of(fail, key, z, schema))
     return tuple(model.invariants), tuple(sorted(zeros))
+
+
+def _cells_of(fail: Fail, key: str, levels: Mapping[str, list[str]], schema: Schema) -> np.ndarray:
+    """The cells matching ``{attribute: [level, ...]}`` (every cell for an empty mapping)."""
+    check_keys(levels, set(schema.names), set(), partial(fail, key))
+    for name, chosen in levels.items():
+        if bad := [v for v in chosen if v not in schema.attribute(name).levels]:
+            raise fail(f"{key}.{name}", f"{bad} are not levels of {name}")
+    return schema.cells_matching({n: frozenset(v) for n, v in levels.items()})
+
+
+def _occupancy(
+    fail: Fail, groups: list[OccupancyModel], schema: Schema, spec: InputSpec | None
+) -> tuple[OccupancyGroup, ...]:
+    """The occupancy groups: disjoint sets of cells, each with its expression over the legacy
+    files' table cells (the one input whose blocks carry housing-unit and group-quarters
+    counts beside the persons)."""
+    if not groups:
+        return ()
+    if spec is None or spec.legacy is None:
+        raise fail(
+            "estimation.occupancy",
+            f"needs format = '{PL94_LEGACY}' input (its H1 and P5 counts of every block)",
+        )
+    out: list[OccupancyGroup] = []
+    taken: set[int] = set()
+    for i, group in enumerate(groups):
+        key = f"estimation.occupancy[{i}]"
+        cells = tuple(int(c) for c in _cells_of(fail, f"{key}.cells", group.cells, schema))
+        if overlap := taken & set(cells):
+            raise fail(f"{key}.cells", f"{len(overlap)} cell(s) are in an earlier group too")
+        taken |= set(cells)
+        plus, minus = _expression(fail, f"{key}.where", group.where)
+        if unknown := [c for c in (*plus, *minus) if c not in CELLS]:
+            raise fail(f"{key}.where", f"{unknown} are not cells of the legacy files' tables")
+        out.append(OccupancyGroup(cells, plus, minus, group.where))
+    return tuple(out)
 
 
 def load_config(config: Source | RunConfig, project_root: Path | None = None) -> RunConfig:
@@ -793,7 +846,15 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             '"total" first is not supported with [budget] bypass_single_child = true and'
             ' method = "topdown" (a bypassed node may have no measured total)',
         )
+    occupancy = _occupancy(fail, model.estimation.occupancy, schema, spec)
+    if occupancy and any("total" in chosen for chosen in passes.values()):
+        raise fail(
+            "estimation.passes",
+            '"total" first is not supported with [[estimation.occupancy]] (the totals of the'
+            " first pass do not see which children may hold persons)",
+        )
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
         method, fallback, document, model.budget.bypass_single_child, passes, pl94_tables,
+        occupancy,
     )  # fmt: skip

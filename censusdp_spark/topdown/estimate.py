@@ -41,7 +41,9 @@ from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.occupancy import allowed_entries, group_cells
 from censusdp_spark.topdown.queries import TOTAL
+from censusdp_spark.topdown.readers import OCCUPIED
 from censusdp_spark.topdown.solvers.least_squares import solve_children
 from censusdp_spark.topdown.solvers.passes import total_pass
 from censusdp_spark.topdown.solvers.rounding import round_children
@@ -72,6 +74,8 @@ class LevelPlan:
     query_sets: tuple[tuple[str, ...], ...] = ()
     """The sorted query names a family's child may have been measured with (one per level from
     this one down; only this level's without bypassing)."""
+    occupancy: tuple[np.ndarray, ...] = ()
+    """Per ``[[estimation.occupancy]]`` group, a bool per cell (``occupancy.group_cells``)."""
 
     @property
     def family_query_names(self) -> tuple[str, ...]:
@@ -117,6 +121,7 @@ def level_plan(config: RunConfig, level: str) -> LevelPlan:
         query_sets=tuple(
             dict.fromkeys(tuple(sorted(q.name for q in config.queries[lv])) for lv in below)
         ),
+        occupancy=group_cells(config.occupancy, config.schema.n_cells),
     )
 
 
@@ -143,8 +148,9 @@ def solve_family(
 
     ``parent`` is the dense integer estimate of the parent (None at the root); ``children`` has
     one row per (child ``geocode``, ``query``), sorted by geocode then query name (as
-    ``map_families`` delivers them), with the ``noisy`` answer and the child's invariant total
-    ``inv_total`` (null where the level has none).
+    ``map_families`` delivers them), with the ``noisy`` answer, the child's invariant total
+    ``inv_total`` (null where the level has none) and, with occupancy groups, its
+    ``OCCUPIED`` bits.
     """
     geocodes, noisy, weights, totals = family_arrays(plan, children)
     k = len(geocodes)
@@ -177,11 +183,19 @@ def solve_family(
             noisy=noisy,
             parent=None if parent is None else parent[active].astype(np.int64),
             child_totals=totals,
+            allowed=allowed_entries(plan.occupancy, child_bits(children), active),
         )
         if plan.total_first:
             problem = total_pass(problem, names.index(TOTAL))
         x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
     return estimate_rows(plan.level, geocodes, active, x)
+
+
+def child_bits(children: pd.DataFrame) -> pd.Series | None:
+    """Each child's ``OCCUPIED`` bits (rows sorted by geocode), or None without the column."""
+    if OCCUPIED not in children.columns:
+        return None
+    return children[OCCUPIED][~children["geocode"].duplicated()].reset_index(drop=True)
 
 
 def estimate_rows(
@@ -329,7 +343,8 @@ def estimate_level(
 
     ``noisy``: this level's rows of the noisy measurement table (``level_measurements``);
     ``invariant_totals``:
-    ``geocode, inv_total`` for this level (possibly empty); ``parent_estimates``: the level
+    ``geocode, inv_total`` for this level (possibly empty), with occupancy groups also each
+    node's ``OCCUPIED`` bits (``job.node_constraints``); ``parent_estimates``: the level
     above as ``geocode, cells, counts`` (None at the root). The children's rows meet their
     parent's estimate by a join on the parent geocode, then every family is solved by
     ``map_families`` (many families per Python call). ``fault`` is a test hook (see

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import node_histograms, node_totals
 from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.io import delta
+from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
     ReleaseRun,
@@ -55,7 +56,8 @@ from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table,
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
-from censusdp_spark.topdown.readers import read_blocks
+from censusdp_spark.topdown.occupancy import cells_outside_occupancy, group_cells, node_occupancy
+from censusdp_spark.topdown.readers import OCCUPIED, read_blocks
 from censusdp_spark.topdown.resume import redo_unfinished_steps, remove_uncommitted_files
 
 TOPDOWN = "topdown"
@@ -145,6 +147,7 @@ POST_PROCESSING_KEYS = (
     ("estimation", "method"),
     ("estimation", "passes"),
     ("estimation", "fallback"),
+    ("estimation", "occupancy"),
     ("output", "pl94_tables"),
 )
 """Config keys that change only the estimation from the noisy measurements, or what is computed
@@ -177,6 +180,28 @@ def invariant_levels(config: RunConfig) -> list[str]:
     return list(config.hierarchy.names[: deepest + 1])
 
 
+def node_constraints(invariants: DataFrame, occupancy: DataFrame | None, level: str) -> DataFrame:
+    """``geocode, inv_total`` of ``level``'s invariant nodes, and with occupancy groups every
+    node's ``OCCUPIED`` bits beside them (``inv_total`` null where the level has none)."""
+    totals = invariants.filter(F.col("level") == level).select("geocode", "inv_total")
+    if occupancy is None:
+        return totals
+    bits = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
+    return bits.join(totals, "geocode", "left")
+
+
+def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig) -> dict[str, int]:
+    """``persons_outside_occupancy``: released counts where ``[[estimation.occupancy]]``
+    allows none (0, or ``GuaranteeViolation``)."""
+    groups = group_cells(config.occupancy, config.schema.n_cells)
+    outside = cells_outside_occupancy(released, occupancy, groups)
+    if outside:
+        raise GuaranteeViolation(
+            f"released estimates break guarantees: {outside} counts outside the occupancy"
+        )
+    return {"persons_outside_occupancy": outside}
+
+
 def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions) -> RunSummary:
     config = _apply_options(config, options)
     with release_run(config, options) as run, reporting_progress(spark):
@@ -191,7 +216,7 @@ def _run_topdown(
     hierarchy = config.hierarchy
     clock = run.clock
     blocks = read_blocks(
-        spark, config.input, config.schema, hierarchy.leaf.digits, config.spine
+        spark, config.input, config.schema, hierarchy.leaf.digits, config.spine, config.occupancy
     ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
@@ -224,6 +249,7 @@ def _run_topdown(
         .filter(F.col("level").isin(inv_levels))
         .withColumnRenamed("total", "inv_total")
     ).persist(StorageLevel.MEMORY_AND_DISK)
+    occupancy = node_occupancy(blocks, hierarchy).persist() if config.occupancy else None
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
     fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
     full_information = config.estimation_method == "full_information"
@@ -240,13 +266,13 @@ def _run_topdown(
     for i, level in enumerate(hierarchy.levels):
         if not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
-            level_invariants = invariants.filter(F.col("level") == level.name)
+            constraints = node_constraints(invariants, occupancy, level.name)
             if full_information:
                 estimates = estimate_level_from_bottom_up(
                     level_plan(config, level.name),
                     i == len(hierarchy.levels) - 1,
                     delta.read_table(spark, output, BOTTOM_UP).filter(F.col("level") == level.name),
-                    level_invariants.select("geocode", "inv_total"),
+                    constraints,
                     parent_estimates,
                     parent_digits,
                     fault_marker,
@@ -256,7 +282,7 @@ def _run_topdown(
                 estimates = estimate_level(
                     level_plan(config, level.name),
                     level_measurements(noisy, hierarchy, level.name, config.bypass_single_child),
-                    level_invariants.select("geocode", "inv_total"),
+                    constraints,
                     parent_estimates,
                     parent_digits,
                     fault_marker,
@@ -271,6 +297,8 @@ def _run_topdown(
 
     released = delta.read_table(spark, output, delta.ESTIMATES)
     checks = check_estimates(released, hierarchy, invariants)
+    if occupancy is not None:
+        checks.update(check_occupancy(released, occupancy, config))
     paths = [cut for cut, _, _ in bypass.paths] if bypass else None
     checks.update(check_measurements(noisy, config.budget, paths))
     clock.lap("check_guarantees")
@@ -364,6 +392,8 @@ def _run_topdown(
     blocks.unpersist()
     nodes.unpersist()
     invariants.unpersist()
+    if occupancy is not None:
+        occupancy.unpersist()
     if plan is not None:
         plan.unpersist()
     return summary

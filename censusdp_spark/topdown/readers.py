@@ -27,7 +27,7 @@ from censusdp_spark.io.readers import (
     read_checked,
 )
 from censusdp_spark.model.config import SpineSpec
-from censusdp_spark.topdown.config import InputSpec
+from censusdp_spark.topdown.config import InputSpec, OccupancyGroup
 from censusdp_spark.topdown.schema import Schema
 
 
@@ -106,9 +106,17 @@ def read_microdata(
 
 
 HISTOGRAMS = "geocode string, cells array<int>, counts array<bigint>"
+OCCUPIED = "allowed"
+"""With ``[[estimation.occupancy]]``, the blocks' column of the groups each may hold persons
+of: bit ``g`` set where group ``g``'s expression is positive (``occupancy_terms``)."""
 
 
-def read_legacy_blocks(spark: SparkSession, spec: InputSpec, spine: SpineSpec | None) -> DataFrame:
+def read_legacy_blocks(
+    spark: SparkSession,
+    spec: InputSpec,
+    spine: SpineSpec | None,
+    occupancy: tuple[OccupancyGroup, ...] = (),
+) -> DataFrame:
     """P.L. 94-171 legacy files (``io.pl94.read_legacy``: every rule checked on the whole file
     set first): each schema cell is its expression over the table cells, a sum of the derived
     cells mapped to it, each checked non-negative by the reader. The blocks are the
@@ -116,11 +124,26 @@ def read_legacy_blocks(spark: SparkSession, spec: InputSpec, spine: SpineSpec | 
 
     The expressions are one matrix (table cells x schema cells, entries the terms' signs),
     applied per batch of blocks in numpy: as 252 Spark expressions over the 301 cells they were
-    most of the read's planning time."""
+    most of the read's planning time. With ``occupancy``, each block also has its
+    ``OCCUPIED`` bits."""
     assert spec.legacy is not None
     blocks = read_legacy(spark, spec.legacy_files(), spec.legacy.summary_levels, spine)
     terms, index = legacy_terms(spec)
-    return blocks.mapInPandas(partial(_histograms, terms=terms, index=index), HISTOGRAMS)
+    schema = HISTOGRAMS + (f", {OCCUPIED} long" if occupancy else "")
+    groups = occupancy_terms(occupancy) if occupancy else None
+    return blocks.mapInPandas(partial(_histograms, terms=terms, index=index, groups=groups), schema)
+
+
+def occupancy_terms(occupancy: tuple[OccupancyGroup, ...]) -> np.ndarray:
+    """The matrix (``io.pl94_layout.CELLS`` x groups) of the signs with which each table cell
+    enters each occupancy group's expression."""
+    terms = np.zeros((len(CELLS), len(occupancy)))
+    for g, group in enumerate(occupancy):
+        for c in group.plus:
+            terms[CELLS.index(c), g] += 1
+        for c in group.minus:
+            terms[CELLS.index(c), g] -= 1
+    return terms
 
 
 def legacy_terms(spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -137,23 +160,31 @@ def legacy_terms(spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _histograms(
-    batches: Iterable[pd.DataFrame], terms: np.ndarray, index: np.ndarray
+    batches: Iterable[pd.DataFrame],
+    terms: np.ndarray,
+    index: np.ndarray,
+    groups: np.ndarray | None,
 ) -> Iterable[pd.DataFrame]:
     """Each block's non-zero schema cells, in increasing order, and their counts (float64 is
-    exact here: the reader bounds every count by ``MAX_COUNT``)."""
+    exact here: the reader bounds every count by ``MAX_COUNT``), and with ``groups`` its
+    ``OCCUPIED`` bits."""
     for batch in batches:
         values = np.array(batch["values"].tolist(), dtype=np.float64).reshape(
             len(batch), len(CELLS)
         )
         counts = np.rint(values @ terms).astype(np.int64)
         nonzero = [np.flatnonzero(row) for row in counts]
-        yield pd.DataFrame(
+        out = pd.DataFrame(
             {
                 "geocode": batch["geocode"],
                 "cells": [index[j] for j in nonzero],
                 "counts": [row[j] for row, j in zip(counts, nonzero, strict=True)],
             }
         )
+        if groups is not None:
+            positive = (values @ groups) > 0
+            out[OCCUPIED] = (positive << np.arange(groups.shape[1])).sum(axis=1).astype(np.int64)
+        yield out
 
 
 def read_blocks(
@@ -162,10 +193,13 @@ def read_blocks(
     schema: Schema,
     leaf_digits: int,
     spine: SpineSpec | None,
+    occupancy: tuple[OccupancyGroup, ...] = (),
 ) -> DataFrame:
-    """The input's block histograms; with a spine, exactly the spine's blocks (``on_spine``)."""
+    """The input's block histograms; with a spine, exactly the spine's blocks (``on_spine``).
+    With ``occupancy`` (legacy input only: ``config._occupancy``), each block's ``OCCUPIED``
+    bits too."""
     if spec.legacy is not None:
-        return read_legacy_blocks(spark, spec, spine)
+        return read_legacy_blocks(spark, spec, spine, occupancy)
     if spec.layout == "block_counts":
         blocks = read_block_counts(spark, spec, leaf_digits)
     else:

@@ -78,7 +78,9 @@ def file_blocks(segment: int) -> pd.DataFrame:
 def test_the_providence_config_releases_every_block_with_every_guarantee(spark, tmp_path):
     out = run(CONFIG, tmp_path, "c3")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["guarantee_checks"] == TOPDOWN_GUARANTEES_HELD
+    assert manifest["guarantee_checks"] == {
+        **TOPDOWN_GUARANTEES_HELD, "persons_outside_occupancy": 0
+    }  # fmt: skip
     assert manifest["nodes"] == {
         "nation": 1, "state": 1, "county": 1, "tract": 7, "block_group": 28, "block": 569
     }  # fmt: skip
@@ -107,6 +109,12 @@ def test_the_providence_config_releases_every_block_with_every_guarantee(spark, 
     node_totals = {r["geocode"]: r["sum(count)"] for r in per_node}  # nodes with a non-zero cell
     released = tables.set_index("GEOCODE")["P0010001"].to_dict()
     assert released == {g: node_totals.get(g, 0) for g in released}  # every node, the empty ones 0
+    # [[estimation.occupancy]]: the 211 blocks with no housing units and no group-quarters
+    # population (an occupied facility) get no persons; the file's 4 other empty blocks may.
+    dwellings = file_blocks(2)["H0010001"] + file_blocks(3)["P0050001"]
+    unoccupied = dwellings.index[dwellings == 0]
+    assert len(unoccupied) == 211
+    assert all(released[g] == 0 for g in unoccupied)
 
 
 @pytest.mark.slow

@@ -7,9 +7,18 @@ import pytest
 
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown.config import load_config
+from tests.conftest import SHIPPED_METHOD, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
+SHIPPED_TOPDOWN = (
+    "ri_2010_demo.toml",
+    "hi_2010_demo.toml",
+    "national_demo.toml",
+    "pl94_2020_production.toml",
+    "pl94_e2e_providence.toml",
+    "pl94_e2e_providence_units.toml",
+)
 
 
 def edited(tmp_path: Path, old: str, new: str, source: Path = DEMO) -> Path:
@@ -89,14 +98,18 @@ def test_unknown_query_attribute_names_the_level(tmp_path):
         load_config(path, ROOT)
 
 
-def test_estimation_method_defaults_to_topdown_and_accepts_full_information(tmp_path):
-    assert load_config(DEMO, ROOT).estimation_method == "topdown"
-    path = edited(tmp_path, "[estimation]\n", '[estimation]\nmethod = "full_information"\n')
-    assert load_config(path, ROOT).estimation_method == "full_information"
+def test_shipped_configs_ask_full_information_and_an_omitted_method_is_topdown(tmp_path):
+    for name in SHIPPED_TOPDOWN:
+        assert load_config(ROOT / "conf" / name, ROOT).estimation_method == "full_information"
+    omitted = tmp_path / "omitted.toml"
+    omitted.write_text(SHIPPED_METHOD.sub("", DEMO.read_text()))
+    assert load_config(omitted, ROOT).estimation_method == "topdown"
+    topdown = edited(tmp_path, 'method = "full_information"', 'method = "topdown"')
+    assert load_config(topdown, ROOT).estimation_method == "topdown"
 
 
 def test_unknown_estimation_method_names_file_key_and_choices(tmp_path):
-    path = edited(tmp_path, "[estimation]\n", '[estimation]\nmethod = "bluedown"\n')
+    path = edited(tmp_path, 'method = "full_information"', 'method = "bluedown"')
     with pytest.raises(
         ConfigError,
         match=r"edited\.toml: \[estimation\.method\] 'bluedown' must be one of"
@@ -111,8 +124,10 @@ def test_estimation_passes_default_to_one_and_accept_total_first(tmp_path, metho
     assert {lv: load_config(DEMO, ROOT).passes_at(lv) for lv in levels} == dict.fromkeys(
         levels, ("all",)
     )
-    lines = f'[estimation]\nmethod = "{method}"\npasses = ["total", "all"]\n'
-    config = load_config(edited(tmp_path, "[estimation]\n", lines), ROOT)
+    source = tmp_path / "source.toml"
+    source.write_text(with_method(DEMO.read_text(), method))
+    lines = '[estimation]\npasses = ["total", "all"]\n'
+    config = load_config(edited(tmp_path, "[estimation]\n", lines, source), ROOT)
     # topdown fits a measured total first: the demo's nation measures none (one pass there).
     one_pass = {"nation"} if method == "topdown" else set()
     assert {lv: config.passes_at(lv) for lv in levels} == {
@@ -154,7 +169,9 @@ def test_estimation_passes_per_level_leave_the_other_levels_one_pass(tmp_path):
     ],
 )
 def test_bad_estimation_passes_name_the_key_and_rule_in_one_line(tmp_path, passes, key, rule):
-    path = edited(tmp_path, "[estimation]\n", f"[estimation]\npasses = {passes}\n")
+    source = tmp_path / "topdown.toml"  # the nation's rule is topdown's (it fits measured totals)
+    source.write_text(with_method(DEMO.read_text(), "topdown"))
+    path = edited(tmp_path, "[estimation]\n", f"[estimation]\npasses = {passes}\n", source)
     with pytest.raises(ConfigError) as caught:
         load_config(path, ROOT)
     message = str(caught.value)
@@ -166,11 +183,11 @@ def test_a_total_pass_needs_a_measured_total_with_topdown_only(tmp_path):
     assert '"total"' not in text
     passes = '[estimation]\npasses = ["total", "all"]\n'
     path = tmp_path / "no_total.toml"
-    path.write_text(text.replace("[estimation]\n", passes))
+    path.write_text(with_method(text, "topdown").replace("[estimation]\n", passes))
     with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" fits each child"):
         load_config(path, ROOT)
     # full_information fits the bottom-up totals, which every level has.
-    path.write_text(text.replace("[estimation]\n", passes + 'method = "full_information"\n'))
+    path.write_text(text.replace("[estimation]\n", passes))
     assert load_config(path, ROOT).passes_at("nation") == ("total", "all")
 
 
@@ -178,18 +195,17 @@ def test_a_total_pass_with_bypassing_is_refused_with_topdown_only(tmp_path):
     text = DEMO.read_text().replace("[estimation]\n", '[estimation]\npasses = ["total", "all"]\n')
     text = text.replace("# bypass_single_child = true", "bypass_single_child = true")
     path = tmp_path / "bypass.toml"
-    path.write_text(text)
+    path.write_text(with_method(text, "topdown"))
     with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" first is not"):
         load_config(path, ROOT)
-    path.write_text(text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n'))
+    path.write_text(text)
     config = load_config(path, ROOT)
     assert config.bypass_single_child and config.passes_at("county") == ("total", "all")
 
 
 def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path):
-    text = DEMO.read_text().replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
     source = tmp_path / "source.toml"
-    source.write_text(text)
+    source.write_text(DEMO.read_text())
     path = edited(
         tmp_path,
         'queries = { "total" = "1/10", "detailed" = "9/10" }',
@@ -203,11 +219,13 @@ def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path)
     ):
         load_config(path, ROOT)
     # TopDown fits every level under its parent and has no such rule.
+    source.write_text(with_method(DEMO.read_text(), "topdown"))
     load_config(
         edited(
             tmp_path,
             '"total" = "1/10", "detailed" = "9/10"',
             '"total" = "1/10", "votingage" = "9/10"',
+            source=source,
         ),
         ROOT,
     )
@@ -255,12 +273,11 @@ def test_the_demo_declares_its_total_column_and_microdata_may_not(tmp_path):
 
 def test_full_information_on_the_production_schema_holds_two_attributes_symmetric(tmp_path):
     production = ROOT / "conf" / "pl94_2020_production.toml"
-    fi = '[estimation]\nmethod = "full_information"\n'
-    assert load_config(edited(tmp_path, "[estimation]\n", fi, production), ROOT)
+    assert load_config(production, ROOT).estimation_method == "full_information"
     # A structural zero that depends on hispanic and cenrace leaves only votingage symmetric:
     # blocks of 1,000 cells, refused in one line with the rule.
     zero = 'structural_zeros = [ { hispanic = ["hispanic"], cenrace = ["01"] } ]'
-    text = production.read_text().replace("[estimation]\n", fi)
+    text = production.read_text()
     path = tmp_path / "refused.toml"
     path.write_text(re.sub(r"^structural_zeros = .*$", zero, text, flags=re.M))
     with pytest.raises(
@@ -275,26 +292,16 @@ def test_full_information_falls_back_to_topdown_only_when_asked(tmp_path):
     zero = 'structural_zeros = [ { hispanic = ["hispanic"], cenrace = ["01"] } ]'
     text = re.sub(r"^structural_zeros = .*$", zero, production.read_text(), flags=re.M)
     refused = tmp_path / "refused.toml"
-    refused.write_text(
-        text.replace("[estimation]\n", '[estimation]\nmethod = "full_information"\n')
-    )
+    refused.write_text(text)
     with pytest.raises(ConfigError, match=r"\[estimation\.method\]"):
         load_config(refused, ROOT)
     asked = tmp_path / "asked.toml"
-    asked.write_text(
-        text.replace(
-            "[estimation]\n", '[estimation]\nmethod = "full_information"\nfallback = "topdown"\n'
-        )
-    )
+    asked.write_text(text.replace("[estimation]\n", '[estimation]\nfallback = "topdown"\n'))
     config = load_config(asked, ROOT)
     assert config.estimation_method == "topdown"
     assert "DENSE_BLOCK_MAX_CELLS = 512" in config.method_fallback
     # A config full_information supports ignores the fallback; other fallbacks are refused.
-    fine = edited(
-        tmp_path,
-        "[estimation]\n",
-        '[estimation]\nmethod = "full_information"\nfallback = "topdown"\n',
-    )
+    fine = edited(tmp_path, "[estimation]\n", '[estimation]\nfallback = "topdown"\n')
     assert load_config(fine, ROOT).method_fallback == ""
     bad = edited(tmp_path, "[estimation]\n", '[estimation]\nfallback = "gls"\n')
     with pytest.raises(ConfigError, match=r"\[estimation\.fallback\]"):
@@ -371,3 +378,55 @@ def test_legacy_keys_are_refused_with_other_formats(tmp_path):
     path = edited(tmp_path, 'layout = "block_counts"\n', "")
     with pytest.raises(ConfigError, match=r"\[input\] missing required key\(s\) \['layout'\]"):
         load_config(path, ROOT)
+
+
+def test_the_providence_config_holds_one_occupancy_group_over_every_cell():
+    (group,) = load_config(E2E, ROOT).occupancy
+    assert group.cells == tuple(range(252))
+    assert (group.plus, group.minus) == (("H0010001", "P0050001"), ())
+
+
+@pytest.mark.parametrize(
+    ("occupancy", "key", "rule"),
+    [
+        ([{"where": "H0010001 + P9990001"}], ".where", "['P9990001'] are not cells of the legacy"),
+        ([{"where": "H0010001 *"}], ".where", "must be column names joined by + and -"),
+        (
+            [{"where": "H0010001", "cells": {"votingage": ["adult"]}}],
+            ".cells.votingage",
+            "['adult'] are not levels of votingage",
+        ),
+        ([{"where": "H0010001", "cells": {"sex": ["male"]}}], ".cells", "unknown key(s) ['sex']"),
+        (
+            [
+                {"where": "H0010001", "cells": {"votingage": ["18plus"]}},
+                {"where": "P0050001", "cells": {"votingage": ["18plus"], "hispanic": ["hispanic"]}},
+            ],
+            "[1].cells",
+            "63 cell(s) are in an earlier group too",
+        ),
+    ],
+)
+def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key, rule):
+    doc = tomllib.loads(E2E.read_text())
+    doc["estimation"]["occupancy"] = occupancy
+    with pytest.raises(ConfigError) as caught:
+        load_config(doc, ROOT)
+    message = str(caught.value)
+    assert "[estimation.occupancy" in message and key in message, message
+    assert rule in message and "\n" not in message
+
+
+def test_occupancy_needs_legacy_input_and_one_pass():
+    demo = tomllib.loads(DEMO.read_text())
+    demo["estimation"]["occupancy"] = [{"where": "pop"}]
+    with pytest.raises(
+        ConfigError, match=r"\[estimation\.occupancy\] needs format = 'pl94_legacy'"
+    ):
+        load_config(demo, ROOT)
+    doc = tomllib.loads(E2E.read_text())
+    doc["estimation"]["passes"] = ["total", "all"]
+    with pytest.raises(
+        ConfigError, match=r"\[estimation\.passes\] \"total\" first is not supported"
+    ):
+        load_config(doc, ROOT)

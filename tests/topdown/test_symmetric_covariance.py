@@ -214,3 +214,29 @@ def test_the_information_matrix_of_marginal_queries_is_the_dense_one(seed):
         dense += w * matrix.T @ matrix
     compact = information_matrix(layout, [q[active] for q, _ in queries], weights)
     np.testing.assert_allclose(compact.to_dense(), dense, atol=1e-12 * dense.max())
+
+
+def test_a_schema_whose_every_attribute_is_symmetric_has_one_core_cell():
+    """The 252-cell legacy persons schema (votingage x hispanic x cenrace): every query keeps
+    or sums out each attribute, so all three are symmetric over a single core cell."""
+    shape = (2, 2, 63)
+    queries = [
+        product_query(
+            shape, [np.zeros(2, dtype=np.int64), np.arange(2), np.zeros(63, dtype=np.int64)]
+        ),
+        product_query(shape, [np.arange(2), np.zeros(2, dtype=np.int64), np.arange(63)]),
+        product_query(shape, [np.arange(m) for m in shape]),
+    ]
+    layout = covariance_layout(
+        shape, ["votingage", "hispanic", "cenrace"], [], [q for q, _ in queries]
+    )
+    assert layout is not None and layout.core_cells == 1 and layout.sizes == shape
+    weights = np.array([0.5, 2.0, 1.5])
+    active = np.arange(252)
+    dense = np.zeros((252, 252))
+    for (q, size), w in zip(queries, weights, strict=True):
+        matrix = np.zeros((size, 252))
+        matrix[q, active] = 1.0
+        dense += w * matrix.T @ matrix
+    compact = information_matrix(layout, [q for q, _ in queries], weights)
+    np.testing.assert_allclose(compact.to_dense(), dense, atol=1e-12 * dense.max())

@@ -316,7 +316,11 @@ def covariance_layout(
         return None
     core_axes = [a for a in range(len(shape)) if a not in symmetric]
     levels = np.indices(shape).reshape(len(shape), -1)[:, ~zero]
-    core_code = np.ravel_multi_index(tuple(levels[core_axes]), tuple(shape[a] for a in core_axes))
+    core_code = (
+        np.ravel_multi_index(tuple(levels[core_axes]), tuple(shape[a] for a in core_axes))
+        if core_axes
+        else np.zeros(levels.shape[1], dtype=np.int64)  # every attribute symmetric: one core cell
+    )
     core_cells, core_of = np.unique(core_code, return_inverse=True)
     if core_cells.size > DENSE_BLOCK_MAX_CELLS:
         _refuse(names, symmetric, shape, int(core_cells.size))

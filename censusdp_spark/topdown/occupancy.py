@@ -1,0 +1,88 @@
+"""Where persons may live (``[[estimation.occupancy]]``): the 2020 production's housing and
+group-quarters consistency, held exactly by the estimation.
+
+Each occupancy group is a set of schema cells whose persons live in dwellings of one kind
+(housing units, or group quarters of one type), with an expression over a block's input counts
+of those dwellings (``config.OccupancyGroup``). A block may hold the group's persons only where
+the expression is positive: a block with no housing units and no occupied facility gets no
+persons; a group-quarters type with no facility there gets no persons of that type. A node
+above the blocks may hold a group where one of its blocks may (a bitwise or), so every family
+stays feasible: a parent's persons of a group lie in children that may hold them.
+
+These are invariants, as in the Census's 2020 production (block housing-unit counts and
+occupied facilities by type are published exactly): facts of the data that the release holds
+without noise, declared in the config.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.topdown.config import OccupancyGroup
+from censusdp_spark.topdown.readers import OCCUPIED
+
+EVERY_GROUP = -1
+"""The bits of a node that may hold every group (all bits set)."""
+
+
+def node_occupancy(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
+    """``level, geocode, allowed``: every node's ``OCCUPIED`` bits, the or of its blocks'."""
+    leaf = blocks.select(F.lit(hierarchy.leaf.name).alias("level"), "geocode", OCCUPIED)
+    above = [
+        blocks.groupBy(geocode_prefix(level.digits).alias("geocode"))
+        .agg(F.bit_or(OCCUPIED).alias(OCCUPIED))
+        .select(F.lit(level.name).alias("level"), "geocode", OCCUPIED)
+        for level in hierarchy.levels[:-1]
+    ]
+    return reduce(DataFrame.unionByName, [leaf, *above])
+
+
+def group_cells(occupancy: tuple[OccupancyGroup, ...], n_cells: int) -> tuple[np.ndarray, ...]:
+    """Per group, a bool per schema cell: the cells of the group."""
+    out = []
+    for group in occupancy:
+        cells = np.zeros(n_cells, dtype=bool)
+        cells[list(group.cells)] = True
+        out.append(cells)
+    return tuple(out)
+
+
+def allowed_entries(
+    groups: tuple[np.ndarray, ...], bits: pd.Series | None, active: np.ndarray
+) -> np.ndarray | None:
+    """``(k, active.size)`` bools: where each child (its ``OCCUPIED`` bits in ``bits``, one
+    per child; null: every group) may hold persons among the cells ``active``; None when
+    there are no groups (every entry may)."""
+    if not groups or bits is None:
+        return None
+    values = bits.fillna(EVERY_GROUP).to_numpy(dtype=np.int64)
+    allowed = np.ones((values.size, active.size), dtype=bool)
+    for g, cells in enumerate(groups):
+        holds = ((values >> g) & 1).astype(bool)
+        allowed[:, cells[active]] &= holds[:, None]
+    return allowed
+
+
+def cells_outside_occupancy(
+    estimates: DataFrame, occupancy: DataFrame, groups: tuple[np.ndarray, ...]
+) -> int:
+    """The released ``(level, geocode, cell)`` counts above 0 that their node's occupancy does
+    not allow (``estimates`` long: ``level, geocode, cell, count``)."""
+    bit_of = np.zeros(groups[0].size, dtype=np.int64)  # 0: a cell in no group
+    for g, cells in enumerate(groups):
+        bit_of[cells] = 1 << g
+    bit = F.element_at(F.array(*[F.lit(int(v)) for v in bit_of]), F.col("cell") + 1)
+    bits = F.coalesce(F.col(OCCUPIED), F.lit(EVERY_GROUP))
+    return (
+        estimates.filter(F.col("count") > 0)
+        .join(occupancy, ["level", "geocode"], "left")
+        .filter((bit != 0) & (bits.bitwiseAND(bit) == 0))
+        .count()
+    )
