@@ -266,21 +266,25 @@ def _check_allowed(
         raise ValueError(f"allowed: dtype {allowed.dtype} is not bool")
     usable = allowed
     if parent is not None:
-        stranded = np.flatnonzero((parent > 0) & ~allowed.any(axis=0))
-        if stranded.size:
-            j = int(stranded[0])
+        j = _first_stranded(parent, np.asarray(allowed.any(axis=0)))
+        if j is not None:
             raise ValueError(
                 f"allowed: cell {j} of the parent (count {int(parent[j])}) has no child"
                 " allowed to hold it"
             )
         usable = allowed & (parent > 0)[None, :]
     if row_sums is not None:
-        stranded = np.flatnonzero((row_sums > 0) & ~usable.any(axis=1))
-        if stranded.size:
-            c = int(stranded[0])
+        c = _first_stranded(row_sums, np.asarray(usable.any(axis=1)))
+        if c is not None:
             raise ValueError(
                 f"allowed: child {c} (total {row_sums[c]!r}) has no allowed cell to hold it"
             )
+
+
+def _first_stranded(sums: np.ndarray, reachable: np.ndarray) -> int | None:
+    """The first index with a positive sum and nothing that may hold it, or None."""
+    stranded = np.flatnonzero((sums > 0) & ~reachable)
+    return int(stranded[0]) if stranded.size else None
 
 
 def _row_sums(invariant: np.ndarray | None, held: np.ndarray | None) -> np.ndarray | None:
