@@ -6,13 +6,15 @@ released P.L. 94-171 tables."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from censusdp_spark.api import run_topdown
 from censusdp_spark.cli import main
-from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, RECORD_KEY, SEGMENTS
+from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, GQ_TYPES, RECORD_KEY, SEGMENTS
 from censusdp_spark.io.pl94_tables import table_fields
 from tests.conftest import TOPDOWN_GUARANTEES_HELD
 from tests.io.test_pl94_layout import SAMPLE
@@ -131,3 +133,49 @@ def test_the_providence_units_config_releases_h1_with_the_block_totals_exact(spa
     assert len(blocks) == len(truth) == 569
     assert (blocks["H0010001"] == truth.loc[blocks.index, "H0010001"]).all()
     assert tables.loc[tables["level"] == "state", "H0010001"].item() == truth["H0010001"].sum()
+
+
+@pytest.mark.slow
+def test_group_quarters_types_without_a_facility_get_no_persons(spark, tmp_path):
+    """P5 as its own histogram (``table = "group_quarters"``: in households and the seven GQ
+    types) with one occupancy group per type: households only where the block has housing
+    units, each GQ type only where the file has that type's population (an occupied
+    facility). The release holds both at every block, and the guarantees check counts none."""
+    doc = tomllib.loads(UNITS.read_text())
+    levels = ["household", *[f"gq{code}" for code, _, _ in GQ_TYPES]]
+    doc["run"]["name"] = "pl94_e2e_providence_gq"
+    doc["schema"] = {"attributes": [{"name": "hhgq", "levels": levels}]}
+    doc["input"]["table"] = "group_quarters"
+    codes = {"0": "household", **{code: f"gq{code}" for code, _, _ in GQ_TYPES}}
+    doc["input"]["attributes"] = {"hhgq": {"column": "GQTYPE_PL", "map": codes}}
+    doc["estimation"] = {
+        "invariants": ["state"],
+        "occupancy": [
+            {"cells": {"hhgq": ["household"]}, "where": "H0010001"},
+            *[{"cells": {"hhgq": [f"gq{code}"]}, "where": cell} for code, cell, _ in GQ_TYPES],
+        ],
+    }
+    del doc["output"]
+    doc["input"]["path"] = str(ROOT / doc["input"]["path"])
+    doc["run"]["private_dir"] = str(tmp_path / "private")
+    secret = tmp_path / "secret.hex"
+    secret.write_text("c5" * 32 + "\n")
+    secret.chmod(0o600)
+    out = tmp_path / "out"
+    run_topdown(doc, spark=spark, output=out, secret_file=secret)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["guarantee_checks"] == {
+        **TOPDOWN_GUARANTEES_HELD, "persons_outside_occupancy": 0
+    }  # fmt: skip
+    estimates = spark.read.format("delta").load(str(out / "estimates")).toPandas()
+    blocks = estimates[estimates["level"] == "block"]
+    released = (
+        blocks.pivot_table(index="geocode", columns="cell", values="count", aggfunc="sum")
+        .reindex(index=file_blocks(2).index, columns=range(len(levels)))
+        .fillna(0)
+    )
+    units, gq = file_blocks(2)["H0010001"], file_blocks(3)
+    assert (released.loc[units == 0, 0] == 0).all() and (units == 0).sum() > 0
+    for g, (_, cell, _) in enumerate(GQ_TYPES, start=1):
+        assert (released.loc[gq[cell] == 0, g] == 0).all()
+    assert released.loc[:, 1:].to_numpy().sum() > 0  # the types with facilities hold persons
