@@ -30,6 +30,13 @@ def fi_config(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def topdown_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "ri_topdown.toml"
+    path.write_text(with_method(DEMO.read_text(), "topdown"))
+    return path
+
+
 def fi_args(config: Path, county_csv: Path, secret: Path, output: Path) -> list[str]:
     return [
         "topdown",
@@ -51,6 +58,14 @@ def fi_release(spark, fi_config, county_csv, fixed_secret, tmp_path_factory) -> 
     out = tmp_path_factory.mktemp("fi") / "out"
     args = [*fi_args(fi_config, county_csv, fixed_secret, out), "--evaluate", "--variances"]
     assert main(args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def topdown_release(spark, topdown_config, county_csv, fixed_secret, tmp_path_factory) -> Path:
+    """The same county and secret with ``method = "topdown"``: the same noisy measurements."""
+    out = tmp_path_factory.mktemp("topdown") / "out"
+    assert main([*fi_args(topdown_config, county_csv, fixed_secret, out), "--evaluate"]) == 0
     return out
 
 
@@ -91,8 +106,10 @@ def test_total_variances_are_the_bottom_up_variances(spark, fi_release):
     assert len(variances) == table(spark, fi_release / "bottom_up").count()
 
 
-def test_variances_need_full_information(county_csv, fixed_secret, tmp_path, capsys):
-    args = fi_args(DEMO, county_csv, fixed_secret, tmp_path / "out")
+def test_variances_need_full_information(
+    topdown_config, county_csv, fixed_secret, tmp_path, capsys
+):
+    args = fi_args(topdown_config, county_csv, fixed_secret, tmp_path / "out")
     assert main([*args, "--variances"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "[estimation.method] --variances needs" in err
@@ -147,7 +164,7 @@ def released_totals(spark, release: Path, level: str) -> dict[str, int]:
 
 
 def test_tract_totals_are_closer_to_the_whole_tree_gls_than_topdown(
-    spark, fi_release, reference_release
+    spark, fi_release, topdown_release
 ):
     gls = whole_tree_gls_totals(spark, fi_release, digits=11)
 
@@ -156,20 +173,20 @@ def test_tract_totals_are_closer_to_the_whole_tree_gls_than_topdown(
         return float(np.mean([abs(released.get(g, 0) - v) for g, v in gls.items()]))
 
     # Same secret, so the same noisy measurements: only the estimator differs.
-    assert_same_tables(spark, fi_release, reference_release, tables=("noisy_measurements",))
+    assert_same_tables(spark, fi_release, topdown_release, tables=("noisy_measurements",))
     # TopDown's tracts see only their own measurements under the county (about 1.3 persons
     # from the GLS here); full information, within rounding of it.
-    assert distance(fi_release) < 0.6 < 1.0 < distance(reference_release)
+    assert distance(fi_release) < 0.6 < 1.0 < distance(topdown_release)
 
 
-def test_county_detail_is_more_accurate_than_topdown(spark, fi_release, reference_release):
+def test_county_detail_is_more_accurate_than_topdown(spark, fi_release, topdown_release):
     def county_detailed_l1(release: Path) -> float:
         rows = table(spark, evaluation_dir_for(release) / "table").filter(
             "method != 'block_by_block' AND level = 'county' AND query = 'detailed'"
         )
         return float(rows.first()["value"])
 
-    assert county_detailed_l1(fi_release) < 0.5 * county_detailed_l1(reference_release)
+    assert county_detailed_l1(fi_release) < 0.5 * county_detailed_l1(topdown_release)
 
 
 @pytest.mark.slow
