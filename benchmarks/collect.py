@@ -18,7 +18,6 @@ ORDER = [
     "topdown_passes",
     "topdown_pl94",
     "topdown_production",
-    "occupancy",
     "evaluation",
     "generate",
     "national",
