@@ -137,12 +137,17 @@ def read_legacy_blocks(
 def occupancy_terms(occupancy: tuple[OccupancyGroup, ...]) -> np.ndarray:
     """The matrix (``io.pl94_layout.CELLS`` x groups) of the signs with which each table cell
     enters each occupancy group's expression."""
-    terms = np.zeros((len(CELLS), len(occupancy)))
-    for g, group in enumerate(occupancy):
-        for c in group.plus:
-            terms[CELLS.index(c), g] += 1
-        for c in group.minus:
-            terms[CELLS.index(c), g] -= 1
+    return _sign_matrix([(group.plus, group.minus) for group in occupancy])
+
+
+def _sign_matrix(expressions: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> np.ndarray:
+    """``CELLS`` x expressions: +1 per table cell added, -1 per table cell subtracted."""
+    terms = np.zeros((len(CELLS), len(expressions)))
+    for j, (plus, minus) in enumerate(expressions):
+        for c in plus:
+            terms[CELLS.index(c), j] += 1
+        for c in minus:
+            terms[CELLS.index(c), j] -= 1
     return terms
 
 
@@ -150,12 +155,7 @@ def legacy_terms(spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
     """``(terms, index)``: the matrix (``io.pl94_layout.CELLS`` x mapped schema cells) of the
     signs with which each table cell enters each mapped cell's expression, and the schema cell
     of each column."""
-    terms = np.zeros((len(CELLS), len(spec.cells)))
-    for j, cell in enumerate(spec.cells):
-        for c in cell.plus:
-            terms[CELLS.index(c), j] += 1
-        for c in cell.minus:
-            terms[CELLS.index(c), j] -= 1
+    terms = _sign_matrix([(cell.plus, cell.minus) for cell in spec.cells])
     return terms, np.array([cell.cell for cell in spec.cells], dtype=np.int32)
 
 
