@@ -157,9 +157,15 @@ class RunModel(Model):
 
 
 class SpineModel(Model):
+    """A block-level table named by path, format and geocode columns (the spine, or a table
+    keyed by its blocks)."""
+
     path: PathText
     format: SpineFormat = "csv"
     geocode: Columns
+
+    def spec(self, base: Path) -> SpineSpec:
+        return SpineSpec(resolve(base, self.path), self.format, tuple(self.geocode))
 
 
 class LevelModel(Model):
@@ -178,8 +184,7 @@ class GeographyModel(Model):
             raise fail("geography.levels", str(err)) from None
 
     def spine_spec(self, base: Path) -> SpineSpec | None:
-        s = self.spine
-        return SpineSpec(resolve(base, s.path), s.format, tuple(s.geocode)) if s else None
+        return self.spine.spec(base) if self.spine else None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from censusdp_spark.model.config import (
     RunModel,
     RunOptions,
     Source,
+    SpineModel,
     SpineSpec,
     budget_in_range,
     check_keys,
@@ -140,8 +141,9 @@ class InputSpec:
 class OccupancyGroup:
     """``[[estimation.occupancy]]``: the schema ``cells`` whose persons live in dwellings of
     one kind (housing units, or the group quarters of one type), which a block may hold only
-    where ``plus - minus`` (columns of the input: its counts of those dwellings) is positive.
-    A node above the blocks may hold them where one of its blocks may."""
+    where ``plus - minus`` (a block's counts of those dwellings: cells of the legacy files'
+    tables, or columns of ``[estimation] dwellings``) is positive. A node above the blocks may
+    hold them where one of its blocks may."""
 
     cells: tuple[int, ...]
     plus: tuple[str, ...]
@@ -188,6 +190,9 @@ class RunConfig:
     """Per level, its estimation passes; a level not listed is one pass (``passes_at``)."""
     pl94_tables: Pl94TablesSpec | None = None  # [output.pl94_tables]
     occupancy: tuple[OccupancyGroup, ...] = ()  # [[estimation.occupancy]]
+    dwellings: SpineSpec | None = None
+    """``[estimation] dwellings``: the block table of dwelling counts the occupancy groups'
+    expressions read when the input is not the legacy files (one row per block)."""
 
     def passes_at(self, level: str) -> tuple[EstimationPass, ...]:
         """The estimation passes of ``level``: ``("all",)`` or ``("total", "all")``."""
@@ -281,6 +286,7 @@ class EstimationModel(Model):
     invariants: list[Name] = []
     structural_zeros: list[dict[str, list[str]]] = []
     occupancy: list[OccupancyModel] = []
+    dwellings: SpineModel | None = None  # a block table: path, format, geocode (as the spine)
     method: EstimationMethod = "topdown"
     passes: list[str] | dict[str, list[str]] = list(ONE_PASS)  # every level, or per level
     fallback: Literal["topdown"] | None = None  # run "topdown" where full_information cannot
@@ -769,17 +775,31 @@ def _cells_of(fail: Fail, key: str, levels: Mapping[str, list[str]], schema: Sch
 
 
 def _occupancy(
-    fail: Fail, groups: list[OccupancyModel], schema: Schema, spec: InputSpec | None
+    fail: Fail,
+    groups: list[OccupancyModel],
+    schema: Schema,
+    spec: InputSpec | None,
+    dwellings: SpineSpec | None,
 ) -> tuple[OccupancyGroup, ...]:
-    """The occupancy groups: disjoint sets of cells, each with its expression over the legacy
-    files' table cells (the one input whose blocks carry housing-unit and group-quarters
-    counts beside the persons)."""
+    """The occupancy groups: disjoint sets of cells, each with its expression over a block's
+    dwelling counts: the legacy files' table cells (whose blocks carry housing-unit and
+    group-quarters counts beside the persons), or else the columns of ``dwellings``."""
     if not groups:
+        if dwellings is not None:
+            raise fail("estimation.dwellings", "is read only by [[estimation.occupancy]] groups")
         return ()
-    if spec is None or spec.legacy is None:
+    legacy = spec is not None and spec.legacy is not None
+    if legacy and dwellings is not None:
+        raise fail(
+            "estimation.dwellings",
+            f"format = '{PL94_LEGACY}' input carries its blocks' H1 and P5 counts: the"
+            " occupancy expressions name those table cells",
+        )
+    if not legacy and dwellings is None:
         raise fail(
             "estimation.occupancy",
-            f"needs format = '{PL94_LEGACY}' input (its H1 and P5 counts of every block)",
+            "needs each block's dwelling counts: [estimation] dwellings = { path = ...,"
+            f" geocode = ... }} (a block table), or format = '{PL94_LEGACY}' input",
         )
     out: list[OccupancyGroup] = []
     taken: set[int] = set()
@@ -790,7 +810,7 @@ def _occupancy(
             raise fail(f"{key}.cells", f"{len(overlap)} cell(s) are in an earlier group too")
         taken |= set(cells)
         plus, minus = _expression(fail, f"{key}.where", group.where)
-        if unknown := [c for c in (*plus, *minus) if c not in CELLS]:
+        if legacy and (unknown := [c for c in (*plus, *minus) if c not in CELLS]):
             raise fail(f"{key}.where", f"{unknown} are not cells of the legacy files' tables")
         out.append(OccupancyGroup(cells, plus, minus, group.where))
     return tuple(out)
@@ -846,7 +866,9 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             '"total" first is not supported with [budget] bypass_single_child = true and'
             ' method = "topdown" (a bypassed node may have no measured total)',
         )
-    occupancy = _occupancy(fail, model.estimation.occupancy, schema, spec)
+    dwellings = model.estimation.dwellings
+    dwellings_spec = dwellings.spec(base) if dwellings else None
+    occupancy = _occupancy(fail, model.estimation.occupancy, schema, spec, dwellings_spec)
     if occupancy and any("total" in chosen for chosen in passes.values()):
         raise fail(
             "estimation.passes",
@@ -856,5 +878,5 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
     return RunConfig(
         document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
         method, fallback, document, model.budget.bypass_single_child, passes, pl94_tables,
-        occupancy,
+        occupancy, dwellings_spec,
     )  # fmt: skip

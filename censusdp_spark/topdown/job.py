@@ -148,6 +148,7 @@ POST_PROCESSING_KEYS = (
     ("estimation", "passes"),
     ("estimation", "fallback"),
     ("estimation", "occupancy"),
+    ("estimation", "dwellings"),
     ("output", "pl94_tables"),
 )
 """Config keys that change only the estimation from the noisy measurements, or what is computed
@@ -216,7 +217,13 @@ def _run_topdown(
     hierarchy = config.hierarchy
     clock = run.clock
     blocks = read_blocks(
-        spark, config.input, config.schema, hierarchy.leaf.digits, config.spine, config.occupancy
+        spark,
+        config.input,
+        config.schema,
+        hierarchy.leaf.digits,
+        config.spine,
+        config.occupancy,
+        config.dwellings,
     ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
     node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}

@@ -25,8 +25,11 @@ from censusdp_spark.io.readers import (
     nonzero_cells,
     on_spine,
     read_checked,
+    read_table,
+    row_number_of,
 )
 from censusdp_spark.model.config import SpineSpec
+from censusdp_spark.model.errors import InputError
 from censusdp_spark.topdown.config import InputSpec, OccupancyGroup
 from censusdp_spark.topdown.schema import Schema
 
@@ -194,14 +197,105 @@ def read_blocks(
     leaf_digits: int,
     spine: SpineSpec | None,
     occupancy: tuple[OccupancyGroup, ...] = (),
+    dwellings: SpineSpec | None = None,
 ) -> DataFrame:
     """The input's block histograms; with a spine, exactly the spine's blocks (``on_spine``).
-    With ``occupancy`` (legacy input only: ``config._occupancy``), each block's ``OCCUPIED``
-    bits too."""
+    With ``occupancy``, each block's ``OCCUPIED`` bits too: from the legacy files' own tables,
+    or else from the block table ``dwellings`` (``with_dwellings``)."""
     if spec.legacy is not None:
         return read_legacy_blocks(spark, spec, spine, occupancy)
     if spec.layout == "block_counts":
         blocks = read_block_counts(spark, spec, leaf_digits)
     else:
         blocks = read_microdata(spark, spec, schema, leaf_digits)
-    return blocks if spine is None else on_spine(spark, blocks, spec, spine, leaf_digits)
+    if spine is not None:
+        blocks = on_spine(spark, blocks, spec, spine, leaf_digits)
+    if not occupancy:
+        return blocks
+    assert dwellings is not None  # config._occupancy requires it without legacy input
+    return with_dwellings(spark, blocks, dwellings, occupancy, leaf_digits)
+
+
+def with_dwellings(
+    spark: SparkSession,
+    blocks: DataFrame,
+    dwellings: SpineSpec,
+    occupancy: tuple[OccupancyGroup, ...],
+    leaf_digits: int,
+) -> DataFrame:
+    """``blocks`` (``geocode, cells, counts``) with their ``OCCUPIED`` bits: bit ``g`` set where
+    group ``g``'s expression over the block's row of ``dwellings`` is positive.
+
+    Every rule is checked before anything is written, each refusal naming the dwellings table
+    and, where one is to blame, its row: a column an expression names is missing; a count is
+    not a non-negative integer at most ``MAX_COUNT``; a geocode is malformed, repeated or not
+    one of the blocks; a block has no row; a block holds persons of a group its counts do not
+    allow (the input and its dwellings disagree)."""
+    source = str(dwellings.path)
+    raw = read_table(spark, dwellings.path, dwellings.format)
+    for i, group in enumerate(occupancy):
+        for column in (*group.plus, *group.minus):
+            if column not in raw.columns:
+                rule = f"missing (named in estimation.occupancy[{i}].where)"
+                raise InputError(source, f"column {column}", rule)
+    columns = sorted({c for group in occupancy for c in (*group.plus, *group.minus)})
+    df = raw.select(
+        geocode_of(dwellings).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in columns]
+    )
+    if not df.limit(1).collect():
+        raise InputError(source, "rows", "the dwellings table is empty")
+    rules = [geocode_rule(dwellings, leaf_digits)] + [r for c in columns for r in count_rules(c)]
+    enforce_rules(df, source, rules)
+    check_unique_geocodes(df, dwellings)
+    counts = {c: F.trim(F.col(c)).cast("long") for c in columns}
+    bits = reduce(
+        Column.bitwiseOR,
+        [
+            F.when(_expression_value(group, counts) > 0, F.lit(1 << g)).otherwise(F.lit(0))
+            for g, group in enumerate(occupancy)
+        ],
+    )
+    table = df.select("geocode", bits.cast("long").alias(OCCUPIED))
+    geocode = "+".join(dwellings.geocode_columns)
+    if stray := table.join(blocks, "geocode", "left_anti").limit(1).collect():
+        code = stray[0]["geocode"]
+        row = row_number_of(df, F.col("geocode") == code)
+        raise InputError(
+            source, f"row {row}, column {geocode}", f"{code} is not a block of the input"
+        )
+    if missing := blocks.join(table, "geocode", "left_anti").limit(1).collect():
+        rule = f"block {missing[0]['geocode']} has no row (every block needs its dwelling counts)"
+        raise InputError(source, "rows", rule)
+    joined = blocks.join(table, "geocode").withColumn("held", _groups_held("cells", occupancy))
+    outside = F.col("held").bitwiseAND(F.bitwise_not(OCCUPIED))
+    if clash := joined.filter(outside != 0).limit(1).collect():
+        code, bad = clash[0]["geocode"], clash[0]["held"] & ~clash[0][OCCUPIED]
+        g = (bad & -bad).bit_length() - 1
+        row = row_number_of(df, F.col("geocode") == code)
+        raise InputError(
+            source,
+            f"row {row}",
+            f"block {code} holds persons of estimation.occupancy[{g}], whose where ="
+            f" {occupancy[g].where!r} is not positive there",
+        )
+    return joined.drop("held")
+
+
+def _expression_value(group: OccupancyGroup, counts: dict[str, Column]) -> Column:
+    """``plus - minus`` of one group over the typed count columns."""
+    terms = [counts[c] for c in group.plus] + [-counts[c] for c in group.minus]
+    return reduce(lambda a, b: a + b, terms)
+
+
+def _groups_held(cells: str, occupancy: tuple[OccupancyGroup, ...]) -> Column:
+    """The bits of the occupancy groups a block's non-zero ``cells`` fall in."""
+    n_cells = 1 + max(max(group.cells) for group in occupancy)
+    bit_of = [0] * n_cells
+    for g, group in enumerate(occupancy):
+        for cell in group.cells:
+            bit_of[cell] = 1 << g
+    table = F.array(*[F.lit(b).cast("long") for b in bit_of])
+    bits = F.transform(
+        cells, lambda c: F.when(c < n_cells, F.element_at(table, c + 1)).otherwise(F.lit(0))
+    )
+    return F.aggregate(bits, F.lit(0).cast("long"), lambda acc, b: acc.bitwiseOR(b))

@@ -74,7 +74,15 @@ def validate_release(
     if input_path is not None:
         spec = replace(spec, path=input_path)
     secret = check_secret(config.run, secret_file)
-    blocks = read_blocks(spark, spec, config.schema, config.hierarchy.leaf.digits, config.spine)
+    blocks = read_blocks(
+        spark,
+        spec,
+        config.schema,
+        config.hierarchy.leaf.digits,
+        config.spine,
+        config.occupancy,
+        config.dwellings,
+    )
     nodes = nodes_per_level(blocks, config.hierarchy)
     rho = config.budget.total_rho
     return ValidationReport(

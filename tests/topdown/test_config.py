@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown.config import load_config
 from tests.conftest import SHIPPED_METHOD, with_method
@@ -380,6 +381,21 @@ def test_legacy_keys_are_refused_with_other_formats(tmp_path):
         load_config(path, ROOT)
 
 
+def test_a_dwellings_table_is_refused_without_occupancy_groups_and_with_legacy_input():
+    demo = tomllib.loads(DEMO.read_text())
+    demo["estimation"]["dwellings"] = {"path": "dwellings.csv", "geocode": "GEOID"}
+    with pytest.raises(
+        ConfigError, match=r"\[estimation\.dwellings\] is read only by \[\[estimation\.occupancy"
+    ):
+        load_config(demo, ROOT)
+    doc = tomllib.loads(E2E.read_text())
+    doc["estimation"]["dwellings"] = {"path": "dwellings.csv", "geocode": "GEOID"}
+    with pytest.raises(
+        ConfigError, match=r"\[estimation\.dwellings\] format = 'pl94_legacy' input carries"
+    ):
+        load_config(doc, ROOT)
+
+
 def test_the_providence_config_holds_one_occupancy_group_over_every_cell():
     (group,) = load_config(E2E, ROOT).occupancy
     assert group.cells == tuple(range(252))
@@ -417,13 +433,19 @@ def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key
     assert rule in message and "\n" not in message
 
 
-def test_occupancy_needs_legacy_input_and_one_pass():
+def test_occupancy_needs_dwelling_counts_and_one_pass():
     demo = tomllib.loads(DEMO.read_text())
-    demo["estimation"]["occupancy"] = [{"where": "pop"}]
+    demo["estimation"]["occupancy"] = [{"where": "HU"}]
     with pytest.raises(
-        ConfigError, match=r"\[estimation\.occupancy\] needs format = 'pl94_legacy'"
+        ConfigError,
+        match=r"\[estimation\.occupancy\] needs each block's dwelling counts: \[estimation\]"
+        r" dwellings = .* or format = 'pl94_legacy' input",
     ):
         load_config(demo, ROOT)
+    demo["estimation"]["dwellings"] = {"path": "dwellings.csv", "geocode": "GEOID"}
+    config = load_config(demo, ROOT)
+    assert config.dwellings == SpineSpec(ROOT / "dwellings.csv", "csv", ("GEOID",))
+    assert [(g.plus, g.minus) for g in config.occupancy] == [(("HU",), ())]
     doc = tomllib.loads(E2E.read_text())
     doc["estimation"]["passes"] = ["total", "all"]
     with pytest.raises(
