@@ -7,7 +7,8 @@ query against the input, and run time per stage.
 ``perry`` is the shipped 2010 demonstration PPMF sample (Perry County, AL) with
 ``conf/pl94_2020_production.toml`` as shipped; ``ri`` is the real RI 2010 blocks expanded to
 2,016 cells by ``benchmarks/expand_pl94.py --seed 1`` (block, voting age and Hispanic origin
-real; detailed race and GQ type SYNTHETIC), generated into ``DIR`` on first use.
+real; detailed race and GQ type SYNTHETIC), generated into ``DIR`` on first use, on the spine
+of every RI 2010 block (``RI_SPINE``).
 
 Every (input, secret, method) is one ``censusdp topdown --evaluate`` process with the same secret
 file for both methods, so both post-process the same noisy measurements (the outputs are marked
@@ -48,11 +49,18 @@ def secret_hex(i: int) -> str:
     return hashlib.sha256(f"bench_production secret {i}".encode()).hexdigest()
 
 
-def method_config(method: str, work: Path) -> Path:
-    """The production config with ``[estimation] method`` set."""
+RI_SPINE = 'spine = { path = "data/ri_2010_blocks_pl.csv", format = "csv", geocode = "GEOID" }'
+"""The spine of the expanded RI input: every RI 2010 block, the empty ones included."""
+
+
+def method_config(method: str, work: Path, name: str) -> Path:
+    """The production config with ``[estimation] method`` set; for ``ri`` on RI's spine."""
     text = re.sub(r"(?m)^method\s*=.*\n", "", CONFIG.read_text())
     assert "\n[estimation]\n" in text
-    path = work / f"production_{method}.toml"
+    if name == "ri":
+        text, replaced = re.subn(r"(?m)^spine\s*=.*$", RI_SPINE, text)
+        assert replaced == 1
+    path = work / f"production_{name}_{method}.toml"
     path.write_text(text.replace("\n[estimation]\n", f'\n[estimation]\nmethod = "{method}"\n', 1))
     return path
 
@@ -80,7 +88,7 @@ def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
     source = input_path(name, work)
     command = [
         str(ROOT / ".venv" / "bin" / "censusdp"), "topdown",
-        "--config", str(method_config(method, work)),
+        "--config", str(method_config(method, work, name)),
         *(["--input", str(source)] if source else []),
         "--output", str(out), "--overwrite", "--evaluate", "--evaluation-output", str(evaluation),
         "--secret-file", str(secret), "--reuse-secret", "--master", "local[2]",
@@ -200,15 +208,16 @@ def report(runs: list[dict], command: str, methods: list[str]) -> str:
     ]
     for name in dict.fromkeys(r["input"] for r in runs):
         nodes = next(r["nodes"] for r in runs if r["input"] == name)
+        ran = [m for m in methods if any((r["input"], r["method"]) == (name, m) for r in runs)]
         lines += [
             "",
             f"### {name}: nodes per level " + " / ".join(f"{nodes[lv]:,}" for lv in levels),
             "",
-            *accuracy_table(runs, name, levels, methods),
+            *accuracy_table(runs, name, levels, ran),
             "",
-            f"Per query, {methods[-1]} / {methods[0]} mean L1:",
+            f"Per query, {ran[-1]} / {ran[0]} mean L1:",
             "",
-            *query_table(runs, name, levels, methods),
+            *query_table(runs, name, levels, ran),
         ]
     lines += ["", "Wall time per run and stage (s):", "", *timing_table(runs)]
     return "\n".join(lines) + "\n"
