@@ -249,7 +249,7 @@ def with_dwellings(
     check_unique_geocodes(df, dwellings)
     counts = {c: F.trim(F.col(c)).cast("long") for c in columns}
     bits = reduce(
-        Column.bitwiseOR,
+        lambda a, b: a.bitwiseOR(b),
         [
             F.when(_expression_value(group, counts) > 0, F.lit(1 << g)).otherwise(F.lit(0))
             for g, group in enumerate(occupancy)
