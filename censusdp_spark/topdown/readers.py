@@ -256,20 +256,33 @@ def with_dwellings(
         ],
     )
     table = df.select("geocode", bits.cast("long").alias(OCCUPIED))
-    geocode = "+".join(dwellings.geocode_columns)
-    if stray := table.join(blocks, "geocode", "left_anti").limit(1).collect():
-        code = stray[0]["geocode"]
-        row = row_number_of(df, F.col("geocode") == code)
-        raise InputError(
-            source, f"row {row}, column {geocode}", f"{code} is not a block of the input"
-        )
-    if missing := blocks.join(table, "geocode", "left_anti").limit(1).collect():
-        rule = f"block {missing[0]['geocode']} has no row (every block needs its dwelling counts)"
-        raise InputError(source, "rows", rule)
-    joined = blocks.join(table, "geocode").withColumn("held", _groups_held("cells", occupancy))
+    held = blocks.select(
+        "geocode", _groups_held("cells", occupancy).alias("held"), F.lit(True).alias("block")
+    )
     outside = F.col("held").bitwiseAND(F.bitwise_not(OCCUPIED))
-    if clash := joined.filter(outside != 0).limit(1).collect():
-        code, bad = clash[0]["geocode"], clash[0]["held"] & ~clash[0][OCCUPIED]
+    first = (  # one pass over both: the first stray row, block without a row, and clash
+        table.withColumn("row", F.lit(True))
+        .join(held, "geocode", "full")
+        .agg(
+            F.min(F.when(F.col("block").isNull(), F.col("geocode"))).alias("stray"),
+            F.min(F.when(F.col("row").isNull(), F.col("geocode"))).alias("missing"),
+            F.min(F.when(outside != 0, F.col("geocode"))).alias("clash"),
+            F.min_by(outside, F.when(outside != 0, F.col("geocode"))).alias("outside"),
+        )
+        .first()
+    )
+    assert first is not None
+    if (code := first["stray"]) is not None:
+        row = row_number_of(df, F.col("geocode") == code)
+        column = "+".join(dwellings.geocode_columns)
+        raise InputError(
+            source, f"row {row}, column {column}", f"{code} is not a block of the input"
+        )
+    if (code := first["missing"]) is not None:
+        rule = f"block {code} has no row (every block needs its dwelling counts)"
+        raise InputError(source, "rows", rule)
+    if (code := first["clash"]) is not None:
+        bad = first["outside"]
         g = (bad & -bad).bit_length() - 1
         row = row_number_of(df, F.col("geocode") == code)
         raise InputError(
@@ -278,7 +291,7 @@ def with_dwellings(
             f"block {code} holds persons of estimation.occupancy[{g}], whose where ="
             f" {occupancy[g].where!r} is not positive there",
         )
-    return joined.drop("held")
+    return blocks.join(table, "geocode")
 
 
 def _expression_value(group: OccupancyGroup, counts: dict[str, Column]) -> Column:
