@@ -169,7 +169,8 @@ def leaf_estimates(
         return totals[:, None].copy(), np.zeros((1, 1))
     basis = _complement_basis(n)
     reduced = basis.T @ information @ basis
-    _require_identified(design, _eigenvalues(reduced), with_total=True)
+    scale = float(_eigenvalues(information).max())
+    _require_identified(design, _eigenvalues(reduced), with_total=True, scale=scale)
     covariance = _symmetric(basis @ np.linalg.inv(reduced) @ basis.T)
     start = np.outer(totals, np.full(n, 1.0 / n))
     means = start + (linear - start @ information) @ covariance
@@ -335,7 +336,8 @@ def _compact_leaf_estimates(
         reduced_eigenvalues = _eigenvalues(reduced)
         blocks[0] = basis @ np.linalg.inv(reduced) @ basis.T
     eigenvalues = np.concatenate([reduced_eigenvalues, np.linalg.eigvalsh(others).ravel()])
-    _require_identified(design, eigenvalues, with_total=True)
+    scale = float(information.eigenvalues().max())
+    _require_identified(design, eigenvalues, with_total=True, scale=scale)
     blocks[1:] = np.linalg.inv(others)
     covariance = SymmetricMatrix(layout, blocks).symmetric()
     start = np.outer(totals, np.full(design.n_cells, 1.0 / design.n_cells))
@@ -380,9 +382,18 @@ def _eigenvalues(information: np.ndarray) -> np.ndarray:
 
 
 def _require_identified(
-    design: LevelDesign, eigenvalues: np.ndarray, with_total: bool = False
+    design: LevelDesign,
+    eigenvalues: np.ndarray,
+    with_total: bool = False,
+    scale: float | None = None,
 ) -> None:
-    if float(eigenvalues.min()) <= IDENTIFIED_TOLERANCE * max(float(eigenvalues.max()), 0.0):
+    """Raise unless the smallest of ``eigenvalues`` is above ``IDENTIFIED_TOLERANCE`` times
+    ``scale``: the largest eigenvalue of the information before the invariant total reduced
+    it (given with the total), else the largest of ``eigenvalues``. With the total, the
+    reduced matrix alone has no scale: on a 1 x 1 reduction its one eigenvalue is round-off
+    of either sign and size, so comparing it with itself decides nothing."""
+    largest = float(eigenvalues.max()) if scale is None else scale
+    if float(eigenvalues.min()) <= IDENTIFIED_TOLERANCE * max(largest, 0.0):
         given = " together with the invariant total" if with_total else ""
         raise ValueError(
             f"level {design.level}: its queries{given} do not identify every cell (information"
