@@ -16,6 +16,7 @@ ORDER = [
     "topdown",
     "topdown_fi",
     "topdown_passes",
+    "topdown_bypass",
     "topdown_pl94",
     "topdown_production",
     "evaluation",
