@@ -164,28 +164,34 @@ def test_estimate_of_the_wrong_shape_is_rejected() -> None:
         round_children(problem, np.zeros((3, 4)))
 
 
-def _cell_level_brute_force(problem, x_hat):
-    """Least sum |x - x_hat| over all roundings meeting the sums (independent enumeration)."""
+def _roundings(problem, x_hat, totals=None):
+    """Every rounding of ``x_hat`` (floor or floor + 1 per entry) meeting the parent and the
+    child totals (``totals``, else the problem's), by enumeration."""
     import itertools
 
     floor = np.floor(x_hat + 1e-12).astype(np.int64)
     k, n = x_hat.shape
-    best = None
+    totals = problem.child_totals if totals is None else totals
     for bits in itertools.product((0, 1), repeat=k * n):
         x = floor + np.array(bits, dtype=np.int64).reshape(k, n)
         if problem.parent is not None and not np.array_equal(x.sum(axis=0), problem.parent):
             continue
-        if problem.child_totals is not None and not np.array_equal(
-            x.sum(axis=1), problem.child_totals
-        ):
+        if totals is not None and not np.array_equal(x.sum(axis=1), totals):
             continue
-        cost = float(np.abs(x - x_hat).sum())
-        best = cost if best is None else min(best, cost)
-    return best
+        yield x
+
+
+def _cell_level_brute_force(problem, x_hat, totals=None):
+    """Least sum |x - x_hat| over all roundings meeting the sums (independent enumeration)."""
+    return min(float(np.abs(x - x_hat).sum()) for x in _roundings(problem, x_hat, totals))
+
+
+def _total_deviation(x, x_hat):
+    return float(np.abs(x.sum(axis=1) - x_hat.sum(axis=1)).sum())
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_cell_level_rounding_for_large_families_is_integral_feasible_and_cell_optimal(
+def test_cell_level_rounding_holds_the_closest_totals_and_is_cell_optimal_under_them(
     seed, monkeypatch
 ):
     import censusdp_spark.topdown.solvers.rounding as rounding
@@ -214,8 +220,11 @@ def test_cell_level_rounding_for_large_families_is_integral_feasible_and_cell_op
     if totals is not None:
         assert np.array_equal(x.sum(axis=1), totals)
     assert np.all((x == np.floor(x_hat + 1e-9)) | (x == np.floor(x_hat + 1e-9) + 1))
+    if totals is None:  # the children's totals are the L1-closest of any rounding's
+        best_totals = min(_total_deviation(r, x_hat) for r in _roundings(problem, x_hat))
+        assert _total_deviation(x, x_hat) == pytest.approx(best_totals, abs=1e-9)
     assert float(np.abs(x - x_hat).sum()) == pytest.approx(
-        _cell_level_brute_force(problem, x_hat), abs=1e-9
+        _cell_level_brute_force(problem, x_hat, x.sum(axis=1)), abs=1e-9
     )
 
 

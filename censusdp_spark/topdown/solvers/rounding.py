@@ -45,10 +45,12 @@ Which method solves it:
 * Large crossing families (more than ``MILP_SIZE_LIMIT`` fractional entries, or when HiGHS finds
   no rounding within the time limit) use the cell-level rounding instead: minimise the L1
   deviation of the detailed cells only, sum_{c,j} |b_{c,j} - f_{c,j}| = sum f + sum (1 - 2 f) b,
-  under the same sum constraints. Its constraint matrix is the incidence matrix of a bipartite
-  graph (cells x children), which is totally unimodular, so a simplex vertex of the linear
-  program is integral and optimal for that objective. It meets every constraint exactly; it
-  does not weigh the other queries' deviations.
+  under the same sum constraints and with every child's total held (where the problem does not
+  fix it, at ``round_totals``' L1-closest rounding of the child's estimated total, so the
+  ``total`` query loses nothing to the fallback). Its constraint matrix is the incidence matrix
+  of a bipartite graph (cells x children), which is totally unimodular, so a simplex vertex of
+  the linear program is integral and optimal for that objective. It meets every constraint
+  exactly; it does not weigh the other queries' deviations.
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ def _round_children(
     rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
     rounded = floor.copy()
     if n_binary > MILP_SIZE_LIMIT:
-        rounded[children, cells] += _round_cells(rows, row_bounds, fraction[children, cells])
+        rounded[children, cells] += _round_cells_totals_held(
+            problem, x_hat, (floor, fraction), (children, cells), (column_need, row_need)
+        )
         return rounded
     binary_cost, deviation, lower, upper = _deviation_terms(
         problem, children, cells, fraction[children, cells]
@@ -140,10 +144,38 @@ def _round_children(
         options=options,
     )
     if result.x is None or result.status not in (0, 1):
-        rounded[children, cells] += _round_cells(rows, row_bounds, fraction[children, cells])
+        rounded[children, cells] += _round_cells_totals_held(
+            problem, x_hat, (floor, fraction), (children, cells), (column_need, row_need)
+        )
         return rounded
     rounded[children, cells] += np.round(result.x[:n_binary]).astype(np.int64)
     return rounded
+
+
+def _round_cells_totals_held(
+    problem: ChildrenProblem,
+    x_hat: np.ndarray,
+    split: tuple[np.ndarray, np.ndarray],
+    moving: tuple[np.ndarray, np.ndarray],
+    needs: tuple[np.ndarray | None, np.ndarray | None],
+) -> np.ndarray:
+    """The cell-level rounding's round-ups (on the ``moving`` ``(children, cells)`` entries),
+    with every child's total held: at its fixed value where the problem fixes it, else at
+    ``round_totals``' L1-closest rounding of ``sum_j x_hat_{c,j}`` (within 1 of it). Were the
+    totals free, the cells' round-ups could move a child's total by up to its number of
+    fractional entries (hundreds in a 2,016-cell family); held, the ``total`` query loses
+    nothing to the fallback. Cell rows and child rows are still a bipartite incidence matrix,
+    and a rounding with those totals exists (``round_totals``), so the LP's vertex is integral.
+    """
+    floor, fraction = split
+    children, cells = moving
+    column_need, row_need = needs
+    if row_need is None:
+        totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
+        assert totals is not None  # first_pass always fixes them
+        row_need = totals - floor.sum(axis=1)
+    rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
+    return _round_cells(rows, row_bounds, fraction[children, cells])
 
 
 def _round_cells(rows: sparse.csr_matrix, targets: np.ndarray, fraction: np.ndarray) -> np.ndarray:
