@@ -115,17 +115,36 @@ def _round_children(
     if flow_size <= FLOW_SIZE_LIMIT and is_laminar(problem.marginals, moving):
         return floor + round_laminar(problem.marginals, fraction, moving, column_need, row_need)
     children, cells = np.nonzero(moving)
-    n_binary = children.shape[0]
-    rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
+    fractional = fraction[children, cells]
+    ups = None
+    if children.shape[0] <= MILP_SIZE_LIMIT:
+        rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
+        ups = _round_queries(problem, (children, cells), fractional, (rows, row_bounds), time_limit)
+    if ups is None:  # too large for the MILP, or no rounding found in time: cell by cell
+        if row_need is None:  # hold the children's totals at round_totals' L1-closest ones
+            totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
+            assert totals is not None  # first_pass always fixes them
+            row_need = totals - floor.sum(axis=1)
+        ups = _round_cells(*_sum_constraints(children, cells, column_need, row_need), fractional)
     rounded = floor.copy()
-    if n_binary > MILP_SIZE_LIMIT:
-        rounded[children, cells] += _round_cells_totals_held(
-            problem, x_hat, (floor, fraction), (children, cells), (column_need, row_need)
-        )
-        return rounded
-    binary_cost, deviation, lower, upper = _deviation_terms(
-        problem, children, cells, fraction[children, cells]
-    )
+    rounded[children, cells] += ups
+    return rounded
+
+
+def _round_queries(
+    problem: ChildrenProblem,
+    moving: tuple[np.ndarray, np.ndarray],
+    fractional: np.ndarray,
+    sums: tuple[sparse.csr_matrix, np.ndarray],
+    time_limit: float | None,
+) -> np.ndarray | None:
+    """The query-level MILP's 0/1 round-ups on the ``moving`` ``(children, cells)`` entries
+    (fractional parts ``fractional``) under the sum rows ``sums``; None if HiGHS finds no
+    rounding within ``time_limit``."""
+    children, cells = moving
+    rows, row_bounds = sums
+    n_binary = children.shape[0]
+    binary_cost, deviation, lower, upper = _deviation_terms(problem, children, cells, fractional)
     n_deviation = lower.size // 3
     matrix = _stacked(rows, deviation, (lower.size, n_binary + n_deviation))
     options: dict[str, float] = {"mip_rel_gap": 0.0}
@@ -144,38 +163,8 @@ def _round_children(
         options=options,
     )
     if result.x is None or result.status not in (0, 1):
-        rounded[children, cells] += _round_cells_totals_held(
-            problem, x_hat, (floor, fraction), (children, cells), (column_need, row_need)
-        )
-        return rounded
-    rounded[children, cells] += np.round(result.x[:n_binary]).astype(np.int64)
-    return rounded
-
-
-def _round_cells_totals_held(
-    problem: ChildrenProblem,
-    x_hat: np.ndarray,
-    split: tuple[np.ndarray, np.ndarray],
-    moving: tuple[np.ndarray, np.ndarray],
-    needs: tuple[np.ndarray | None, np.ndarray | None],
-) -> np.ndarray:
-    """The cell-level rounding's round-ups (on the ``moving`` ``(children, cells)`` entries),
-    with every child's total held: at its fixed value where the problem fixes it, else at
-    ``round_totals``' L1-closest rounding of ``sum_j x_hat_{c,j}`` (within 1 of it). Were the
-    totals free, the cells' round-ups could move a child's total by up to its number of
-    fractional entries (hundreds in a 2,016-cell family); held, the ``total`` query loses
-    nothing to the fallback. Cell rows and child rows are still a bipartite incidence matrix,
-    and a rounding with those totals exists (``round_totals``), so the LP's vertex is integral.
-    """
-    floor, fraction = split
-    children, cells = moving
-    column_need, row_need = needs
-    if row_need is None:
-        totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
-        assert totals is not None  # first_pass always fixes them
-        row_need = totals - floor.sum(axis=1)
-    rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
-    return _round_cells(rows, row_bounds, fraction[children, cells])
+        return None
+    return np.round(result.x[:n_binary]).astype(np.int64)
 
 
 def _round_cells(rows: sparse.csr_matrix, targets: np.ndarray, fraction: np.ndarray) -> np.ndarray:
