@@ -422,10 +422,15 @@ def timing_table(cases: list[dict], methods: list[str]) -> list[str]:
     return lines
 
 
+def all_bypassed(cases: list[dict]) -> bool:
+    """Whether every case ran with ``--bypass`` (cases saved before the key existed did not)."""
+    return all(c.get("bypass") for c in cases)
+
+
 def chain_note(cases: list[dict]) -> list[str]:
     """What the nation and state columns mean: with or without bypassing the nation -> state
     chain (one state per run)."""
-    if all(c.get("bypass") for c in cases):
+    if all_bypassed(cases):
         return [
             "With bypassing the nation (the state's single-child parent) is not measured: its",
             "share of rho moves to the state, measured at the summed rho, and the nation is",
@@ -442,7 +447,7 @@ def report(cases: list[dict], methods: list[str], commands: list[str], levels: l
     secrets = [len(g) for _, _, g in _groups(cases)]
     counts = f"{min(secrets)}" if min(secrets) == max(secrets) else f"{min(secrets)}-{max(secrets)}"
     quoted = "; then ".join(f"`{c}`" for c in commands)
-    bypassed = ", single-child parents bypassed," if all(c.get("bypass") for c in cases) else ""
+    bypassed = ", single-child parents bypassed," if all_bypassed(cases) else ""
     lines = [
         f"## {' and '.join(methods)}{bypassed} vs the exact GLS and the block-by-block"
         " baseline (real RI/HI 2010 blocks, 16 cells)",
