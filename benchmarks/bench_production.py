@@ -31,7 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from gls_reference import gls_reference, release_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "pl94_2020_production.toml"
@@ -43,6 +45,13 @@ BLUEDOWN = {  # issue 19: BlueDown's L1 per query over ours (TopDown), Perry Cou
     "block_group": "0.65-0.97",
     "block": "0.98-0.99",
 }
+
+
+EXACT = 1e-6
+"""An error below this is an invariant's (the GLS meets an exact total to round-off)."""
+GLS = "gls"
+"""The method name of the exact-GLS rows (not a release: a yardstick from the same noisy
+measurements)."""
 
 
 def secret_hex(i: int) -> str:
@@ -79,11 +88,15 @@ def input_path(name: str, work: Path) -> Path | None:
     return expanded
 
 
+def release_folder(name: str, secret_i: int, method: str, work: Path) -> Path:
+    return work / f"{name}_{secret_i}_{method}"
+
+
 def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
     secret = work / f"secret{secret_i}.hex"
     secret.write_text(secret_hex(secret_i))
     secret.chmod(0o600)
-    out = work / f"{name}_{secret_i}_{method}"
+    out = release_folder(name, secret_i, method, work)
     evaluation = work / f"{name}_{secret_i}_{method}.evaluation"
     source = input_path(name, work)
     command = [
@@ -123,6 +136,49 @@ def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
     }
 
 
+def gls_once(name: str, secret_i: int, method: str, work: Path) -> dict:
+    """The exact GLS (``gls_reference.py``'s tree elimination) from the noisy measurements of
+    ``method``'s release of this input and secret, scored like the evaluation: per level the
+    total-population MAE and each configured query's mean L1 against the input (unrounded,
+    unconstrained in sign)."""
+    release = release_folder(name, secret_i, method, work)
+    ref = gls_reference(release, solver="tree")
+    config = release_config(release, None, None)
+    errors = []
+    for lv in ref.levels:
+        diff = lv.gls - lv.truth
+        errors.append(
+            {"level": lv.name, "metric": "mae_total", "query": "total",
+             "value": float(np.abs(diff.sum(axis=1)).mean())}
+        )  # fmt: skip
+        for q in config.queries[lv.name]:
+            value = float(np.abs(diff @ q.matrix().T).sum(axis=1).mean())
+            errors.append({"level": lv.name, "metric": "mean_l1", "query": q.name, "value": value})
+    print(f"{name} secret {secret_i} GLS: {ref.stats.text()}", flush=True)
+    return {
+        "input": name,
+        "secret": secret_i,
+        "method": GLS,
+        "solve": {**vars(ref.stats), "read_s": ref.read_s},
+        "errors": errors,
+    }
+
+
+def ensure_release(runs: list[dict], name: str, secret_i: int, method: str, work: Path) -> None:
+    """Make ``method``'s release of this input and secret again if ``work`` does not hold it
+    (runs saved by an earlier session), and check it scores exactly as the saved run did:
+    the same secret gives the same noisy measurements and the same estimates."""
+    if (release_folder(name, secret_i, method, work) / "manifest.json").exists():
+        return
+    saved = next(
+        r for r in runs if (r["input"], r["secret"], r["method"]) == (name, secret_i, method)
+    )
+    again = run_once(name, method, secret_i, work)
+    if again["errors"] != saved["errors"]:
+        raise RuntimeError(f"{name} secret {secret_i} {method}: the rerun scores differently")
+    print(f"{name} secret {secret_i} {method}: remade, same errors as saved", flush=True)
+
+
 def _errors(runs: list[dict]) -> pd.DataFrame:
     rows = [
         {**e, "input": r["input"], "secret": r["secret"], "method": r["method"]}
@@ -132,14 +188,32 @@ def _errors(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _ratio(per: pd.Series, num: str, den: str) -> str:
+    """Mean of ``num`` over mean of ``den`` on the secrets both have, then the range of the
+    per-secret ratios (over the secrets where ``den`` is not 0)."""
+    common = per[num].index.intersection(per[den].index)
+    if abs(per[den][common].mean()) < EXACT:  # an invariant total: both exact
+        return "-"
+    measured = [s for s in common if abs(per[den][s]) >= EXACT]  # a ratio to 0 has no value
+    ratios = per[num][measured] / per[den][measured]
+    spread = f" ({ratios.min():.2f}-{ratios.max():.2f})" if len(ratios) > 1 else ""
+    if len(measured) < len(common):
+        spread += f" ({den} 0 on {len(common) - len(measured)} secret(s))"
+    return f"{per[num][common].mean() / per[den][common].mean():.2f}×{spread}"
+
+
 def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list[str]) -> list[str]:
     """Per level: total-population MAE and the sum over queries of the mean L1, each method's
-    mean over secrets, and the ratio to the first method (per-secret range in brackets)."""
+    mean over secrets, and the ratio to the first method (per-secret range in brackets); with
+    GLS rows, the GLS's too and the last method's ratio to it."""
     frame = _errors([r for r in runs if r["input"] == name])
     base, other = methods[0], methods[1:]
-    head = "| level | metric | " + " | ".join(methods)
-    head += "".join(f" | {m} / {base}" for m in other) + " | BlueDown / topdown (issue 19) |"
-    lines = [head, "|---|---|" + "---|" * (len(methods) + len(other) + 1)]
+    gls = [GLS] if GLS in set(frame["method"]) else []
+    head = "| level | metric | " + " | ".join(methods + gls)
+    head += "".join(f" | {m} / {base}" for m in other)
+    head += "".join(f" | {methods[-1]} / GLS" for _ in gls) + " | BlueDown / topdown (issue 19) |"
+    width = len(methods) + 2 * len(gls) + len(other) + 1
+    lines = [head, "|---|---|" + "---|" * width]
     for level in levels:
         here = frame[frame["level"] == level]
         for metric, label in (
@@ -147,31 +221,30 @@ def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list
             ("mean_l1", "sum of query L1"),
         ):
             per = here[here["metric"] == metric].groupby(["method", "secret"])["value"].sum()
-            means = {m: per[m].mean() for m in methods}
-            cells = [f"{means[m]:.2f}" for m in methods]
-            for m in other:
-                if not means[base]:  # an invariant total: both exact
-                    cells.append("-")
-                    continue
-                ratios = per[m] / per[base]
-                spread = f" ({ratios.min():.2f}-{ratios.max():.2f})" if len(ratios) > 1 else ""
-                cells.append(f"{means[m] / means[base]:.2f}×{spread}")
+            cells = [f"{per[m].mean():.2f}" for m in methods + gls]
+            cells += [_ratio(per, m, base) for m in other]
+            cells += [_ratio(per, methods[-1], GLS) for _ in gls]
             bluedown = BLUEDOWN.get(level, "-") if name == "perry" and metric == "mean_l1" else "-"
             lines.append(f"| {level} | {label} | " + " | ".join(cells) + f" | {bluedown} |")
     return lines
 
 
-def query_table(runs: list[dict], name: str, levels: list[str], methods: list[str]) -> list[str]:
-    """Ratio of the last method to the first per level and query (mean over secrets)."""
+def query_table(runs: list[dict], name: str, levels: list[str], num: str, den: str) -> list[str]:
+    """Ratio of ``num``'s mean L1 to ``den``'s per level and query (means over the secrets
+    both have)."""
     frame = _errors([r for r in runs if r["input"] == name])
     frame = frame[frame["metric"] == "mean_l1"]
-    base, last = methods[0], methods[-1]
+    common = set(frame[frame["method"] == num]["secret"]) & set(
+        frame[frame["method"] == den]["secret"]
+    )
+    frame = frame[frame["secret"].isin(common)]
     queries = list(dict.fromkeys(frame["query"]))
     lines = ["| level | " + " | ".join(queries) + " |", "|---|" + "---|" * len(queries)]
     for level in levels:
         means = frame[frame["level"] == level].groupby(["query", "method"])["value"].mean()
         cells = [
-            f"{means[(q, last)] / means[(q, base)]:.2f}" if (q, base) in means and means[(q, base)]
+            f"{means[(q, num)] / means[(q, den)]:.2f}"
+            if (q, den) in means and abs(means[(q, den)]) >= EXACT
             else "-"
             for q in queries
         ]  # fmt: skip
@@ -180,6 +253,7 @@ def query_table(runs: list[dict], name: str, levels: list[str], methods: list[st
 
 
 def timing_table(runs: list[dict]) -> list[str]:
+    runs = [r for r in runs if r["method"] != GLS]
     stages = list(dict.fromkeys(s for r in runs for s in r["timings_s"]))
     lines = [
         "| input | secret | method | wall | " + " | ".join(stages) + " |",
@@ -196,7 +270,7 @@ def timing_table(runs: list[dict]) -> list[str]:
 
 
 def report(runs: list[dict], command: str, methods: list[str]) -> str:
-    levels = list(runs[0]["nodes"])
+    levels = list(next(r["nodes"] for r in runs if r["method"] != GLS))
     lines = [
         "## Both estimation methods on the 2,016-cell production schema",
         "",
@@ -207,7 +281,7 @@ def report(runs: list[dict], command: str, methods: list[str]) -> str:
         " measurements per secret; errors are `--evaluate`'s rows against the input.",
     ]
     for name in dict.fromkeys(r["input"] for r in runs):
-        nodes = next(r["nodes"] for r in runs if r["input"] == name)
+        nodes = next(r["nodes"] for r in runs if r["input"] == name and r["method"] != GLS)
         ran = [m for m in methods if any((r["input"], r["method"]) == (name, m) for r in runs)]
         lines += [
             "",
@@ -217,8 +291,17 @@ def report(runs: list[dict], command: str, methods: list[str]) -> str:
             "",
             f"Per query, {ran[-1]} / {ran[0]} mean L1:",
             "",
-            *query_table(runs, name, levels, ran),
+            *query_table(runs, name, levels, ran[-1], ran[0]),
         ]
+        gls = sorted({r["secret"] for r in runs if (r["input"], r["method"]) == (name, GLS)})
+        if gls:
+            lines += [
+                "",
+                f"Per query, {ran[-1]} / GLS mean L1 (the exact GLS from the same noisy"
+                f" measurements, unrounded; secrets {', '.join(map(str, gls))}):",
+                "",
+                *query_table(runs, name, levels, ran[-1], GLS),
+            ]
     lines += ["", "Wall time per run and stage (s):", "", *timing_table(runs)]
     return "\n".join(lines) + "\n"
 
@@ -230,6 +313,12 @@ def main() -> None:
     parser.add_argument("--methods", default="topdown,full_information")
     parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_production"))
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--gls",
+        action="store_true",
+        help="also the exact GLS from each secret's noisy measurements (remaking a release the"
+        " work folder lacks)",
+    )
     parser.add_argument(
         "--append",
         action="store_true",
@@ -252,6 +341,13 @@ def main() -> None:
                     continue
                 runs.append(run_once(name, method, secret_i, args.work))
                 print(f"{name} secret {secret_i} {method}: {runs[-1]['wall_s']:.0f} s", flush=True)
+                saved.write_text(json.dumps(runs, indent=1))
+                write_report(runs, command, methods, args.results)
+            if args.gls and not any(
+                (r["input"], r["secret"], r["method"]) == (name, secret_i, GLS) for r in runs
+            ):
+                ensure_release(runs, name, secret_i, methods[-1], args.work)
+                runs.append(gls_once(name, secret_i, methods[-1], args.work))
                 saved.write_text(json.dumps(runs, indent=1))
                 write_report(runs, command, methods, args.results)
     write_report(runs, command, methods, args.results)

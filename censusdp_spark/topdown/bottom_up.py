@@ -34,6 +34,8 @@ chain.
 Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
 ``engine.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
 (``solve_to_targets``), then the exact controlled rounding; a lone child takes its parent.
+At the leaves that fit is ``topdown``'s own (``leaves_fit_their_answers``), so the job runs
+``topdown``'s leaf level there and the leaves' rows of ``bottom_up`` serve only the level above.
 With ``passes = ["total", "all"]`` the children's totals are fitted first to their bottom-up
 totals, each weighted by that total's own precision, then held (``solvers.passes``).
 """
@@ -375,6 +377,19 @@ def write_bottom_up(
         )
         delta.write_level(rows, output, BOTTOM_UP, level.name)
         committed(level.name)
+
+
+def leaves_fit_their_answers(config: RunConfig) -> bool:
+    """Whether the top-down pass fits the leaves to their own noisy answers (``topdown``'s
+    path, which does not read their rows of ``bottom_up``) rather than to their bottom-up
+    estimates. It gives the same fit: a leaf's bottom-up estimate ``b`` is the GLS of its own
+    measurements alone, so ``(x - b)^T P (x - b)`` is its answers' weighted squared error up
+    to a constant, on every set of cells and under every constraint the fit holds. Not with a
+    total-first pass at the leaves (its totals are fitted to the noisy ``total`` instead of
+    the bottom-up total), nor with bypassing (the rounder would weigh each leaf by its own
+    rows rather than by the level's budget)."""
+    leaf = config.hierarchy.names[-1]
+    return "total" not in config.passes_at(leaf) and not config.bypass_single_child
 
 
 def solve_family_from_bottom_up(

@@ -44,6 +44,7 @@ from censusdp_spark.topdown.bottom_up import (
     TOTAL_VARIANCES,
     config_layout,
     estimate_level_from_bottom_up,
+    leaves_fit_their_answers,
     total_variances,
     write_bottom_up,
 )
@@ -274,10 +275,11 @@ def _run_topdown(
         if not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
             constraints = node_constraints(invariants, occupancy, level.name)
-            if full_information:
+            leaf = i == len(hierarchy.levels) - 1
+            if full_information and not (leaf and leaves_fit_their_answers(config)):
                 estimates = estimate_level_from_bottom_up(
                     level_plan(config, level.name),
-                    i == len(hierarchy.levels) - 1,
+                    leaf,
                     delta.read_table(spark, output, BOTTOM_UP).filter(F.col("level") == level.name),
                     constraints,
                     parent_estimates,

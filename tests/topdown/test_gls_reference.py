@@ -25,6 +25,7 @@ from gls_reference import (  # noqa: E402
     gls_reference,
     read_delta,
     solve_gls,
+    solve_gls_by_tree,
 )
 
 from censusdp_spark.topdown.config import load_config  # noqa: E402
@@ -120,10 +121,11 @@ def dense_gls(problem: TreeProblem, membership: list[np.ndarray]) -> np.ndarray:
     return (x0 + null @ z).reshape(n_leaves, m)
 
 
+@pytest.mark.parametrize("solve", [solve_gls, solve_gls_by_tree])
 @pytest.mark.parametrize("seed", range(100))
-def test_sparse_kkt_equals_dense_constrained_least_squares(seed):
+def test_sparse_kkt_and_tree_elimination_equal_dense_constrained_least_squares(seed, solve):
     problem, membership = random_problem(seed)
-    estimates, stats = solve_gls(problem)
+    estimates, stats = solve(problem)
     leaves = dense_gls(problem, membership)
     for est, member in zip(estimates, membership, strict=True):
         expected = member @ leaves
@@ -133,8 +135,9 @@ def test_sparse_kkt_equals_dense_constrained_least_squares(seed):
     assert stats.max_constraint_violation < 1e-8
 
 
+@pytest.mark.parametrize("solve", [solve_gls, solve_gls_by_tree])
 @pytest.mark.parametrize("invariant", [False, True])
-def test_one_cell_two_level_tree_has_the_inverse_variance_closed_form(invariant):
+def test_one_cell_two_level_tree_has_the_inverse_variance_closed_form(invariant, solve):
     """Root measured y0 (variance s0), k children y_i (variance s1). Up: the root's BLUE is the
     inverse-variance combination of y0 and sum(y_i) (variance k s1), or the invariant total.
     Down: equal variances split the root's discrepancy with sum(y_i) equally."""
@@ -157,13 +160,14 @@ def test_one_cell_two_level_tree_has_the_inverse_variance_closed_form(invariant)
         ),
         1,
     )
-    (root, leaves), _ = solve_gls(problem)
+    (root, leaves), _ = solve(problem)
     up = float(total) if invariant else (y0 / s0 + y.sum() / (k * s1)) / (1 / s0 + 1 / (k * s1))
     assert root[0, 0] == pytest.approx(up, rel=1e-12)
     np.testing.assert_allclose(leaves[:, 0], y + (up - y.sum()) / k, rtol=1e-12)
 
 
-def test_an_unidentified_cell_is_reported_not_returned():
+@pytest.mark.parametrize("solve", [solve_gls, solve_gls_by_tree])
+def test_an_unidentified_cell_is_reported_not_returned(solve):
     """Leaves measured only in total: their cells are not identified; the solve must refuse."""
     total = np.ones((1, 2))
     problem = TreeProblem(
@@ -178,7 +182,7 @@ def test_an_unidentified_cell_is_reported_not_returned():
         2,
     )
     with pytest.raises((ArithmeticError, RuntimeError)):
-        solve_gls(problem)
+        solve(problem)
 
 
 # --- reading a release ---------------------------------------------------------------------
