@@ -217,15 +217,15 @@ def solve_gls(problem: TreeProblem) -> tuple[list[np.ndarray], SolveStats]:
 @dataclass
 class TreeSolveStats:
     unknowns: int
-    distinct_leaf_covariances: int
+    distinct_covariances: int
     solve_s: float
     relative_residual: float  # optimality: leaf gradients off the invariants' span, / max |b|
     max_constraint_violation: float  # max over children sums and invariant totals
 
     def text(self) -> str:
         return (
-            f"{self.unknowns} unknowns (tree elimination, {self.distinct_leaf_covariances} leaf"
-            f" covariance(s)); solve {self.solve_s:.2f} s; relative optimality residual "
+            f"{self.unknowns} unknowns (tree elimination, {self.distinct_covariances} distinct"
+            f" covariances); solve {self.solve_s:.2f} s; relative optimality residual "
             f"{self.relative_residual:.1e}, max constraint violation "
             f"{self.max_constraint_violation:.1e}"
         )
@@ -274,6 +274,122 @@ def _pinv_solve(s: np.ndarray, r: np.ndarray) -> np.ndarray:
     return vectors[:, keep] @ ((vectors[:, keep].T @ r) / values[keep, None])
 
 
+def _children_of(parent: np.ndarray, n_parents: int) -> list[np.ndarray]:
+    order = np.argsort(parent, kind="stable")
+    return np.split(order, np.searchsorted(parent[order], np.arange(1, n_parents)))
+
+
+@dataclass
+class _ParentGroup:
+    """Parents whose children have the same covariances (``pairs``: covariance index and
+    multiplicity) and who share one information matrix: they share one covariance too."""
+
+    pairs: tuple[tuple[int, int], ...]
+    info: int
+    parents: list[int] = field(default_factory=list)
+
+    def children_covariance(self, covs: list[np.ndarray]) -> np.ndarray:
+        """``S``, the covariance of the sum of the children's estimates."""
+        return sum((n * covs[j] for j, n in self.pairs), np.zeros_like(covs[0]))
+
+
+def _parent_groups(
+    children_of: list[np.ndarray], child_cov_of: np.ndarray, info_of: np.ndarray
+) -> list[_ParentGroup]:
+    groups: dict[tuple[tuple[tuple[int, int], ...], int], _ParentGroup] = {}
+    for v, children in enumerate(children_of):
+        ids, counts = np.unique(child_cov_of[children], return_counts=True)
+        pairs = tuple((int(j), int(n)) for j, n in zip(ids, counts, strict=True))
+        key = (pairs, int(info_of[v]))
+        groups.setdefault(key, _ParentGroup(pairs, int(info_of[v]))).parents.append(v)
+    return list(groups.values())
+
+
+@dataclass
+class _Up:
+    """A level after the pass up: each node's estimate from its subtree, the level's distinct
+    covariances and each node's index among them; above the leaves, its parents' groups and
+    the sums of their children's estimates."""
+
+    mean: np.ndarray
+    covs: list[np.ndarray]
+    cov_of: np.ndarray
+    groups: list[_ParentGroup] = field(default_factory=list)
+    child_sums: np.ndarray | None = None
+
+
+def _leaves_up(
+    lv: LevelMeasurements, info: list[np.ndarray], info_of: np.ndarray, b: np.ndarray
+) -> _Up:
+    try:
+        factors = [np.linalg.inv(np.linalg.cholesky(h)) for h in info]
+    except np.linalg.LinAlgError as err:
+        raise ArithmeticError(
+            "GLS by tree: a leaf's information is singular (the leaves must be measured in"
+            " enough detail for every cell to be identified)"
+        ) from err
+    mean = np.zeros_like(b)
+    covs = []
+    for j, factor in enumerate(factors):
+        cov = factor.T @ factor
+        rows = info_of == j
+        x = b[rows] @ cov
+        if lv.invariant_totals is not None:
+            cov, x = _condition_on_total(cov, x, lv.invariant_totals[rows])
+        mean[rows] = x
+        covs.append(cov)
+    return _Up(mean, covs, info_of)
+
+
+def _parents_up(
+    lv: LevelMeasurements,
+    info: list[np.ndarray],
+    info_of: np.ndarray,
+    b: np.ndarray,
+    below: _Up,
+    children_of: list[np.ndarray],
+) -> _Up:
+    """``Sigma = (I + S H)^-1 S`` and ``x = (I + S H)^-1 (s + S b)``, one solve per group of
+    parents sharing ``S`` and ``H``, then conditioned on an invariant total."""
+    m = b.shape[1]
+    sums = np.stack([below.mean[c].sum(axis=0) for c in children_of])
+    groups = _parent_groups(children_of, below.cov_of, info_of)
+    mean = np.zeros_like(b)
+    covs = []
+    cov_of = np.zeros(lv.n_nodes, dtype=np.int64)
+    for group in groups:
+        rows = np.array(group.parents)
+        s_cov = group.children_covariance(below.covs)
+        rhs = np.column_stack([s_cov, sums[rows].T + s_cov @ b[rows].T])
+        both = np.linalg.solve(np.eye(m) + s_cov @ info[group.info], rhs)
+        cov, x = 0.5 * (both[:, :m] + both[:, :m].T), both[:, m:].T
+        if lv.invariant_totals is not None:
+            cov, x = _condition_on_total(cov, x, lv.invariant_totals[rows])
+        mean[rows] = x
+        cov_of[rows] = len(covs)
+        covs.append(cov)
+    return _Up(mean, covs, cov_of, groups, sums)
+
+
+def _children_down(
+    up: _Up, final_parents: np.ndarray, below: _Up, children_of: list[np.ndarray]
+) -> np.ndarray:
+    """Each child moved from its own estimate by ``Sigma_c S^+ (x_parent - s)``."""
+    x = below.mean.copy()
+    assert up.child_sums is not None
+    for group in up.groups:
+        rows = np.array(group.parents)
+        steps = _pinv_solve(
+            group.children_covariance(below.covs), (final_parents[rows] - up.child_sums[rows]).T
+        )
+        for column, p in enumerate(group.parents):
+            children = children_of[p]
+            for j in np.unique(below.cov_of[children]):
+                moved = children[below.cov_of[children] == j]
+                x[moved] += below.covs[j] @ steps[:, column]
+    return x
+
+
 def solve_gls_by_tree(problem: TreeProblem) -> tuple[list[np.ndarray], TreeSolveStats]:
     """The GLS of every node's histogram by Gaussian elimination along the tree, dense in the
     cells: up the tree, each node's estimate from its subtree's measurements and its covariance
@@ -281,79 +397,32 @@ def solve_gls_by_tree(problem: TreeProblem) -> tuple[list[np.ndarray], TreeSolve
     its own measurements, ``Sigma = (I + S H)^-1 S``, ``x = (I + S H)^-1 (s + S b)``, then
     conditions on an invariant total); down the tree, each child moves from its own estimate
     by ``Sigma_c S^+ (x_parent - s)``, the minimiser of its children's quadratics under their
-    sum being the parent's final value. Leaves with the same variances share one covariance, so
-    the memory is ``m^2`` per distinct leaf covariance and per parent (Perry County at 2,016
-    cells: 18 parents). The result is certified by the leaves' gradient of the objective, which
-    must be a constant per deepest invariant node (its multipliers) and zero elsewhere."""
+    sum being the parent's final value. Nodes share a covariance when their children's
+    covariances and their own variances are the same (leaves with the same variances; parents
+    with as many such children), so the memory is ``m^2`` per distinct covariance (Perry County
+    at 2,016 cells: 1 for the 511 blocks, 18 above). The result is certified by the leaves'
+    gradient of the objective, which must be a constant per deepest invariant node (its
+    multipliers) and zero elsewhere."""
     started = time.perf_counter()
     m = problem.n_cells
     levels = problem.levels
-    identity = np.eye(m)
-    means: list[np.ndarray] = [np.zeros(0)] * len(levels)
-    covs: list[list[np.ndarray]] = [[] for _ in levels]  # level's distinct covariances
-    cov_of: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(levels)
-    child_sums: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in levels]  # (S, s)
-    informations = []
-    for i in range(len(levels) - 1, -1, -1):
-        lv = levels[i]
-        key_of, info, b = _information(lv, m)
-        informations.append((key_of, info, b))
-        if i == len(levels) - 1:
-            try:
-                leaf_covs = [np.linalg.inv(np.linalg.cholesky(h)) for h in info]
-            except np.linalg.LinAlgError as err:
-                raise ArithmeticError(
-                    "GLS by tree: a leaf's information is singular (the leaves must be measured"
-                    " in enough detail for every cell to be identified)"
-                ) from err
-            leaf_covs = [c.T @ c for c in leaf_covs]
-            mean = np.zeros((lv.n_nodes, m))
-            level_covs = []
-            for j, cov in enumerate(leaf_covs):
-                rows = key_of == j
-                x = b[rows] @ cov
-                if lv.invariant_totals is not None:
-                    cov, x = _condition_on_total(cov, x, lv.invariant_totals[rows])
-                mean[rows] = x
-                level_covs.append(cov)
-            means[i], covs[i], cov_of[i] = mean, level_covs, key_of
-            continue
-        below = levels[i + 1]
-        mean = np.zeros((lv.n_nodes, m))
-        level_covs = []
-        for v in range(lv.n_nodes):
-            children = np.flatnonzero(below.parent == v)
-            ids, counts = np.unique(cov_of[i + 1][children], return_counts=True)
-            s_cov = sum(
-                (n * covs[i + 1][j] for j, n in zip(ids, counts, strict=True)), np.zeros((m, m))
-            )
-            s = means[i + 1][children].sum(axis=0)
-            child_sums[i].append((s_cov, s))
-            h = info[key_of[v]]
-            both = np.linalg.solve(identity + s_cov @ h, np.column_stack([s_cov, s + s_cov @ b[v]]))
-            cov, x = 0.5 * (both[:, :m] + both[:, :m].T), both[:, m]
-            if lv.invariant_totals is not None:
-                cov, xs = _condition_on_total(cov, x[None, :], lv.invariant_totals[v : v + 1])
-                x = xs[0]
-            mean[v] = x
-            level_covs.append(cov)
-        means[i], covs[i], cov_of[i] = mean, level_covs, np.arange(lv.n_nodes)
-    final = [means[0].copy()]
+    informations = [_information(lv, m) for lv in levels]
+    children = [
+        _children_of(levels[i + 1].parent, levels[i].n_nodes) for i in range(len(levels) - 1)
+    ]
+    info_of, info, b = informations[-1]
+    ups = [_leaves_up(levels[-1], info, info_of, b)]
+    for i in range(len(levels) - 2, -1, -1):
+        info_of, info, b = informations[i]
+        ups.insert(0, _parents_up(levels[i], info, info_of, b, ups[0], children[i]))
+    final = [ups[0].mean]
     for i in range(1, len(levels)):
-        lv = levels[i]
-        x = means[i].copy()
-        for p, (s_cov, s) in enumerate(child_sums[i - 1]):
-            children = np.flatnonzero(lv.parent == p)
-            step = _pinv_solve(s_cov, (final[i - 1][p] - s)[:, None])[:, 0]
-            for j in np.unique(cov_of[i][children]):
-                rows = children[cov_of[i][children] == j]
-                x[rows] += covs[i][j] @ step
-        final.append(x)
+        final.append(_children_down(ups[i - 1], final[-1], ups[i], children[i - 1]))
     solved = time.perf_counter()
-    residual, violation = _tree_certificate(problem, final, informations[::-1])
+    residual, violation = _tree_certificate(problem, final, informations)
     stats = TreeSolveStats(
         unknowns=levels[-1].n_nodes * m,
-        distinct_leaf_covariances=len(covs[-1]),
+        distinct_covariances=sum(len(up.covs) for up in ups),
         solve_s=solved - started,
         relative_residual=residual,
         max_constraint_violation=violation,
