@@ -2,7 +2,7 @@
 query against the input, and run time per stage.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_production.py [--inputs perry ri]
-        [--secrets 2] [--methods topdown,full_information] [--work DIR]
+        [--secrets 2] [--methods topdown,full_information] [--work DIR] [--append] [--gls]
 
 ``perry`` is the shipped 2010 demonstration PPMF sample (Perry County, AL) with
 ``conf/pl94_2020_production.toml`` as shipped; ``ri`` is the real RI 2010 blocks expanded to
@@ -14,7 +14,10 @@ Every (input, secret, method) is one ``censusdp topdown --evaluate`` process wit
 file for both methods, so both post-process the same noisy measurements (the outputs are marked
 not for release: an experiment, with its own secret registry). The errors are the evaluation's
 own rows (``mean_l1`` per level and query: the mean over nodes of the L1 error of that marginal;
-``mae_total`` for total population) and the stage times the manifest's. Writes
+``mae_total`` for total population) and the stage times the manifest's. With ``--gls`` each
+secret also gets the exact GLS from the last method's noisy measurements
+(``gls_reference.py``'s elimination along the tree), scored the same way; a release the work
+folder lacks is made again first and must score exactly as the saved run. Writes
 benchmarks/results/topdown_production.md (and the per-run figures beside it as JSON).
 """
 
@@ -92,16 +95,20 @@ def release_folder(name: str, secret_i: int, method: str, work: Path) -> Path:
     return work / f"{name}_{secret_i}_{method}"
 
 
-def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
+def evaluated_run(
+    config: Path, out: Path, secret_i: int, work: Path, source: Path | None = None
+) -> tuple[float, dict, list[dict]]:
+    """One ``censusdp topdown --evaluate`` run of ``config`` (on ``source``, else its own
+    input) with the secret of index ``secret_i``, written to ``out`` and ``out.evaluation``:
+    its wall time, manifest and the evaluation's error rows of the method it used. The outputs
+    are marked not for release: an experiment, with its own secret registry in ``work``."""
     secret = work / f"secret{secret_i}.hex"
     secret.write_text(secret_hex(secret_i))
     secret.chmod(0o600)
-    out = release_folder(name, secret_i, method, work)
-    evaluation = work / f"{name}_{secret_i}_{method}.evaluation"
-    source = input_path(name, work)
+    evaluation = out.with_name(out.name + ".evaluation")
     command = [
         str(ROOT / ".venv" / "bin" / "censusdp"), "topdown",
-        "--config", str(method_config(method, work, name)),
+        "--config", str(config),
         *(["--input", str(source)] if source else []),
         "--output", str(out), "--overwrite", "--evaluate", "--evaluation-output", str(evaluation),
         "--secret-file", str(secret), "--reuse-secret", "--master", "local[2]",
@@ -121,7 +128,22 @@ def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
     wall = time.perf_counter() - started
     manifest = json.loads((out / "manifest.json").read_text())
     errors = pd.read_csv(evaluation / "errors.csv")
-    mine = errors[errors["method"] == method]
+    mine = errors[errors["method"] == manifest["estimation"]["method"]]
+    rows = [
+        {"level": r.level, "metric": r.metric, "query": r.query, "value": float(r.value)}
+        for r in mine.itertuples()
+    ]
+    return wall, manifest, rows
+
+
+def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
+    wall, manifest, errors = evaluated_run(
+        method_config(method, work, name),
+        release_folder(name, secret_i, method, work),
+        secret_i,
+        work,
+        input_path(name, work),
+    )
     return {
         "input": name,
         "secret": secret_i,
@@ -129,10 +151,7 @@ def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
         "wall_s": wall,
         "timings_s": manifest["timings_s"],
         "nodes": manifest["nodes"],
-        "errors": [
-            {"level": r.level, "metric": r.metric, "query": r.query, "value": float(r.value)}
-            for r in mine.itertuples()
-        ],
+        "errors": errors,
     }
 
 

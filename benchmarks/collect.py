@@ -18,6 +18,7 @@ ORDER = [
     "topdown_passes",
     "topdown_bypass",
     "topdown_pl94",
+    "occupancy",
     "topdown_production",
     "evaluation",
     "generate",
