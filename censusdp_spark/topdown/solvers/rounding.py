@@ -121,7 +121,10 @@ def _round_children(
         rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
         ups = _round_queries(problem, (children, cells), fractional, (rows, row_bounds), time_limit)
     if ups is None:  # too large for the MILP, or no rounding found in time: cell by cell
-        if row_need is None:  # hold the children's totals at round_totals' L1-closest ones
+        # Free totals could each move by up to the child's number of fractional entries, so
+        # they are held at round_totals' L1-closest ones, which some rounding meets: the cell
+        # and child rows stay a bipartite incidence matrix and the LP's vertex is integral.
+        if row_need is None:
             totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
             assert totals is not None  # first_pass always fixes them
             row_need = totals - floor.sum(axis=1)
