@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -32,10 +33,17 @@ def write_table(df: DataFrame, output: Path, name: str, partition_by: str | None
 
 def write_level(df: DataFrame, output: Path, name: str, level: str) -> None:
     """Write one level's partition atomically (re-running a level replaces only that level)."""
+    write_levels(df, output, name, [level])
+
+
+def write_levels(df: DataFrame, output: Path, name: str, levels: Sequence[str]) -> None:
+    """Write the partitions of ``levels`` in one atomic commit (``df`` holds only their rows;
+    other levels' partitions are kept)."""
+    listed = ", ".join(f"'{level}'" for level in levels)
     (
         df.write.format("delta")
         .mode("overwrite")
-        .option("replaceWhere", f"level = '{level}'")
+        .option("replaceWhere", f"level IN ({listed})")
         .partitionBy("level")
         .save(table_path(output, name))
     )

@@ -4,8 +4,12 @@ Bottom-up (``write_bottom_up``), level by level from the leaves, each level writ
 ``bottom_up`` Delta table before the level above reads it: a leaf's estimate is the GLS of its
 own noisy measurements; a parent's combines the sum of its children's estimates with its own
 measurements (``solvers.bottom_up``), one parent's children per task (``map_children``, the
-parent's measurements travelling in the same shuffle as its children's rows). Invariant totals
-are exact constraints. Nothing is random, so a level recomputed after a crash is identical.
+parent's measurements travelling in the same shuffle as its children's rows). The leaves and
+their parents are one pass (``bottom_up_leaves_and_parents``): a task fits one parent's leaves
+to their measurements and goes on to the parent, both levels written in one commit, so the 8 M
+leaf rows of a national run are not read back and shuffled again. Invariant totals are exact
+constraints. Nothing is random, so a level recomputed after a crash is identical, whether by
+the pair pass or one level at a time (a run killed between the two levels' commits).
 
 Table ``bottom_up``: ``level, geocode, mean, covariance, exact_total``, partitioned by level.
 ``mean`` is over the non-structural-zero cells of the schema, in cell order; ``covariance`` is
@@ -42,7 +46,7 @@ totals, each weighted by that total's own precision, then held (``solvers.passes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from functools import reduce
@@ -54,7 +58,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from censusdp_spark.engine.families import map_children, map_families
+from censusdp_spark.engine.families import PARENT, family_starts, map_children, map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.io import delta
 from censusdp_spark.topdown.config import RunConfig
@@ -197,34 +201,93 @@ class _Children:
         return out
 
 
-def _leaf_task(plan: LevelPlan, design: LevelDesign) -> Callable[[pd.DataFrame], pd.DataFrame]:
+def _leaf_fits(
+    plan: LevelPlan, design: LevelDesign, family: pd.DataFrame
+) -> tuple[np.ndarray, list[Gaussian], list[np.ndarray | None]]:
+    """One family of leaves' geocodes, their bottom-up estimates (the GLS of their own
+    measurements) and their ``covariance`` column: None for a leaf measured with its level's
+    own budget (the shared covariance the config recomputes), packed for one that spends a
+    bypassed parent's budget too."""
+    geocodes, noisy, weights, totals = family_arrays(plan, family)
+    k = len(geocodes)
+    by_leaf = np.broadcast_to(weights, (k, len(noisy)))
+    means = np.zeros((k, design.n_cells))
+    shared: dict[int, Covariance] = {}
+    stored: list[np.ndarray | None] = [None] * k
+    for row in np.unique(by_leaf, axis=0):
+        members = (by_leaf == row).all(axis=1)
+        own = np.array_equal(row, design.weights)
+        here = design if own else replace(design, weights=row)
+        means[members], covariance = leaf_estimates(
+            here,
+            tuple(a[members] for a in noisy),
+            None if totals is None else totals[members],
+        )
+        for i in np.flatnonzero(members).tolist():
+            shared[i] = covariance
+            if not own:
+                stored[i] = pack(covariance)
+    estimates = [
+        Gaussian(means[i], shared[i], None if totals is None else float(totals[i]))
+        for i in range(k)
+    ]
+    return geocodes, estimates, stored
 
-    def task(family: pd.DataFrame) -> pd.DataFrame:
-        geocodes, noisy, weights, totals = family_arrays(plan, family)
-        k = len(geocodes)
-        by_leaf = np.broadcast_to(weights, (k, len(noisy)))
-        means = np.zeros((k, design.n_cells))
-        covariances: list[np.ndarray | None] = [None] * k
-        for row in np.unique(by_leaf, axis=0):
-            members = (by_leaf == row).all(axis=1)
-            own = np.array_equal(row, design.weights)
-            here = design if own else replace(design, weights=row)
-            means[members], covariance = leaf_estimates(
-                here,
-                tuple(a[members] for a in noisy),
-                None if totals is None else totals[members],
-            )
-            if not own:  # spends a bypassed parent's budget: its covariance is its own
-                for i in np.flatnonzero(members):
-                    covariances[i] = pack(covariance)
-        return pd.DataFrame(
-            {
-                "level": plan.level,
-                "geocode": geocodes,
-                "mean": list(means),
-                "covariance": covariances,
-                "exact_total": totals is not None,
-            }
+
+def _bottom_up_rows(
+    level: str,
+    geocodes: Sequence[str] | np.ndarray,
+    estimates: Sequence[Gaussian],
+    covariances: Sequence[np.ndarray | None],
+    exact: Sequence[bool],
+) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "level": level,
+            "geocode": list(geocodes),
+            "mean": [e.mean for e in estimates],
+            "covariance": list(covariances),
+            "exact_total": list(exact),
+        }
+    )
+
+
+def _leaf_task(plan: LevelPlan, design: LevelDesign) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """Leaves' rows, for any batch of whole families of leaves."""
+
+    def task(batch: pd.DataFrame) -> pd.DataFrame:
+        geocodes, estimates, stored = _leaf_fits(plan, design, batch)
+        exact = [e.total is not None for e in estimates]
+        return _bottom_up_rows(plan.level, geocodes, estimates, stored, exact)
+
+    return task
+
+
+def _leaves_and_parents_task(
+    leaf_plan: LevelPlan, leaf_design: LevelDesign, plan: LevelPlan, design: LevelDesign
+) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """A batch of whole families of leaves (``map_children``'s rows) -> the leaves' rows and
+    their parents': the leaves are fitted all at once, and their estimates go straight into
+    their parents', without being written and read back first."""
+
+    def task(batch: pd.DataFrame) -> pd.DataFrame:
+        geocodes, estimates, stored = _leaf_fits(leaf_plan, leaf_design, batch)
+        leaf_rows = family_starts(batch, ["geocode"])
+        if len(leaf_rows) != len(geocodes):
+            raise RuntimeError("bottom_up: a batch's leaves are not sorted by parent, geocode")
+        family_rows = family_starts(batch, [PARENT])
+        bounds = np.append(np.searchsorted(leaf_rows, family_rows), len(leaf_rows))
+        fits = [
+            _parent_fit(plan, design, batch, int(row), estimates[start:stop])
+            for row, start, stop in zip(family_rows, bounds[:-1], bounds[1:], strict=True)
+        ]
+        leaves = [e.total is not None for e in estimates]
+        return pd.concat(
+            [
+                _bottom_up_rows(leaf_plan.level, geocodes, estimates, stored, leaves),
+                _parents_rows(plan.level, batch[PARENT].to_numpy()[family_rows], fits),
+            ],
+            ignore_index=True,
         )
 
     return task
@@ -233,45 +296,61 @@ def _leaf_task(plan: LevelPlan, design: LevelDesign) -> Callable[[pd.DataFrame],
 def _node_task(
     plan: LevelPlan, design: LevelDesign, below: _Children
 ) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """A batch of whole families of inner nodes (``map_children``'s rows) -> their parents'
+    rows."""
 
-    def task(family: pd.DataFrame) -> pd.DataFrame:
-        queries = family["parent_queries"].iat[0]
-        # A bypassed node has nothing of its own: no row (NaN here) unless its total is
-        # invariant (then a row with null measurements).
-        if not isinstance(queries, np.ndarray | list) or len(queries) == 0:
-            answers = [np.zeros(size) for size in plan.marginal_sizes]
-            here = replace(design, weights=np.zeros(len(plan.query_names)))
-        else:
-            measured = dict(
-                zip(
-                    queries,
-                    zip(
-                        family["parent_answers"].iat[0], family["parent_sigma2"].iat[0], strict=True
-                    ),
-                    strict=True,
-                )
-            )
-            answers = [np.asarray(measured[n][0], dtype=np.float64) for n in plan.query_names]
-            weights = np.array([1.0 / float(Fraction(measured[n][1])) for n in plan.query_names])
-            here = design if np.array_equal(weights, design.weights) else replace(
-                design, weights=weights
-            )  # fmt: skip
-        total = family["parent_inv_total"].iat[0]
-        exact = not pd.isna(total)
-        estimate = node_estimate(
-            below.estimates(family), here, answers, float(total) if exact else None
-        )
-        return pd.DataFrame(
-            {
-                "level": [plan.level],
-                "geocode": [family["parent"].iat[0]],
-                "mean": [estimate.mean],
-                "covariance": [pack(estimate.covariance)],
-                "exact_total": [exact],
-            }
-        )
+    def task(batch: pd.DataFrame) -> pd.DataFrame:
+        family_rows = family_starts(batch, [PARENT])
+        bounds = np.append(family_rows, len(batch))
+        fits = [
+            _parent_fit(plan, design, batch, int(start), below.estimates(batch.iloc[start:stop]))
+            for start, stop in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        return _parents_rows(plan.level, batch[PARENT].to_numpy()[family_rows], fits)
 
     return task
+
+
+def _parents_rows(
+    level: str, geocodes: np.ndarray, fits: Sequence[tuple[Gaussian, bool]]
+) -> pd.DataFrame:
+    return _bottom_up_rows(
+        level,
+        geocodes,
+        [estimate for estimate, _ in fits],
+        [pack(estimate.covariance) for estimate, _ in fits],
+        [exact for _, exact in fits],
+    )
+
+
+def _parent_fit(
+    plan: LevelPlan, design: LevelDesign, rows: pd.DataFrame, at: int, children: list[Gaussian]
+) -> tuple[Gaussian, bool]:
+    """A parent's bottom-up estimate from its children's and its own measurements (its
+    ``parent_*`` columns from ``map_children``, read at row ``at``), and whether its total is
+    invariant."""
+    queries = rows["parent_queries"].iat[at]
+    # A bypassed node has nothing of its own: no row (NaN here) unless its total is
+    # invariant (then a row with null measurements).
+    if not isinstance(queries, np.ndarray | list) or len(queries) == 0:
+        answers = [np.zeros(size) for size in plan.marginal_sizes]
+        here = replace(design, weights=np.zeros(len(plan.query_names)))
+    else:
+        measured = dict(
+            zip(
+                queries,
+                zip(rows["parent_answers"].iat[at], rows["parent_sigma2"].iat[at], strict=True),
+                strict=True,
+            )
+        )
+        answers = [np.asarray(measured[n][0], dtype=np.float64) for n in plan.query_names]
+        weights = np.array([1.0 / float(Fraction(measured[n][1])) for n in plan.query_names])
+        here = design if np.array_equal(weights, design.weights) else replace(
+            design, weights=weights
+        )  # fmt: skip
+    total = rows["parent_inv_total"].iat[at]
+    exact = not pd.isna(total)
+    return node_estimate(children, here, answers, float(total) if exact else None), exact
 
 
 def bottom_up_level(
@@ -293,31 +372,20 @@ def bottom_up_level(
     Leaves are grouped by their parent (``parent_digits``), parents by their own geocode
     (``digits``). ``layout``: the run's covariance layout (``config_layout``).
     """
-    own = noisy.select("geocode", "query", "noisy", "sigma2")
     if below is None or child_plan is None:
         return map_families(
-            own.join(invariant_totals, "geocode", "left").withColumn(
+            _leaf_measurements(noisy, invariant_totals).withColumn(
                 "parent", geocode_prefix(parent_digits)
             ),
             family=["parent"],
             order=["geocode", "query"],
             solve=_leaf_task(plan, level_design(plan, layout)),
             schema=BOTTOM_UP_SCHEMA,
+            batched=True,
         )
-    measured = own.groupBy("geocode").agg(
-        F.sort_array(F.collect_list(F.struct("query", "noisy", "sigma2"))).alias("m")
-    )
-    # Full outer: a bypassed node has no measurement but keeps its invariant total.
-    parents = measured.select(
-        "geocode",
-        F.col("m.query").alias("queries"),
-        F.col("m.noisy").alias("answers"),
-        F.col("m.sigma2").alias("sigma2"),
-    ).join(invariant_totals, "geocode", "full_outer")
-    children = _children_columns(below)
     return map_children(
-        children,
-        parents,
+        _children_columns(below),
+        _parent_measurements(noisy, invariant_totals),
         geocode_prefix(digits),
         order=["geocode"],
         solve=_node_task(
@@ -326,7 +394,59 @@ def bottom_up_level(
             _Children(level_design(child_plan, layout), child_is_leaf),
         ),
         schema=BOTTOM_UP_SCHEMA,
+        batched=True,
     )
+
+
+def bottom_up_leaves_and_parents(
+    leaf_plan: LevelPlan,
+    plan: LevelPlan,
+    leaf_noisy: DataFrame,
+    leaf_totals: DataFrame,
+    noisy: DataFrame,
+    invariant_totals: DataFrame,
+    digits: int,
+    layout: SymmetricLayout | None = None,
+) -> DataFrame:
+    """The leaf level's and its parent level's bottom-up rows (lazy) in one pass: each task
+    takes one parent's leaves' measurements and the parent's own, and returns the leaves'
+    rows and the parent's. The same rows as ``bottom_up_level`` twice, without writing the
+    leaves' rows and shuffling them again before their parents read them. Arguments as in
+    ``bottom_up_level``: ``leaf_*`` the leaf level's, the others the parent level's."""
+    return map_children(
+        _leaf_measurements(leaf_noisy, leaf_totals),
+        _parent_measurements(noisy, invariant_totals),
+        geocode_prefix(digits),
+        order=["geocode", "query"],
+        solve=_leaves_and_parents_task(
+            leaf_plan, level_design(leaf_plan, layout), plan, level_design(plan, layout)
+        ),
+        schema=BOTTOM_UP_SCHEMA,
+        batched=True,
+    )
+
+
+def _leaf_measurements(noisy: DataFrame, invariant_totals: DataFrame) -> DataFrame:
+    """A leaf's rows of ``noisy_measurements``, each with its invariant total (or null)."""
+    own = noisy.select("geocode", "query", "noisy", "sigma2")
+    return own.join(invariant_totals, "geocode", "left")
+
+
+def _parent_measurements(noisy: DataFrame, invariant_totals: DataFrame) -> DataFrame:
+    """One row per node: its measurements as ``queries, answers, sigma2`` (sorted by query)
+    and ``inv_total``. Full outer: a bypassed node has no measurement but keeps its invariant
+    total."""
+    measured = (
+        noisy.select("geocode", "query", "noisy", "sigma2")
+        .groupBy("geocode")
+        .agg(F.sort_array(F.collect_list(F.struct("query", "noisy", "sigma2"))).alias("m"))
+    )
+    return measured.select(
+        "geocode",
+        F.col("m.query").alias("queries"),
+        F.col("m.noisy").alias("answers"),
+        F.col("m.sigma2").alias("sigma2"),
+    ).join(invariant_totals, "geocode", "full_outer")
 
 
 def _children_columns(below: DataFrame) -> DataFrame:
@@ -344,7 +464,8 @@ def write_bottom_up(
 ) -> None:
     """The bottom-up pass, leaves first: each level not in ``done`` is computed from the
     ``bottom_up`` rows of the level below and written to its partition of ``bottom_up``, then
-    ``committed(level)`` is called. ``invariant_totals`` is ``level, geocode, inv_total``.
+    ``committed(level)`` is called; the leaves and their parents, when neither is done, in
+    one pass and one write (then ``committed`` for the leaves, then for their parents). ``invariant_totals`` is ``level, geocode, inv_total``.
     Raises ``ValueError`` naming the level and the config key when the leaf level's queries do
     not identify every cell."""
     levels = config.hierarchy.levels
@@ -352,11 +473,30 @@ def write_bottom_up(
     leaf_plan = level_plan(config, config.hierarchy.leaf.name)
     # Fail on the driver, before any Spark job, when the leaves are not identified.
     leaf_covariance(level_design(leaf_plan, layout), with_totals=False)
-    for i in reversed(range(len(levels))):
+
+    def measured(level: str) -> tuple[DataFrame, DataFrame]:
+        totals = invariant_totals.filter(F.col("level") == level).select("geocode", "inv_total")
+        return noisy.filter(F.col("level") == level), totals
+
+    todo = [i for i in reversed(range(len(levels))) if levels[i].name not in done]
+    leaf = len(levels) - 1
+    if len(levels) > 1 and todo[:2] == [leaf, leaf - 1]:
+        parent = levels[leaf - 1]
+        rows = bottom_up_leaves_and_parents(
+            leaf_plan,
+            level_plan(config, parent.name),
+            *measured(levels[leaf].name),
+            *measured(parent.name),
+            parent.digits,
+            layout,
+        )
+        delta.write_levels(rows, output, BOTTOM_UP, [levels[leaf].name, parent.name])
+        committed(levels[leaf].name)
+        committed(parent.name)
+        todo = todo[2:]
+    for i in todo:
         level = levels[i]
-        if level.name in done:
-            continue
-        is_leaf = i == len(levels) - 1
+        is_leaf = i == leaf
         below = None
         child_plan = None
         if not is_leaf:
@@ -366,11 +506,10 @@ def write_bottom_up(
             child_plan = level_plan(config, levels[i + 1].name)
         rows = bottom_up_level(
             level_plan(config, level.name),
-            noisy.filter(F.col("level") == level.name),
-            invariant_totals.filter(F.col("level") == level.name).select("geocode", "inv_total"),
+            *measured(level.name),
             below,
             child_plan,
-            i + 2 == len(levels),
+            i + 1 == leaf,
             levels[i - 1].digits if i else 0,
             level.digits,
             layout,
