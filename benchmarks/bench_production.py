@@ -248,9 +248,26 @@ def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list
     return lines
 
 
-def query_table(runs: list[dict], name: str, levels: list[str], num: str, den: str) -> list[str]:
+RESAMPLES = 10_000
+"""Bootstrap resamples of the secrets behind an interval (seeded: the report is reproducible)."""
+
+
+def bootstrap_interval(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """The 95% interval of ``mean(num) / mean(den)`` over secrets resampled in pairs (the same
+    secret for both: they post-process the same noisy measurements); resamples whose ``den``
+    mean is 0 have no ratio and are dropped."""
+    picks = np.random.default_rng(0).integers(0, len(num), size=(RESAMPLES, len(num)))
+    num_means, den_means = num[picks].mean(axis=1), den[picks].mean(axis=1)
+    measured = np.abs(den_means) >= EXACT
+    low, high = np.percentile(num_means[measured] / den_means[measured], [2.5, 97.5])
+    return float(low), float(high)
+
+
+def query_table(
+    runs: list[dict], name: str, levels: list[str], num: str, den: str, *, intervals: bool = False
+) -> list[str]:
     """Ratio of ``num``'s mean L1 to ``den``'s per level and query (means over the secrets
-    both have)."""
+    both have); with ``intervals``, each ratio's 95% bootstrap interval over the secrets."""
     frame = _errors([r for r in runs if r["input"] == name])
     frame = frame[frame["metric"] == "mean_l1"]
     common = set(frame[frame["method"] == num]["secret"]) & set(
@@ -260,13 +277,20 @@ def query_table(runs: list[dict], name: str, levels: list[str], num: str, den: s
     queries = list(dict.fromkeys(frame["query"]))
     lines = ["| level | " + " | ".join(queries) + " |", "|---|" + "---|" * len(queries)]
     for level in levels:
-        means = frame[frame["level"] == level].groupby(["query", "method"])["value"].mean()
-        cells = [
-            f"{means[(q, num)] / means[(q, den)]:.2f}"
-            if (q, den) in means and abs(means[(q, den)]) >= EXACT
-            else "-"
-            for q in queries
-        ]  # fmt: skip
+        values = (
+            frame[frame["level"] == level].groupby(["query", "method", "secret"])["value"].sum()
+        )
+        cells = []
+        for q in queries:
+            if (q, den) not in values or abs(values[(q, den)].mean()) < EXACT:
+                cells.append("-")
+                continue
+            per_num, per_den = values[(q, num)].sort_index(), values[(q, den)].sort_index()
+            cell = f"{per_num.mean() / per_den.mean():.2f}"
+            if intervals and len(common) > 1:
+                low, high = bootstrap_interval(per_num.to_numpy(), per_den.to_numpy())
+                cell += f" ({low:.2f}-{high:.2f})"
+            cells.append(cell)
         lines.append(f"| {level} | " + " | ".join(cells) + " |")
     return lines
 
@@ -308,9 +332,10 @@ def report(runs: list[dict], command: str, methods: list[str]) -> str:
             "",
             *accuracy_table(runs, name, levels, ran),
             "",
-            f"Per query, {ran[-1]} / {ran[0]} mean L1:",
+            f"Per query, {ran[-1]} / {ran[0]} mean L1 (in brackets, the 95% bootstrap interval"
+            " of that ratio over the secrets, resampled in pairs):",
             "",
-            *query_table(runs, name, levels, ran[-1], ran[0]),
+            *query_table(runs, name, levels, ran[-1], ran[0], intervals=True),
         ]
         gls = sorted({r["secret"] for r in runs if (r["input"], r["method"]) == (name, GLS)})
         if gls:
