@@ -8,8 +8,11 @@ parent's measurements travelling in the same shuffle as its children's rows). Th
 their parents are one pass (``bottom_up_leaves_and_parents``): a task fits one parent's leaves
 to their measurements and goes on to the parent, both levels written in one commit, so the 8 M
 leaf rows of a national run are not read back and shuffled again. Invariant totals are exact
-constraints. Nothing is random, so a level recomputed after a crash is identical, whether by
-the pair pass or one level at a time (a run killed between the two levels' commits).
+constraints, and so are the cells ``[[estimation.occupancy]]`` holds at 0 in a leaf
+(``solvers.bottom_up.hold_zeros``; a compact covariance holds them when they are whole core
+cells, ``held_zeros``), which its parents then know are 0 wherever all their leaves' are.
+Nothing is random, so a level recomputed after a crash is identical, whether by the pair pass
+or one level at a time (a run killed between the two levels' commits).
 
 Table ``bottom_up``: ``level, geocode, mean, covariance, exact_total``, partitioned by level.
 ``mean`` is over the non-structural-zero cells of the schema, in cell order; ``covariance`` is
@@ -23,7 +26,8 @@ does not match it. The column is null at the leaves measured with their level's 
 their covariance depends only on the level's queries, weights and whether its totals are
 invariant, which ``solvers.bottom_up.leaf_covariance`` recomputes from the config, so 8 M blocks
 do not store 8 M copies; a leaf that spends a bypassed parent's budget too (``topdown.bypass``)
-stores its own. ``exact_total`` marks nodes whose total is invariant (the mean meets it exactly
+stores its own. A leaf's cells held at 0 are recomputed from its occupancy bits, which are
+not stored here either (the job's node constraints carry them). ``exact_total`` marks nodes whose total is invariant (the mean meets it exactly
 and the covariance is singular along all-ones).
 
 Every node is weighted by the exact ``sigma2`` of its own rows of ``noisy_measurements``. A
@@ -55,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import PARENT, family_starts, map_children, map_families
@@ -74,12 +78,14 @@ from censusdp_spark.topdown.estimate import (
     with_parent_estimates,
     worker_fault,
 )
-from censusdp_spark.topdown.occupancy import allowed_entries
+from censusdp_spark.topdown.occupancy import allowed_entries, node_constraints, with_bits
+from censusdp_spark.topdown.readers import OCCUPIED
 from censusdp_spark.topdown.solvers.bottom_up import (
     Covariance,
     Gaussian,
     LevelDesign,
     fitting_targets,
+    hold_zeros,
     leaf_covariance,
     leaf_estimates,
     node_estimate,
@@ -159,13 +165,15 @@ def unpack(packed: np.ndarray, n: int) -> np.ndarray:
 class _Children:
     """Reads a family's child rows of ``bottom_up`` back into ``Gaussian`` estimates; the
     shared leaf covariance and its precision are computed once per task (per exactness of the
-    totals)."""
+    totals and cells held at 0). ``plan``: the children's level's; their rows' ``OCCUPIED``
+    bits, where present, give each child's cells held at 0 (``held_zeros``)."""
 
-    def __init__(self, design: LevelDesign, is_leaf: bool) -> None:
+    def __init__(self, design: LevelDesign, is_leaf: bool, plan: LevelPlan) -> None:
         self.design = design
         self.is_leaf = is_leaf
-        self._leaf: dict[bool, Covariance] = {}
-        self._leaf_precision: dict[bool, Covariance] = {}
+        self.plan = plan
+        self._leaf: dict[tuple[bool, bytes], Covariance] = {}
+        self._leaf_precision: dict[tuple[bool, bytes], Covariance] = {}
 
     def precisions(self, rows: pd.DataFrame, estimates: list[Gaussian]) -> list[Covariance]:
         """Each child's ``Gaussian.precision``."""
@@ -178,44 +186,81 @@ class _Children:
             if packed is not None:  # a leaf with its own budget (bypassing)
                 out.append(estimate.precision())
                 continue
-            if bool(exact) not in self._leaf_precision:
-                self._leaf_precision[bool(exact)] = estimate.precision()
-            out.append(self._leaf_precision[bool(exact)])
+            key = (bool(exact), _key(estimate.zeros))
+            if key not in self._leaf_precision:
+                self._leaf_precision[key] = estimate.precision()
+            out.append(self._leaf_precision[key])
         return out
 
     def estimates(self, rows: pd.DataFrame) -> list[Gaussian]:
         out = []
-        for mean, packed, exact in zip(
-            rows["mean"], rows["covariance"], rows["exact_total"], strict=True
+        for mean, packed, exact, zeros in zip(
+            rows["mean"],
+            rows["covariance"],
+            rows["exact_total"],
+            held_zeros(self.plan, self.design, rows),
+            strict=True,
         ):
             mean = np.asarray(mean, dtype=np.float64)
             covariance: Covariance
             if self.is_leaf and packed is None:
-                if bool(exact) not in self._leaf:
-                    self._leaf[bool(exact)] = leaf_covariance(self.design, bool(exact))
-                covariance = self._leaf[bool(exact)]
+                key = (bool(exact), _key(zeros))
+                if key not in self._leaf:
+                    shared = leaf_covariance(self.design, bool(exact))
+                    self._leaf[key] = (
+                        shared if zeros is None else hold_zeros(mean[None, :], shared, zeros)[1]
+                    )
+                covariance = self._leaf[key]
             else:
                 covariance = unpack_covariance(np.asarray(packed, dtype=np.float64), self.design)
             total = float(np.round(mean.sum())) if exact else None
-            out.append(Gaussian(mean, covariance, total))
+            out.append(Gaussian(mean, covariance, total, zeros))
         return out
+
+
+def _key(zeros: np.ndarray | None) -> bytes:
+    return b"" if zeros is None else np.packbits(zeros).tobytes()
+
+
+def held_zeros(plan: LevelPlan, design: LevelDesign, rows: pd.DataFrame) -> list[np.ndarray | None]:
+    """Per node (``rows`` one per node, or per node and query, sorted by geocode), the cells
+    of ``design`` (the level's non-structural-zero cells) that its occupancy bits hold at 0, or
+    None where there are none: always None without occupancy groups or without the
+    ``OCCUPIED`` column. With a compact covariance only zeros that are whole core cells are
+    held (an occupancy group over the attributes not held symmetric); a node whose zeros are
+    not is not conditioned on them (its top-down fit still holds them)."""
+    bits = child_bits(rows)
+    k = int((~rows["geocode"].duplicated()).sum())
+    allowed = allowed_entries(plan.occupancy, bits, ~plan.structural_zero)
+    if allowed is None:
+        return [None] * k
+    layout = design.layout
+    out: list[np.ndarray | None] = []
+    for row in allowed:
+        zeros = ~row
+        whole = layout is None or np.array_equal(
+            np.isin(layout.core_of, layout.core_of[zeros]), zeros
+        )
+        out.append(zeros if zeros.any() and whole else None)
+    return out
 
 
 def _leaf_fits(
     plan: LevelPlan, design: LevelDesign, family: pd.DataFrame
 ) -> tuple[np.ndarray, list[Gaussian], list[np.ndarray | None]]:
     """One family of leaves' geocodes, their bottom-up estimates (the GLS of their own
-    measurements) and their ``covariance`` column: None for a leaf measured with its level's
-    own budget (the shared covariance the config recomputes), packed for one that spends a
-    bypassed parent's budget too."""
+    measurements, with their cells held at 0 by occupancy) and their ``covariance`` column:
+    None for a leaf measured with its level's own budget (the shared covariance the config
+    recomputes), packed for one that spends a bypassed parent's budget too."""
     geocodes, noisy, weights, totals = family_arrays(plan, family)
     k = len(geocodes)
     by_leaf = np.broadcast_to(weights, (k, len(noisy)))
+    zeros = held_zeros(plan, design, family)
     means = np.zeros((k, design.n_cells))
     shared: dict[int, Covariance] = {}
     stored: list[np.ndarray | None] = [None] * k
     for row in np.unique(by_leaf, axis=0):
-        members = (by_leaf == row).all(axis=1)
+        members = np.flatnonzero((by_leaf == row).all(axis=1))
         own = np.array_equal(row, design.weights)
         here = design if own else replace(design, weights=row)
         means[members], covariance = leaf_estimates(
@@ -223,12 +268,21 @@ def _leaf_fits(
             tuple(a[members] for a in noisy),
             None if totals is None else totals[members],
         )
-        for i in np.flatnonzero(members).tolist():
-            shared[i] = covariance
-            if not own:
-                stored[i] = pack(covariance)
+        patterns = np.array([_key(zeros[i]) for i in members], dtype=object)
+        for pattern in dict.fromkeys(patterns.tolist()):
+            group = members[patterns == pattern]
+            held = zeros[group[0]]
+            covariance_here: Covariance
+            if held is not None:
+                means[group], covariance_here = hold_zeros(means[group], covariance, held)
+            else:
+                covariance_here = covariance
+            for i in group.tolist():
+                shared[i] = covariance_here
+                if not own:
+                    stored[i] = pack(covariance_here)
     estimates = [
-        Gaussian(means[i], shared[i], None if totals is None else float(totals[i]))
+        Gaussian(means[i], shared[i], None if totals is None else float(totals[i]), zeros[i])
         for i in range(k)
     ]
     return geocodes, estimates, stored
@@ -391,7 +445,7 @@ def bottom_up_level(
         solve=_node_task(
             plan,
             level_design(plan, layout),
-            _Children(level_design(child_plan, layout), child_is_leaf),
+            _Children(level_design(child_plan, layout), child_is_leaf, child_plan),
         ),
         schema=BOTTOM_UP_SCHEMA,
         batched=True,
@@ -450,7 +504,8 @@ def _parent_measurements(noisy: DataFrame, invariant_totals: DataFrame) -> DataF
 
 
 def _children_columns(below: DataFrame) -> DataFrame:
-    return below.select("geocode", "mean", "covariance", "exact_total")
+    bits = [OCCUPIED] if OCCUPIED in below.columns else []
+    return below.select("geocode", "mean", "covariance", "exact_total", *bits)
 
 
 def write_bottom_up(
@@ -458,6 +513,7 @@ def write_bottom_up(
     config: RunConfig,
     noisy: DataFrame,
     invariant_totals: DataFrame,
+    occupancy: DataFrame | None,
     output: Path,
     done: Collection[str],
     committed: Callable[[str], None],
@@ -465,7 +521,9 @@ def write_bottom_up(
     """The bottom-up pass, leaves first: each level not in ``done`` is computed from the
     ``bottom_up`` rows of the level below and written to its partition of ``bottom_up``, then
     ``committed(level)`` is called; the leaves and their parents, when neither is done, in
-    one pass and one write (then ``committed`` for the leaves, then for their parents). ``invariant_totals`` is ``level, geocode, inv_total``.
+    one pass and one write (then ``committed`` for the leaves, then for their parents).
+    ``invariant_totals`` is ``level, geocode, inv_total``; ``occupancy`` every node's
+    ``OCCUPIED`` bits (``occupancy.node_occupancy``), or None without occupancy groups.
     Raises ``ValueError`` naming the level and the config key when the leaf level's queries do
     not identify every cell."""
     levels = config.hierarchy.levels
@@ -475,8 +533,8 @@ def write_bottom_up(
     leaf_covariance(level_design(leaf_plan, layout), with_totals=False)
 
     def measured(level: str) -> tuple[DataFrame, DataFrame]:
-        totals = invariant_totals.filter(F.col("level") == level).select("geocode", "inv_total")
-        return noisy.filter(F.col("level") == level), totals
+        constraints = node_constraints(invariant_totals, occupancy, level)
+        return noisy.filter(F.col("level") == level), constraints
 
     todo = [i for i in reversed(range(len(levels))) if levels[i].name not in done]
     leaf = len(levels) - 1
@@ -500,8 +558,12 @@ def write_bottom_up(
         below = None
         child_plan = None
         if not is_leaf:
-            below = delta.read_table(spark, output, BOTTOM_UP).filter(
-                F.col("level") == levels[i + 1].name
+            below = with_bits(
+                delta.read_table(spark, output, BOTTOM_UP).filter(
+                    F.col("level") == levels[i + 1].name
+                ),
+                occupancy,
+                levels[i + 1].name,
             )
             child_plan = level_plan(config, levels[i + 1].name)
         rows = bottom_up_level(
@@ -615,7 +677,7 @@ def estimate_level_from_bottom_up(
         parent_estimates,
         parent_digits,
     )
-    below = _Children(level_design(plan, layout), child_is_leaf)
+    below = _Children(level_design(plan, layout), child_is_leaf, plan)
 
     def task(family: pd.DataFrame) -> pd.DataFrame:
         parent = None if plan.is_root else parent_histogram(family, plan.n_cells)
@@ -631,9 +693,12 @@ def estimate_level_from_bottom_up(
     )
 
 
-def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
+def total_variances(
+    bottom_up: DataFrame, config: RunConfig, occupancy: DataFrame | None = None
+) -> DataFrame:
     """``level, geocode, variance`` (lazy): the variance ``1^T C 1`` of every node's bottom-up
-    total, 0 where the total is invariant.
+    total, 0 where the total is invariant; a leaf's with its cells held at 0 by its
+    ``occupancy`` bits (``occupancy.node_occupancy``; None without occupancy groups).
 
     It is the uncertainty of the BLUE of the node's total from everything measured at and
     below the node, computed from the noise variances alone (no data): a reference for the
@@ -641,8 +706,20 @@ def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
     released value's own variance."""
     leaf = config.hierarchy.leaf.name
     layout = config_layout(config)
-    design = level_design(level_plan(config, leaf), layout)
-    leaf_variance = total_variance(leaf_covariance(design, with_totals=False))
+    plan = level_plan(config, leaf)
+    design = level_design(plan, layout)
+    shared = leaf_covariance(design, with_totals=False)
+    leaf_variance: Column = F.lit(total_variance(shared))
+    if occupancy is not None:
+        leaves = occupancy.filter(F.col("level") == leaf)
+        bottom_up = bottom_up.join(leaves, ["level", "geocode"], "left")
+        for (bits,) in leaves.select(OCCUPIED).distinct().collect():
+            zeros = held_zeros(plan, design, pd.DataFrame({"geocode": [""], OCCUPIED: [bits]}))[0]
+            if zeros is not None:
+                held = hold_zeros(np.zeros((1, design.n_cells)), shared, zeros)[1]
+                leaf_variance = F.when(F.col(OCCUPIED) == bits, total_variance(held)).otherwise(
+                    leaf_variance
+                )
     # Dense: 1^T C 1 from C's packed upper triangle. Compact: M 1_N^T B_0 1_N, B_0 the first
     # packed block (the other blocks are orthogonal to all-ones).
     n, factor = (design.n_cells, 1.0) if layout is None else (layout.core_cells, layout.spread)
@@ -652,7 +729,7 @@ def total_variances(bottom_up: DataFrame, config: RunConfig) -> DataFrame:
     packed = F.aggregate(first, F.lit(0.0), lambda a, b: a + b)
     variance = (
         F.when(F.col("exact_total"), F.lit(0.0))
-        .when(F.col("covariance").isNull(), F.lit(leaf_variance))
+        .when(F.col("covariance").isNull(), leaf_variance)
         .otherwise(factor * (2.0 * packed - reduce(add, diagonal)))
     )
     return bottom_up.select("level", "geocode", variance.alias("variance"))

@@ -344,7 +344,7 @@ def estimate_level(
     ``noisy``: this level's rows of the noisy measurement table (``level_measurements``);
     ``invariant_totals``:
     ``geocode, inv_total`` for this level (possibly empty), with occupancy groups also each
-    node's ``OCCUPIED`` bits (``job.node_constraints``); ``parent_estimates``: the level
+    node's ``OCCUPIED`` bits (``occupancy.node_constraints``); ``parent_estimates``: the level
     above as ``geocode, cells, counts`` (None at the root). The children's rows meet their
     parent's estimate by a join on the parent geocode, then every family is solved by
     ``map_families`` (many families per Python call). ``fault`` is a test hook (see

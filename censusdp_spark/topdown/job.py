@@ -57,8 +57,13 @@ from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table,
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
-from censusdp_spark.topdown.occupancy import cells_outside_occupancy, group_cells, node_occupancy
-from censusdp_spark.topdown.readers import OCCUPIED, read_blocks
+from censusdp_spark.topdown.occupancy import (
+    cells_outside_occupancy,
+    group_cells,
+    node_constraints,
+    node_occupancy,
+)
+from censusdp_spark.topdown.readers import read_blocks
 from censusdp_spark.topdown.resume import redo_unfinished_steps, remove_uncommitted_files
 
 TOPDOWN = "topdown"
@@ -182,16 +187,6 @@ def invariant_levels(config: RunConfig) -> list[str]:
     return list(config.hierarchy.names[: deepest + 1])
 
 
-def node_constraints(invariants: DataFrame, occupancy: DataFrame | None, level: str) -> DataFrame:
-    """``geocode, inv_total`` of ``level``'s invariant nodes, and with occupancy groups every
-    node's ``OCCUPIED`` bits beside them (``inv_total`` null where the level has none)."""
-    totals = invariants.filter(F.col("level") == level).select("geocode", "inv_total")
-    if occupancy is None:
-        return totals
-    bits = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
-    return bits.join(totals, "geocode", "left")
-
-
 def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig) -> dict[str, int]:
     """``persons_outside_occupancy``: released counts where ``[[estimation.occupancy]]``
     allows none (0, or ``GuaranteeViolation``)."""
@@ -269,7 +264,7 @@ def _run_topdown(
             _driver_fault(f"bottom_up_{level}")
 
         done = [lv for lv in hierarchy.names if run.done(f"bottom_up_{lv}")]
-        write_bottom_up(spark, config, noisy, invariants, output, done, committed)
+        write_bottom_up(spark, config, noisy, invariants, occupancy, output, done, committed)
     parent_estimates = None
     for i, level in enumerate(hierarchy.levels):
         if not run.done(level.name):
@@ -323,7 +318,7 @@ def _run_topdown(
     if options.variances:
         shutil.rmtree(output / TOTAL_VARIANCES, ignore_errors=True)  # an uncommitted leftover
         bottom_up = delta.read_table(spark, output, BOTTOM_UP)
-        delta.write_table(total_variances(bottom_up, config), output, TOTAL_VARIANCES)
+        delta.write_table(total_variances(bottom_up, config, occupancy), output, TOTAL_VARIANCES)
         clock.lap("total_variances")
     csv_files: list[str] = []
     if config.pl94_tables is not None:  # post-processing of the released estimates only

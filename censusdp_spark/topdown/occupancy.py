@@ -44,6 +44,25 @@ def node_occupancy(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
     return reduce(DataFrame.unionByName, [leaf, *above])
 
 
+def node_constraints(invariants: DataFrame, occupancy: DataFrame | None, level: str) -> DataFrame:
+    """``geocode, inv_total`` of ``level``'s invariant nodes, and with occupancy groups every
+    node's ``OCCUPIED`` bits beside them (``inv_total`` null where the level has none)."""
+    totals = invariants.filter(F.col("level") == level).select("geocode", "inv_total")
+    if occupancy is None:
+        return totals
+    bits = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
+    return bits.join(totals, "geocode", "left")
+
+
+def with_bits(rows: DataFrame, occupancy: DataFrame | None, level: str) -> DataFrame:
+    """``rows`` (of ``level``'s nodes, by ``geocode``) with their ``OCCUPIED`` bits beside
+    them (null for a node without); ``rows`` unchanged without occupancy groups."""
+    if occupancy is None:
+        return rows
+    bits = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
+    return rows.join(bits, "geocode", "left")
+
+
 def group_cells(occupancy: tuple[OccupancyGroup, ...], n_cells: int) -> tuple[np.ndarray, ...]:
     """Per group, a bool per schema cell: the cells of the group."""
     out = []

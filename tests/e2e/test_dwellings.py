@@ -7,14 +7,19 @@ quarters persons), as a housing file beside the persons would give them."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp_spark.api import run_topdown
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.job import TopDownOptions
+from censusdp_spark.topdown.job import run_topdown as run_job
 from censusdp_spark.topdown.readers import OCCUPIED, read_blocks
 from tests.conftest import TOPDOWN_GUARANTEES_HELD
 
@@ -119,7 +124,8 @@ def test_microdata_on_a_spine_holds_the_dwellings_of_every_block(
 ):
     doc = config(tmp_path, write(dwellings, tmp_path), spine)
     out = tmp_path / "out"
-    run_topdown(doc, spark=spark, output=out, secret_file=secret_file)
+    options = TopDownOptions(output=out, secret_file=secret_file, variances=True)
+    run_job(spark, load_config(doc), options)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["guarantee_checks"] == {
         **TOPDOWN_GUARANTEES_HELD, "persons_outside_occupancy": 0
@@ -139,6 +145,32 @@ def test_microdata_on_a_spine_holds_the_dwellings_of_every_block(
     assert per_block.loc[EMPTY].sum() == 0 and per_block.loc[VACANT, GQ] == 0
     assert per_block[GQ].sum() > 0 and per_block[HOUSEHOLD].sum() > 0
     assert estimates[estimates["level"] == "state"]["count"].sum() == 10_588  # invariant
+    held_in_bottom_up(spark, out, hu, gq)
+
+
+def held_in_bottom_up(spark, out: Path, hu: pd.Series, gq: pd.Series) -> None:
+    """The bottom-up pass holds the occupancy zeros exactly: a block's cells of a group its
+    dwellings do not allow are 0 in ``bottom_up``, and so are a block group's where none of
+    its blocks allows them; a block's total variance is 0 where no cell is allowed and
+    smaller where one group is held than where none is."""
+    rows = spark.read.format("delta").load(str(out / "bottom_up")).toPandas()
+    mean = {(r.level, r.geocode): np.asarray(r.mean) for r in rows.itertuples()}
+    gq_cells, hh_cells = [2, 3], [0, 1]  # cell = 2 hhgq + votingage
+    for block in gq.index[gq == 0]:
+        assert not mean[("block", block)][gq_cells].any()
+    for block in hu.index[hu == 0]:
+        assert not mean[("block", block)][hh_cells].any()
+    by_group = gq.groupby(gq.index.str[:12]).max()
+    without = by_group.index[by_group == 0]
+    assert len(without) > 0
+    for group in without:
+        assert not mean[("block_group", group)][gq_cells].any()
+    assert mean[("block_group", by_group.index[by_group > 0][0])][gq_cells].any()
+    variances = spark.read.format("delta").load(str(out / "total_variances")).toPandas()
+    variance = variances.set_index(["level", "geocode"])["variance"]
+    both = hu.index[(hu > 0) & (gq > 0)][0]
+    assert variance[("block", EMPTY)] == 0.0
+    assert 0.0 < variance[("block", VACANT)] < variance[("block", both)]
 
 
 def edits() -> list[tuple[str, object, str, str]]:
@@ -192,3 +224,60 @@ def test_each_block_gets_the_bits_of_the_groups_its_dwellings_allow(spark, tmp_p
     bits = {r["geocode"]: r[OCCUPIED] for r in blocks.select("geocode", OCCUPIED).collect()}
     expected = (table["HU"] > 0).astype(int) + 2 * (table["GQ"] > 0).astype(int)
     assert bits == dict(zip(table["GEOID"], expected, strict=True))
+
+
+KILLED_RUN = """
+import json, sys
+from pathlib import Path
+from censusdp_spark.engine.session import spark_session
+from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.job import TopDownOptions, run_topdown
+doc = json.loads(Path(sys.argv[1]).read_text())
+options = TopDownOptions(output=Path(sys.argv[2]), secret_file=Path(sys.argv[3]))
+run_topdown(spark_session("killed", "local[2]"), load_config(doc), options)
+"""
+
+
+@pytest.mark.slow
+def test_block_groups_recomputed_from_the_written_blocks_hold_the_same_zeros(
+    spark, tmp_path, spine, dwellings, secret_file
+):
+    """Killed after the blocks' commit, the resumed run computes the block groups one level at
+    a time from the written blocks, whose occupancy bits it joins again: the same rows as the
+    pair pass wrote before the kill (its block groups' rows are in the table, uncommitted in
+    the run's log), zeros included."""
+    doc = config(tmp_path, write(dwellings, tmp_path), spine)
+    doc_file = tmp_path / "config.json"
+    doc_file.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, str(doc_file), str(out), str(secret_file)],
+        cwd=ROOT,
+        env={**os.environ, "CENSUSDP_TEST_FAULT": "driver_after_level:bottom_up_block"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert killed.returncode == 17, killed.stderr[-3000:]
+
+    def block_groups() -> pd.DataFrame:
+        rows = spark.read.format("delta").load(str(out / "bottom_up"))
+        rows = rows.filter("level = 'block_group'").toPandas()
+        return rows.sort_values("geocode").reset_index(drop=True)
+
+    def versions() -> int:
+        return spark.sql(f"DESCRIBE HISTORY delta.`{out / 'bottom_up'}`").count()
+
+    paired, written = block_groups(), versions()
+    options = TopDownOptions(output=out, secret_file=secret_file, resume=True)
+    run_job(spark, load_config(doc), options)
+    alone = block_groups()
+    assert versions() > written  # the block groups (and the levels above) were written again
+    assert list(alone["geocode"]) == list(paired["geocode"]) and len(alone) > 0
+    for one, other in zip(alone["mean"], paired["mean"], strict=True):
+        assert np.allclose(one, other, rtol=1e-9, atol=1e-9)
+        assert np.array_equal(np.asarray(one) == 0.0, np.asarray(other) == 0.0)
+    gq = dwellings.set_index("GEOID")["GQ"]
+    by_group = gq.groupby(gq.index.str[:12]).max()
+    held = alone[alone["geocode"].isin(by_group.index[by_group == 0])]
+    assert len(held) > 0 and all(not np.asarray(m)[[2, 3]].any() for m in held["mean"])

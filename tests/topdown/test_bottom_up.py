@@ -14,6 +14,7 @@ from censusdp_spark.topdown.solvers.bottom_up import (
     Gaussian,
     LevelDesign,
     fitting_targets,
+    hold_zeros,
     leaf_covariance,
     leaf_estimates,
     node_estimate,
@@ -34,6 +35,7 @@ class Node:
     answers: tuple[np.ndarray, ...] = ()
     total: float | None = None
     truth: np.ndarray | None = None
+    zeros: np.ndarray | None = None  # a leaf's cells held at 0 (an occupancy rule)
 
     def leaves(self) -> list[Node]:
         return [self] if not self.children else [x for c in self.children for x in c.leaves()]
@@ -67,9 +69,17 @@ def random_designs(rng: np.random.Generator, depth: int) -> list[LevelDesign]:
     return designs
 
 
-def random_tree(rng: np.random.Generator, designs: list[LevelDesign], invariant_depth: int) -> Node:
+def random_tree(
+    rng: np.random.Generator,
+    designs: list[LevelDesign],
+    invariant_depth: int,
+    zero_rate: float = 0.0,
+    zero_groups: np.ndarray | None = None,
+) -> Node:
     """A tree with random fan-out (single children included), true integer histograms, noisy
-    answers and invariant totals down to ``invariant_depth`` (-1: none)."""
+    answers and invariant totals down to ``invariant_depth`` (-1: none); with ``zero_rate``,
+    each leaf holds each group of cells (``zero_groups``, a group per cell; default each cell
+    its own) at 0 with that probability (its truth 0 there)."""
     depth = len(designs)
     n = designs[0].n_cells
 
@@ -80,6 +90,10 @@ def random_tree(rng: np.random.Generator, designs: list[LevelDesign], invariant_
             node.truth = np.sum([c.truth for c in node.children], axis=0)
         else:
             node.truth = rng.poisson(5.0, n).astype(float)
+            if zero_rate:
+                groups = np.arange(n) if zero_groups is None else zero_groups
+                node.zeros = (rng.random(int(groups.max()) + 1) < zero_rate)[groups]
+                node.truth[node.zeros] = 0.0
         design = designs[d]
         node.answers = tuple(
             np.bincount(m, node.truth, minlength=s) + rng.normal(0, 1 / np.sqrt(max(w, 1e-3)), s)
@@ -96,7 +110,12 @@ def bottom_up(node: Node, designs: list[LevelDesign], out: dict[int, Gaussian]) 
     if not node.children:
         totals = None if node.total is None else np.array([node.total])
         means, covariance = leaf_estimates(design, [a[None, :] for a in node.answers], totals)
-        estimate = Gaussian(means[0], covariance, node.total)
+        zeros = node.zeros
+        if zeros is not None and zeros.any():
+            means, covariance = hold_zeros(means, covariance, zeros)
+        else:
+            zeros = None
+        estimate = Gaussian(means[0], covariance, node.total, zeros)
     else:
         estimate = node_estimate(
             [bottom_up(c, designs, out) for c in node.children], design, node.answers, node.total
@@ -108,8 +127,8 @@ def bottom_up(node: Node, designs: list[LevelDesign], out: dict[int, Gaussian]) 
 def dense_gls(node: Node, designs: list[LevelDesign]) -> tuple[np.ndarray, np.ndarray]:
     """The constrained GLS estimate of ``node``'s histogram from every measurement in its
     subtree, solved directly: unknowns are all its leaves' histograms, stacked rows
-    ``sqrt(w) Q_q (sum of leaves under u)`` for every node ``u``, and the invariant totals as
-    equality constraints eliminated with a null-space basis."""
+    ``sqrt(w) Q_q (sum of leaves under u)`` for every node ``u``, and the invariant totals and
+    the leaves' cells held at 0 as equality constraints eliminated with a null-space basis."""
     leaves = node.leaves()
     position = {id(leaf): i for i, leaf in enumerate(leaves)}
     n = designs[0].n_cells
@@ -131,6 +150,10 @@ def dense_gls(node: Node, designs: list[LevelDesign]) -> tuple[np.ndarray, np.nd
         if u.total is not None:
             constraints.append(np.kron(under, np.ones(n)))
             targets.append(u.total)
+        if u.zeros is not None:
+            for cell in np.flatnonzero(u.zeros):
+                constraints.append(np.kron(under, np.eye(n)[cell]))
+                targets.append(0.0)
     design_matrix, y = np.vstack(rows), np.concatenate(rhs)
     if constraints:
         c, t = np.vstack(constraints), np.array(targets)
@@ -169,6 +192,36 @@ def test_every_node_equals_the_dense_gls_of_its_subtree(seed):
         if node.total is not None:
             assert got.total == node.total
             assert abs(got.mean.sum() - node.total) <= 1e-9 * max(1.0, node.total)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_leaves_cells_held_at_zero_give_every_node_the_constrained_dense_gls(seed):
+    """Occupancy zeros at the leaves (exact constraints, like the totals): every node's
+    estimate and covariance equal the dense GLS with those cells held at 0, a parent's cells
+    are known zeros exactly where all its leaves' are, and the precision on the other cells is
+    the covariance's inverse there (with an exact total, on the constrained set)."""
+    rng = np.random.default_rng(1000 + seed)
+    depth = int(rng.integers(2, 5))
+    designs = random_designs(rng, depth)
+    tree = random_tree(rng, designs, int(rng.integers(-1, depth)), zero_rate=0.3)
+    estimates: dict[int, Gaussian] = {}
+    bottom_up(tree, designs, estimates)
+    for node in tree.nodes():
+        mean, covariance = dense_gls(node, designs)
+        got = estimates[id(node)]
+        assert_close(got.mean, mean, max(1.0, float(np.abs(mean).max())))
+        assert_close(got.covariance, covariance, max(1e-6, float(np.abs(covariance).max())))
+        held = np.logical_and.reduce([leaf.zeros for leaf in node.leaves()])
+        expected = held if held.any() else None
+        assert (got.zeros is None) == (expected is None)
+        if expected is not None:
+            assert np.array_equal(got.zeros, expected)
+            assert not got.mean[expected].any() and not got.covariance[expected].any()
+        free = ~held
+        precision = got.precision()
+        sub = got.covariance[np.ix_(free, free)]
+        if got.total is None and free.any():
+            assert_close(precision[np.ix_(free, free)] @ sub, np.eye(int(free.sum())), 1e3)
 
 
 def test_a_parent_with_one_child_combines_both_levels_as_one_histogram():
@@ -281,15 +334,11 @@ def assert_compact_equals(got: Gaussian, expected: Gaussian, rtol: float = 1e-9)
     )
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_the_compact_covariance_gives_every_node_the_dense_gls_of_its_subtree(seed):
-    """Random schemas with symmetric and recoded attributes, random query sets, structural
-    zeros and invariants: the compact pass equals the independent dense GLS and the dense pass
-    (means, covariances and precisions), and so do the top-down pass's targets."""
-    rng = np.random.default_rng(1000 + seed)
-    depth = int(rng.integers(2, 5))
-    dense_levels, compact_levels = compact_designs(rng, depth)
-    tree = random_tree(rng, dense_levels, invariant_depth=int(rng.integers(-1, depth)))
+def both_passes_match_the_dense_gls(
+    tree: Node, dense_levels: list[LevelDesign], compact_levels: list[LevelDesign]
+) -> tuple[dict[int, Gaussian], dict[int, Gaussian]]:
+    """The dense and compact passes over ``tree``, every compact node checked against the
+    independent dense GLS and the dense pass (means, covariances and precisions)."""
     dense: dict[int, Gaussian] = {}
     compact: dict[int, Gaussian] = {}
     bottom_up(tree, dense_levels, dense)
@@ -303,6 +352,19 @@ def test_the_compact_covariance_gives_every_node_the_dense_gls_of_its_subtree(se
             got.covariance.to_dense(), covariance, max(1e-6, float(np.abs(covariance).max()))
         )
         assert_compact_equals(got, dense[id(node)])
+    return dense, compact
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_the_compact_covariance_gives_every_node_the_dense_gls_of_its_subtree(seed):
+    """Random schemas with symmetric and recoded attributes, random query sets, structural
+    zeros and invariants: the compact pass equals the independent dense GLS and the dense pass
+    (means, covariances and precisions), and so do the top-down pass's targets."""
+    rng = np.random.default_rng(1000 + seed)
+    depth = int(rng.integers(2, 5))
+    dense_levels, compact_levels = compact_designs(rng, depth)
+    tree = random_tree(rng, dense_levels, invariant_depth=int(rng.integers(-1, depth)))
+    dense, compact = both_passes_match_the_dense_gls(tree, dense_levels, compact_levels)
     children = [c for c in tree.children] or [tree]
     free = rng.random(dense_levels[0].n_cells) < 0.7
     free[0] = True
@@ -314,6 +376,27 @@ def test_the_compact_covariance_gives_every_node_the_dense_gls_of_its_subtree(se
     )
     for a, b in zip(got_targets, expected, strict=True):
         assert_close(a, b, max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_whole_core_cells_held_at_zero_give_the_compact_pass_the_constrained_dense_gls(seed):
+    """Occupancy zeros over the attributes not held symmetric (whole core cells) at the
+    leaves: the compact pass equals the constrained dense GLS and the dense pass, precisions
+    included, and its zeros are exact."""
+    rng = np.random.default_rng(5000 + seed)
+    depth = int(rng.integers(2, 5))
+    dense_levels, compact_levels = compact_designs(rng, depth)
+    layout = compact_levels[0].layout
+    assert layout is not None
+    tree = random_tree(
+        rng, dense_levels, int(rng.integers(-1, depth)), zero_rate=0.4, zero_groups=layout.core_of
+    )
+    _, compact = both_passes_match_the_dense_gls(tree, dense_levels, compact_levels)
+    for got in compact.values():
+        assert isinstance(got.covariance, SymmetricMatrix)
+        if got.zeros is not None:
+            assert not got.mean[got.zeros].any()
+            assert not got.covariance.to_dense()[got.zeros].any()
 
 
 def production_designs() -> tuple[list[LevelDesign], list[LevelDesign]]:

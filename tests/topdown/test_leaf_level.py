@@ -101,7 +101,7 @@ def test_full_information_at_the_leaves_is_topdowns_fit(config_name, seeds, exac
         )
         x_answers = solve_children(from_answers)
 
-        children = _Children(design, is_leaf=True)
+        children = _Children(design, is_leaf=True, plan=plan)
         rows = _leaf_task(plan, design)(family)
         estimates = children.estimates(rows)
         free = parent[~plan.structural_zero] > 0

@@ -42,7 +42,7 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -123,25 +123,53 @@ Covariance = np.ndarray | SymmetricMatrix
 class Gaussian:
     """A node's bottom-up estimate: ``mean`` (length ``n``), ``covariance`` (``n x n``, dense
     or compact) and, when its total is exact, ``total`` (then ``1^T mean = total`` and
-    ``covariance 1 = 0`` up to round-off); else ``total`` is None."""
+    ``covariance 1 = 0`` up to round-off); else ``total`` is None. ``zeros``: the cells known to
+    be 0 (``hold_zeros``), where ``mean`` and ``covariance``'s rows and columns are
+    exactly 0; None when there are none."""
 
     mean: np.ndarray
     covariance: Covariance
     total: float | None = None
+    zeros: np.ndarray | None = None
 
     def precision(self) -> Covariance:
         """The inverse covariance; with an exact total, the inverse on ``1^perp`` plus
         ``(1/s) u u^T`` (``u = 1/sqrt(n)``, ``s`` the mean eigenvalue on ``1^perp``), which adds
-        only a constant to ``(x - mean)^T P (x - mean)`` on the set ``1^T x = total``."""
-        n = self.mean.shape[0]
+        only a constant to ``(x - mean)^T P (x - mean)`` on the set ``1^T x = total``. With
+        ``zeros``, the same on the other cells and the identity on those (block-diagonal: a fit
+        that holds them at 0, as the occupancy rule's do, is the same on every other cell)."""
         if isinstance(self.covariance, SymmetricMatrix):
-            return _compact_precision(self.covariance, self.total is not None)
-        if self.total is None:
-            return _symmetric(np.linalg.inv(self.covariance))
-        if n == 1:
-            return np.ones((1, 1))
-        scale = max(float(np.trace(self.covariance)) / (n - 1), np.finfo(float).tiny)
-        return _symmetric(np.linalg.inv(self.covariance + scale * np.full((n, n), 1.0 / n)))
+            return _compact_precision(self.covariance, self.total is not None, self.zeros)
+        if self.zeros is None:
+            return _dense_precision(self.covariance, self.total is not None)
+        free = ~self.zeros
+        precision = np.eye(self.mean.shape[0])
+        if free.any():
+            block = self.covariance[np.ix_(free, free)]
+            precision[np.ix_(free, free)] = _dense_precision(block, self.total is not None)
+        return precision
+
+
+def _dense_precision(covariance: np.ndarray, exact_total: bool) -> np.ndarray:
+    """``Gaussian.precision`` of a dense covariance with no known zeros. With an exact total,
+    every direction the covariance does not vary in (all-ones; more where the children's exact
+    totals and zeros determine more) gets ``1 / s``, ``s`` the mean of its other eigenvalues:
+    ``(C + s N)^{-1}``, ``N`` the projector onto those directions."""
+    if not exact_total:
+        return _symmetric(np.linalg.inv(covariance))
+    values, vectors = np.linalg.eigh(covariance)
+    inverse = _inverse_eigenvalues(values[None, :], np.ones(1))[0]
+    return _symmetric((vectors * inverse) @ vectors.T)
+
+
+def _inverse_eigenvalues(values: np.ndarray, multiplicity: np.ndarray) -> np.ndarray:
+    """``1 / lambda`` for each of ``values`` (rows: blocks of the given multiplicities), and
+    ``1 / s`` for those that are 0 to round-off, ``s`` the mean of the others (1 if none)."""
+    largest = float(np.abs(values).max()) if values.size else 0.0
+    null = values <= DETERMINED_TOLERANCE * largest
+    weights = multiplicity[:, None] * ~null
+    scale = float((weights * values).sum() / weights.sum()) if weights.sum() else 1.0
+    return np.where(null, 1.0 / max(scale, np.finfo(float).tiny), 1.0 / np.where(null, 1.0, values))
 
 
 def leaf_estimates(
@@ -177,6 +205,41 @@ def leaf_estimates(
     return means, covariance
 
 
+def held_core(covariance: Covariance, zeros: np.ndarray) -> np.ndarray | None:
+    """For a compact ``covariance``, the core cells whose every cell ``zeros`` holds, when
+    ``zeros`` is exactly those (whole core cells, as an occupancy group over the non-symmetric
+    attributes gives); None when it is not (such zeros cannot be held in the compact form)."""
+    if not isinstance(covariance, SymmetricMatrix):
+        return None
+    core_of = covariance.layout.core_of
+    held = np.zeros(covariance.layout.core_cells, dtype=bool)
+    held[core_of[zeros]] = True
+    return held if np.array_equal(held[core_of], zeros) else None
+
+
+def hold_zeros(
+    means: np.ndarray, covariance: Covariance, zeros: np.ndarray
+) -> tuple[np.ndarray, Covariance]:
+    """Leaves' GLS estimates (``means (k, n)`` sharing a dense ``covariance``) conditioned on
+    their cells ``zeros`` being 0, exact linear constraints like an invariant total (which
+    ``covariance`` may already hold): the GLS of the same measurements with those cells held at
+    0, its total unchanged, and exactly 0 there. The data must allow it (a total of 0 when every
+    cell is held), as the occupancy rule's dwellings check does."""
+    if not zeros.any():
+        return means, covariance
+    if isinstance(covariance, SymmetricMatrix):
+        return _compact_hold_zeros(means, covariance, zeros)
+    gain = covariance[:, zeros] @ np.linalg.pinv(
+        covariance[np.ix_(zeros, zeros)], rcond=1e-10, hermitian=True
+    )
+    held_means = means - means[:, zeros] @ gain.T
+    held = _symmetric(covariance - gain @ covariance[zeros, :])
+    held_means[:, zeros] = 0.0
+    held[zeros, :] = 0.0
+    held[:, zeros] = 0.0
+    return held_means, held
+
+
 def leaf_covariance(design: LevelDesign, with_totals: bool) -> Covariance:
     """The covariance shared by every leaf of ``design``'s level (see ``leaf_estimates``)."""
     empty = [np.zeros((1, size)) for size in design.marginal_sizes]
@@ -195,12 +258,15 @@ def sum_of(children: Sequence[Gaussian]) -> Gaussian:
         covariance = SymmetricMatrix(covariances[0].layout, np.sum(blocks, axis=0))
     else:
         covariance = np.sum([np.asarray(c) for c in covariances], axis=0)
+    zeros = [c.zeros for c in children if c.zeros is not None]
+    held = np.logical_and.reduce(zeros) if len(zeros) == len(children) else None
     return Gaussian(
         mean=np.sum([c.mean for c in children], axis=0),
         covariance=covariance,
         total=None
         if any(t is None for t in totals)
         else float(sum(t for t in totals if t is not None)),
+        zeros=held if held is not None and held.any() else None,
     )
 
 
@@ -219,7 +285,7 @@ def update(prior: Gaussian, design: LevelDesign, answers: Sequence[np.ndarray]) 
     mean = prior.mean + gain @ (y - matrix @ prior.mean)
     keep = np.eye(design.n_cells) - gain @ matrix
     updated = keep @ covariance @ keep.T + (gain / weight) @ gain.T
-    result = Gaussian(mean, _symmetric(updated), prior.total)
+    result = Gaussian(mean, _symmetric(updated), prior.total, prior.zeros)
     return result if prior.total is None else _exact_total(result, prior.total)
 
 
@@ -240,15 +306,19 @@ def condition_on_total(estimate: Gaussian, total: float, level: str = "") -> Gau
         along = blocks[0].sum(axis=1)
         spread = along[estimate.covariance.layout.core_of]
         variance = estimate.covariance.total_variance()
+    else:
+        spread = estimate.covariance.sum(axis=1)
+        variance = float(spread.sum())
+    if variance <= 0.0:  # every cell known to be 0: the total is known already
+        return condition_on_total(replace(estimate, total=float(estimate.mean.sum())), total, level)
+    if isinstance(estimate.covariance, SymmetricMatrix):
         mean = estimate.mean + spread * (total - float(estimate.mean.sum())) / variance
         blocks[0] -= np.outer(along, along) / float(along.sum())
         conditioned = SymmetricMatrix(estimate.covariance.layout, blocks).symmetric()
-        return _exact_total(Gaussian(mean, conditioned, None), total)
-    spread = estimate.covariance.sum(axis=1)
-    variance = float(spread.sum())
+        return _exact_total(Gaussian(mean, conditioned, None, estimate.zeros), total)
     mean = estimate.mean + spread * (total - float(estimate.mean.sum())) / variance
     covariance = estimate.covariance - np.outer(spread, spread) / variance
-    return _exact_total(Gaussian(mean, _symmetric(covariance), None), total)
+    return _exact_total(Gaussian(mean, _symmetric(covariance), None, estimate.zeros), total)
 
 
 def node_estimate(
@@ -266,20 +336,28 @@ def node_estimate(
 def _exact_total(estimate: Gaussian, total: float) -> Gaussian:
     """``estimate`` with ``1^T mean = total`` and ``covariance 1 = 0`` made exact: the
     orthogonal projection onto ``1^perp`` of the covariance and an even shift of the mean, both
-    the identity in exact arithmetic for an estimate that already meets them."""
+    the identity in exact arithmetic for an estimate that already meets them (over the cells
+    not known to be 0, which stay exactly 0)."""
     n = estimate.mean.shape[0]
-    mean = estimate.mean + (total - float(estimate.mean.sum())) / n
+    free = np.ones(n, dtype=bool) if estimate.zeros is None else ~estimate.zeros
+    if not free.any():
+        return Gaussian(estimate.mean, estimate.covariance, float(total), estimate.zeros)
+    share = free / float(free.sum())
+    mean = estimate.mean + (total - float(estimate.mean.sum())) * share
     if isinstance(estimate.covariance, SymmetricMatrix):
-        # Only E_0 is not orthogonal to all-ones; its block is projected onto 1_N^perp.
+        # Only E_0 is not orthogonal to all-ones; its block is projected onto 1_N^perp (over
+        # the core cells not known to be 0).
+        core_free = np.ones(estimate.covariance.layout.core_cells, dtype=bool)
+        if estimate.zeros is not None:
+            core_free[estimate.covariance.layout.core_of[estimate.zeros]] = False
         blocks = estimate.covariance.blocks.copy()
-        core = blocks.shape[1]
-        projection = np.eye(core) - np.full((core, core), 1.0 / core)
+        projection = np.eye(core_free.size) - np.outer(core_free, core_free / core_free.sum())
         blocks[0] = projection @ blocks[0] @ projection
         compact = SymmetricMatrix(estimate.covariance.layout, blocks).symmetric()
-        return Gaussian(mean, compact, float(total))
-    projection = np.eye(n) - np.full((n, n), 1.0 / n)
+        return Gaussian(mean, compact, float(total), estimate.zeros)
+    projection = np.eye(n) - np.outer(free, share)
     covariance = _symmetric(projection @ estimate.covariance @ projection)
-    return Gaussian(mean, covariance, float(total))
+    return Gaussian(mean, covariance, float(total), estimate.zeros)
 
 
 def total_variance(covariance: Covariance) -> float:
@@ -355,20 +433,75 @@ def _compact_update(
     identity = SymmetricMatrix.identity(covariance.layout)
     updated = (identity + covariance @ information).solve(covariance).symmetric()
     residual = design.back_projection(answers) - information.apply(prior.mean)
-    result = Gaussian(prior.mean + updated.apply(residual), updated, prior.total)
+    result = _zeros_exact(
+        Gaussian(prior.mean + updated.apply(residual), updated, prior.total, prior.zeros)
+    )
     return result if prior.total is None else _exact_total(result, prior.total)
 
 
-def _compact_precision(covariance: SymmetricMatrix, exact_total: bool) -> SymmetricMatrix:
-    """``Gaussian.precision`` in the compact form (``1 1^T / n = E_0 (x) 1_N 1_N^T / n_N``)."""
-    if not exact_total:
-        return covariance.inverse().symmetric()
-    n = covariance.layout.n_cells
-    core = covariance.layout.core_cells
-    scale = max(covariance.trace() / (n - 1), np.finfo(float).tiny)
-    blocks = covariance.blocks.copy()
-    blocks[0] = blocks[0] + scale * np.full((core, core), 1.0 / core)
-    return SymmetricMatrix(covariance.layout, blocks).inverse().symmetric()
+def _zeros_exact(estimate: Gaussian) -> Gaussian:
+    """A compact ``estimate`` with its known zeros set exactly to 0 (the block arithmetic of an
+    update keeps them 0 only to round-off)."""
+    if estimate.zeros is None or not isinstance(estimate.covariance, SymmetricMatrix):
+        return estimate
+    held = held_core(estimate.covariance, estimate.zeros)
+    if held is None:
+        return estimate
+    mean = estimate.mean.copy()
+    mean[estimate.zeros] = 0.0
+    blocks = estimate.covariance.blocks.copy()
+    blocks[:, held, :] = 0.0
+    blocks[:, :, held] = 0.0
+    return replace(
+        estimate, mean=mean, covariance=SymmetricMatrix(estimate.covariance.layout, blocks)
+    )
+
+
+def _compact_hold_zeros(
+    means: np.ndarray, covariance: SymmetricMatrix, zeros: np.ndarray
+) -> tuple[np.ndarray, SymmetricMatrix]:
+    """``hold_zeros`` block by block: ``zeros`` are whole core cells ``G`` (``held_core``), so
+    ``C_SS^+ = sum_c E_c (x) (B_c)_GG^+`` and the gain is ``sum_c E_c (x) (B_c)_:G (B_c)_GG^+``."""
+    held = held_core(covariance, zeros)
+    if held is None:
+        raise ValueError("hold_zeros: a compact covariance holds only whole core cells at 0")
+    blocks = covariance.blocks
+    gains = np.zeros_like(blocks)
+    for c in range(blocks.shape[0]):
+        inverse = np.linalg.pinv(blocks[c][np.ix_(held, held)], rcond=1e-10, hermitian=True)
+        gains[c][:, held] = blocks[c][:, held] @ inverse
+    held_means = means - SymmetricMatrix(covariance.layout, gains).apply(means)
+    held_means[:, zeros] = 0.0
+    held_blocks = blocks - gains @ blocks
+    held_blocks[:, held, :] = 0.0
+    held_blocks[:, :, held] = 0.0
+    return held_means, SymmetricMatrix(covariance.layout, held_blocks).symmetric()
+
+
+def _compact_precision(
+    covariance: SymmetricMatrix, exact_total: bool, zeros: np.ndarray | None = None
+) -> SymmetricMatrix:
+    """``Gaussian.precision`` in the compact form, block by block as ``_dense_precision`` (the
+    eigenvalues of block ``c`` count ``multiplicity[c]`` times); with ``zeros`` (whole core
+    cells, ``hold_zeros``), the same on the other core cells and the identity on those."""
+    layout = covariance.layout
+    free = np.ones(layout.core_cells, dtype=bool)
+    if zeros is not None:
+        free[layout.core_of[zeros]] = False
+    blocks = covariance.blocks[:, free][:, :, free]
+    if exact_total:
+        values, vectors = np.linalg.eigh(0.5 * (blocks + blocks.transpose(0, 2, 1)))
+        inverse = _inverse_eigenvalues(values, layout.multiplicity.astype(np.float64))
+        inverted = (vectors * inverse[:, None, :]) @ vectors.transpose(0, 2, 1)
+    else:
+        inverted = np.linalg.inv(blocks)
+    precision = SymmetricMatrix.identity(layout).blocks
+    precision[np.ix_(np.arange(layout.n_components), free, free)] = inverted
+    return SymmetricMatrix(layout, precision).symmetric()
+
+
+DETERMINED_TOLERANCE = 1e-10
+"""An eigenvalue of a covariance at most this times its largest is a direction known exactly."""
 
 
 def _complement_basis(n: int) -> np.ndarray:
