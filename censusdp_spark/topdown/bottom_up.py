@@ -27,8 +27,9 @@ their covariance depends only on the level's queries, weights and whether its to
 invariant, which ``solvers.bottom_up.leaf_covariance`` recomputes from the config, so 8 M blocks
 do not store 8 M copies; a leaf that spends a bypassed parent's budget too (``topdown.bypass``)
 stores its own. A leaf's cells held at 0 are recomputed from its occupancy bits, which are
-not stored here either (the job's node constraints carry them). ``exact_total`` marks nodes whose total is invariant (the mean meets it exactly
-and the covariance is singular along all-ones).
+not stored here either (the job's node constraints carry them). ``exact_total`` marks nodes
+whose total is invariant (the mean meets it exactly and the covariance is singular along
+all-ones).
 
 Every node is weighted by the exact ``sigma2`` of its own rows of ``noisy_measurements``. A
 bypassed node (not measured) combines its one child's estimate with nothing: its bottom-up
