@@ -86,6 +86,7 @@ from censusdp_spark.topdown.solvers.bottom_up import (
     Gaussian,
     LevelDesign,
     fitting_targets,
+    held_core,
     hold_zeros,
     leaf_covariance,
     leaf_estimates,
@@ -239,9 +240,7 @@ def held_zeros(plan: LevelPlan, design: LevelDesign, rows: pd.DataFrame) -> list
     out: list[np.ndarray | None] = []
     for row in allowed:
         zeros = ~row
-        whole = layout is None or np.array_equal(
-            np.isin(layout.core_of, layout.core_of[zeros]), zeros
-        )
+        whole = layout is None or held_core(layout, zeros) is not None
         out.append(zeros if zeros.any() and whole else None)
     return out
 

@@ -50,8 +50,7 @@ def node_constraints(invariants: DataFrame, occupancy: DataFrame | None, level: 
     totals = invariants.filter(F.col("level") == level).select("geocode", "inv_total")
     if occupancy is None:
         return totals
-    bits = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
-    return bits.join(totals, "geocode", "left")
+    return _level_bits(occupancy, level).join(totals, "geocode", "left")
 
 
 def with_bits(rows: DataFrame, occupancy: DataFrame | None, level: str) -> DataFrame:
@@ -59,8 +58,11 @@ def with_bits(rows: DataFrame, occupancy: DataFrame | None, level: str) -> DataF
     them (null for a node without); ``rows`` unchanged without occupancy groups."""
     if occupancy is None:
         return rows
-    bits = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
-    return rows.join(bits, "geocode", "left")
+    return rows.join(_level_bits(occupancy, level), "geocode", "left")
+
+
+def _level_bits(occupancy: DataFrame, level: str) -> DataFrame:
+    return occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED)
 
 
 def group_cells(occupancy: tuple[OccupancyGroup, ...], n_cells: int) -> tuple[np.ndarray, ...]:

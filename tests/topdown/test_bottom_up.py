@@ -176,12 +176,9 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, scale: float) -> None
     assert np.max(np.abs(actual - expected)) <= 1e-9 * scale, np.max(np.abs(actual - expected))
 
 
-@pytest.mark.parametrize("seed", range(120))
-def test_every_node_equals_the_dense_gls_of_its_subtree(seed):
-    rng = np.random.default_rng(seed)
-    depth = int(rng.integers(2, 5))
-    designs = random_designs(rng, depth)
-    tree = random_tree(rng, designs, invariant_depth=int(rng.integers(-1, depth)))
+def every_node_matches_the_dense_gls(tree: Node, designs: list[LevelDesign]) -> dict[int, Gaussian]:
+    """The bottom-up pass over ``tree``, every node's mean and covariance checked against the
+    independent dense GLS of its subtree (1e-9)."""
     estimates: dict[int, Gaussian] = {}
     bottom_up(tree, designs, estimates)
     for node in tree.nodes():
@@ -189,6 +186,18 @@ def test_every_node_equals_the_dense_gls_of_its_subtree(seed):
         got = estimates[id(node)]
         assert_close(got.mean, mean, max(1.0, float(np.abs(mean).max())))
         assert_close(got.covariance, covariance, max(1e-6, float(np.abs(covariance).max())))
+    return estimates
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_every_node_equals_the_dense_gls_of_its_subtree(seed):
+    rng = np.random.default_rng(seed)
+    depth = int(rng.integers(2, 5))
+    designs = random_designs(rng, depth)
+    tree = random_tree(rng, designs, invariant_depth=int(rng.integers(-1, depth)))
+    estimates = every_node_matches_the_dense_gls(tree, designs)
+    for node in tree.nodes():
+        got = estimates[id(node)]
         if node.total is not None:
             assert got.total == node.total
             assert abs(got.mean.sum() - node.total) <= 1e-9 * max(1.0, node.total)
@@ -204,13 +213,9 @@ def test_leaves_cells_held_at_zero_give_every_node_the_constrained_dense_gls(see
     depth = int(rng.integers(2, 5))
     designs = random_designs(rng, depth)
     tree = random_tree(rng, designs, int(rng.integers(-1, depth)), zero_rate=0.3)
-    estimates: dict[int, Gaussian] = {}
-    bottom_up(tree, designs, estimates)
+    estimates = every_node_matches_the_dense_gls(tree, designs)
     for node in tree.nodes():
-        mean, covariance = dense_gls(node, designs)
         got = estimates[id(node)]
-        assert_close(got.mean, mean, max(1.0, float(np.abs(mean).max())))
-        assert_close(got.covariance, covariance, max(1e-6, float(np.abs(covariance).max())))
         held = np.logical_and.reduce([leaf.zeros for leaf in node.leaves()])
         expected = held if held.any() else None
         assert (got.zeros is None) == (expected is None)

@@ -205,32 +205,41 @@ def leaf_estimates(
     return means, covariance
 
 
-def held_core(covariance: Covariance, zeros: np.ndarray) -> np.ndarray | None:
-    """For a compact ``covariance``, the core cells whose every cell ``zeros`` holds, when
-    ``zeros`` is exactly those (whole core cells, as an occupancy group over the non-symmetric
-    attributes gives); None when it is not (such zeros cannot be held in the compact form)."""
-    if not isinstance(covariance, SymmetricMatrix):
-        return None
-    core_of = covariance.layout.core_of
-    held = np.zeros(covariance.layout.core_cells, dtype=bool)
-    held[core_of[zeros]] = True
-    return held if np.array_equal(held[core_of], zeros) else None
+def held_core(layout: SymmetricLayout, zeros: np.ndarray | None) -> np.ndarray | None:
+    """The core cells of ``layout`` whose every cell ``zeros`` holds, when ``zeros`` is exactly
+    those (whole core cells, as an occupancy group over the attributes not held symmetric
+    gives; none for ``zeros`` None); None when it is not (such zeros cannot be held in the
+    compact form)."""
+    held = np.zeros(layout.core_cells, dtype=bool)
+    if zeros is None:
+        return held
+    held[layout.core_of[zeros]] = True
+    return held if np.array_equal(held[layout.core_of], zeros) else None
+
+
+def _whole_core(layout: SymmetricLayout, zeros: np.ndarray | None) -> np.ndarray:
+    """``held_core``, which a compact estimate's zeros always are (``ValueError`` if not)."""
+    held = held_core(layout, zeros)
+    if held is None:
+        raise ValueError("a compact covariance holds only whole core cells at 0")
+    return held
 
 
 def hold_zeros(
     means: np.ndarray, covariance: Covariance, zeros: np.ndarray
 ) -> tuple[np.ndarray, Covariance]:
-    """Leaves' GLS estimates (``means (k, n)`` sharing a dense ``covariance``) conditioned on
+    """Leaves' GLS estimates (``means (k, n)`` sharing ``covariance``) conditioned on
     their cells ``zeros`` being 0, exact linear constraints like an invariant total (which
     ``covariance`` may already hold): the GLS of the same measurements with those cells held at
-    0, its total unchanged, and exactly 0 there. The data must allow it (a total of 0 when every
-    cell is held), as the occupancy rule's dwellings check does."""
+    0, its total unchanged, and exactly 0 there; a compact ``covariance`` only on whole core cells
+    (``held_core``). The data must allow it (a total of 0 when every cell is held), as the
+    occupancy rule's dwellings check does."""
     if not zeros.any():
         return means, covariance
     if isinstance(covariance, SymmetricMatrix):
         return _compact_hold_zeros(means, covariance, zeros)
     gain = covariance[:, zeros] @ np.linalg.pinv(
-        covariance[np.ix_(zeros, zeros)], rcond=1e-10, hermitian=True
+        covariance[np.ix_(zeros, zeros)], rcond=DETERMINED_TOLERANCE, hermitian=True
     )
     held_means = means - means[:, zeros] @ gain.T
     held = _symmetric(covariance - gain @ covariance[zeros, :])
@@ -347,9 +356,7 @@ def _exact_total(estimate: Gaussian, total: float) -> Gaussian:
     if isinstance(estimate.covariance, SymmetricMatrix):
         # Only E_0 is not orthogonal to all-ones; its block is projected onto 1_N^perp (over
         # the core cells not known to be 0).
-        core_free = np.ones(estimate.covariance.layout.core_cells, dtype=bool)
-        if estimate.zeros is not None:
-            core_free[estimate.covariance.layout.core_of[estimate.zeros]] = False
+        core_free = ~_whole_core(estimate.covariance.layout, estimate.zeros)
         blocks = estimate.covariance.blocks.copy()
         projection = np.eye(core_free.size) - np.outer(core_free, core_free / core_free.sum())
         blocks[0] = projection @ blocks[0] @ projection
@@ -444,9 +451,7 @@ def _zeros_exact(estimate: Gaussian) -> Gaussian:
     update keeps them 0 only to round-off)."""
     if estimate.zeros is None or not isinstance(estimate.covariance, SymmetricMatrix):
         return estimate
-    held = held_core(estimate.covariance, estimate.zeros)
-    if held is None:
-        return estimate
+    held = _whole_core(estimate.covariance.layout, estimate.zeros)
     mean = estimate.mean.copy()
     mean[estimate.zeros] = 0.0
     blocks = estimate.covariance.blocks.copy()
@@ -462,13 +467,13 @@ def _compact_hold_zeros(
 ) -> tuple[np.ndarray, SymmetricMatrix]:
     """``hold_zeros`` block by block: ``zeros`` are whole core cells ``G`` (``held_core``), so
     ``C_SS^+ = sum_c E_c (x) (B_c)_GG^+`` and the gain is ``sum_c E_c (x) (B_c)_:G (B_c)_GG^+``."""
-    held = held_core(covariance, zeros)
-    if held is None:
-        raise ValueError("hold_zeros: a compact covariance holds only whole core cells at 0")
+    held = _whole_core(covariance.layout, zeros)
     blocks = covariance.blocks
     gains = np.zeros_like(blocks)
     for c in range(blocks.shape[0]):
-        inverse = np.linalg.pinv(blocks[c][np.ix_(held, held)], rcond=1e-10, hermitian=True)
+        inverse = np.linalg.pinv(
+            blocks[c][np.ix_(held, held)], rcond=DETERMINED_TOLERANCE, hermitian=True
+        )
         gains[c][:, held] = blocks[c][:, held] @ inverse
     held_means = means - SymmetricMatrix(covariance.layout, gains).apply(means)
     held_means[:, zeros] = 0.0
@@ -485,9 +490,7 @@ def _compact_precision(
     eigenvalues of block ``c`` count ``multiplicity[c]`` times); with ``zeros`` (whole core
     cells, ``hold_zeros``), the same on the other core cells and the identity on those."""
     layout = covariance.layout
-    free = np.ones(layout.core_cells, dtype=bool)
-    if zeros is not None:
-        free[layout.core_of[zeros]] = False
+    free = ~_whole_core(layout, zeros)
     blocks = covariance.blocks[:, free][:, :, free]
     if exact_total:
         values, vectors = np.linalg.eigh(0.5 * (blocks + blocks.transpose(0, 2, 1)))
