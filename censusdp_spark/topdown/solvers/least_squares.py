@@ -7,7 +7,11 @@ Problem. For children ``c = 1..k`` with histograms ``x_c`` over ``n`` cells,
                sum_c x_c = parent                (cell by cell, when a parent is given),
                sum_j x_{c,j} = child_totals[c]   (when child totals are given),
                sum_j x_{c,j} = held_totals[c]    (when a first pass fitted them: ``passes``),
-               x_{c,j} = 0                       (where ``allowed[c, j]`` is False, if given).
+               x_{c,j} = 0                       (where ``allowed[c, j]`` is False, if given),
+               lower <= sum_{j in g} x_{c,j} <= upper  (per group ``g``: ``group_bounds``).
+
+The group bounds are not part of the method below: when its solution misses one, the problem
+is solved again with them by ``bounded.solve_bounded`` (an interior-point QP).
 
 Held totals are met exactly like invariant ones (below, "the child totals" means either).
 Every child has the same Hessian ``H = 2 sum_q w_q Q_q^T Q_q``; only the linear term
@@ -68,6 +72,7 @@ from typing import Literal
 
 import numpy as np
 
+from censusdp_spark.topdown.solvers.bounded import meets_bounds, solve_bounded
 from censusdp_spark.topdown.solvers.first_order import solve_children_first_order
 from censusdp_spark.topdown.solvers.subproblem import (
     ChildrenProblem,
@@ -142,7 +147,10 @@ def solve_children(
     if block is None:
         return x
     if method == "first_order" or (method == "auto" and block.size > EXACT_SIZE_LIMIT):
-        return solve_children_first_order(problem)
+        x = solve_children_first_order(problem)
+        if meets_bounds(problem.group_bounds, x):
+            return x
+        return _bounded(problem, *_quadratic_model(problem), block)
     rows, cols = block.rows, block.cols
     hessian, linear = _quadratic_model(problem)
     reduced = _reduced_constraints(block)
@@ -150,7 +158,27 @@ def solve_children(
         hessian[np.ix_(rows, cols, cols)] if hessian.ndim == 3 else hessian[np.ix_(cols, cols)]
     )
     x[np.ix_(rows, cols)] = _solve_reduced(reduced_hessian, linear[np.ix_(rows, cols)], reduced)
-    return x
+    if meets_bounds(problem.group_bounds, x):
+        return x
+    return _bounded(problem, hessian, linear, block)
+
+
+def _bounded(
+    problem: ChildrenProblem | PrecisionProblem,
+    hessian: np.ndarray,
+    linear: np.ndarray,
+    block: FreeBlock,
+) -> np.ndarray:
+    """The solution under ``problem.group_bounds`` (``bounded.solve_bounded``), on the entries
+    of ``block`` that may be positive."""
+    assert problem.group_bounds is not None  # meets_bounds holds without bounds
+    may_hold = block.rows[:, None] & block.cols[None, :]
+    if problem.allowed is not None:
+        may_hold &= problem.allowed
+    parent = None if problem.parent is None else problem.parent.astype(float)
+    return solve_bounded(
+        hessian, linear, may_hold, (parent, problem.row_sums), problem.group_bounds
+    )
 
 
 def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
@@ -173,7 +201,9 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     x[np.ix_(rows, cols)] = _solve_reduced(
         hessians[np.ix_(rows, cols, cols)], linear[np.ix_(rows, cols)], reduced
     )
-    return x
+    if meets_bounds(problem.group_bounds, x):
+        return x
+    return _bounded(problem, hessians, linear, block)
 
 
 @dataclass(frozen=True)

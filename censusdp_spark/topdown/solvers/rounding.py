@@ -111,27 +111,111 @@ def _round_children(
     column_need, row_need = _needs(problem, x_hat, floor, fraction)
     if not moving.any():
         return floor
-    flow_size = problem.n_children * (problem.n_cells + 1) ** 2
-    if flow_size <= FLOW_SIZE_LIMIT and is_laminar(problem.marginals, moving):
-        return floor + round_laminar(problem.marginals, fraction, moving, column_need, row_need)
     children, cells = np.nonzero(moving)
+    bounds = _binding_bounds(problem, (children, cells), floor)
+    flow_size = problem.n_children * (problem.n_cells + 1) ** 2
+    if bounds is None and flow_size <= FLOW_SIZE_LIMIT and is_laminar(problem.marginals, moving):
+        return floor + round_laminar(problem.marginals, fraction, moving, column_need, row_need)
     fractional = fraction[children, cells]
     ups = None
     if children.shape[0] <= MILP_SIZE_LIMIT:
         rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
-        ups = _round_queries(problem, (children, cells), fractional, (rows, row_bounds), time_limit)
+        ups = _round_queries(
+            problem, (children, cells), fractional, (rows, row_bounds), bounds, time_limit
+        )
     if ups is None:  # too large for the MILP, or no rounding found in time: cell by cell
-        # Free totals could each move by up to the child's number of fractional entries, so
-        # they are held at round_totals' L1-closest ones, which some rounding meets: the cell
-        # and child rows stay a bipartite incidence matrix and the LP's vertex is integral.
-        if row_need is None:
-            totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
-            assert totals is not None  # first_pass always fixes them
-            row_need = totals - floor.sum(axis=1)
-        ups = _round_cells(*_sum_constraints(children, cells, column_need, row_need), fractional)
+        ups = _round_cells(
+            _cell_level_rows(problem, (x_hat, floor, fraction), column_need, row_need, bounds),
+            fractional,
+        )
     rounded = floor.copy()
     rounded[children, cells] += ups
     return rounded
+
+
+_RangeRows = tuple[sparse.csr_matrix, np.ndarray, np.ndarray]
+"""Rows ``lower <= A b <= upper`` over the moving entries' round-ups ``b``."""
+
+
+def _binding_bounds(
+    problem: ChildrenProblem, moving: tuple[np.ndarray, np.ndarray], floor: np.ndarray
+) -> _RangeRows | None:
+    """The rows of ``problem.group_bounds`` that some rounding could break, over the moving
+    ``(children, cells)`` entries: ``lower - sum floor <= sum b <= upper - sum floor`` per
+    child and group whose range does not already contain every count of its moving entries;
+    None when there are none (a rounding of the other constraints meets every bound)."""
+    bounds = problem.group_bounds
+    if bounds is None:
+        return None
+    children, cells = moving
+    k, n_groups = bounds.lower.shape
+    group_of = np.full(problem.n_cells, -1)
+    for g, members in enumerate(bounds.members):
+        group_of[members] = g
+    held = bounds.sums(floor.astype(float))
+    grouped = group_of[cells] >= 0
+    key = children[grouped] * n_groups + group_of[cells][grouped]
+    count = np.bincount(key, minlength=k * n_groups)
+    low = bounds.lower.ravel() - held.ravel()
+    high = bounds.upper.ravel() - held.ravel()
+    binding = np.flatnonzero((low > 0) | (high < count))
+    if binding.size == 0:
+        return None
+    row_of = np.full(k * n_groups, -1)
+    row_of[binding] = np.arange(binding.size)
+    entry = np.flatnonzero(grouped)[row_of[key] >= 0]
+    rows = row_of[key][row_of[key] >= 0]
+    matrix = sparse.csr_matrix(
+        (np.ones(rows.size), (rows, entry)), shape=(binding.size, children.size)
+    )
+    return matrix, low[binding], np.minimum(high[binding], count[binding])
+
+
+def _cell_level_rows(
+    problem: ChildrenProblem,
+    rounding: tuple[np.ndarray, np.ndarray, np.ndarray],
+    column_need: np.ndarray | None,
+    row_need: np.ndarray | None,
+    bounds: _RangeRows | None,
+) -> _RangeRows:
+    """The cell-level rounding's rows: every cell and child sum, and the binding bounds.
+
+    Free totals could each move by up to the child's number of fractional entries, so they are
+    held at ``round_totals``' L1-closest ones, which some rounding meets: the cell and child
+    rows stay a bipartite incidence matrix and the LP's vertex is integral. With bounds such a
+    total might leave them no room, so each free total is instead kept between the floor and
+    the ceiling of its fractional sum: the child rows and the bound rows within a child are
+    laminar, as are the cell rows, so the matrix is still totally unimodular."""
+    x_hat, floor, fraction = rounding
+    children, cells = np.nonzero(fraction > 0)
+    if row_need is None and bounds is None:
+        totals = _row_target(problem, x_hat, floor, fraction, column_need, first_pass=True)
+        assert totals is not None  # first_pass always fixes them
+        row_need = totals - floor.sum(axis=1)
+    rows, need = _sum_constraints(children, cells, column_need, row_need)
+    lower, upper = need, need
+    if row_need is None:
+        spread = fraction.sum(axis=1)
+        used = np.unique(children)
+        rows = sparse.vstack(
+            [
+                rows,
+                sparse.csr_matrix(
+                    (
+                        np.ones(children.size),
+                        (np.searchsorted(used, children), np.arange(children.size)),
+                    ),
+                    shape=(used.size, children.size),
+                ),
+            ],
+            format="csr",
+        )
+        lower = np.concatenate([lower, np.floor(spread[used] + INTEGRAL_TOLERANCE)])
+        upper = np.concatenate([upper, np.ceil(spread[used] - INTEGRAL_TOLERANCE)])
+    if bounds is not None:
+        rows = sparse.vstack([rows, bounds[0]], format="csr")
+        lower, upper = np.concatenate([lower, bounds[1]]), np.concatenate([upper, bounds[2]])
+    return rows, lower, upper
 
 
 def _round_queries(
@@ -139,13 +223,19 @@ def _round_queries(
     moving: tuple[np.ndarray, np.ndarray],
     fractional: np.ndarray,
     sums: tuple[sparse.csr_matrix, np.ndarray],
+    bounds: _RangeRows | None,
     time_limit: float | None,
 ) -> np.ndarray | None:
     """The query-level MILP's 0/1 round-ups on the ``moving`` ``(children, cells)`` entries
-    (fractional parts ``fractional``) under the sum rows ``sums``; None if HiGHS finds no
-    rounding within ``time_limit``."""
+    (fractional parts ``fractional``) under the sum rows ``sums`` and the binding group
+    ``bounds``; None if HiGHS finds no rounding within ``time_limit``."""
     children, cells = moving
-    rows, row_bounds = sums
+    rows, row_lower = sums
+    row_upper = row_lower
+    if bounds is not None:
+        rows = sparse.vstack([rows, bounds[0]], format="csr")
+        row_lower = np.concatenate([row_lower, bounds[1]])
+        row_upper = np.concatenate([row_upper, bounds[2]])
     n_binary = children.shape[0]
     binary_cost, deviation, lower, upper = _deviation_terms(problem, children, cells, fractional)
     n_deviation = lower.size // 3
@@ -156,7 +246,7 @@ def _round_queries(
     result = milp(
         np.concatenate([binary_cost, np.ones(n_deviation)]),
         constraints=LinearConstraint(
-            matrix, np.concatenate([row_bounds, lower]), np.concatenate([row_bounds, upper])
+            matrix, np.concatenate([row_lower, lower]), np.concatenate([row_upper, upper])
         ),
         integrality=np.concatenate([np.ones(n_binary), np.zeros(n_deviation)]),
         bounds=Bounds(
@@ -170,16 +260,20 @@ def _round_queries(
     return np.round(result.x[:n_binary]).astype(np.int64)
 
 
-def _round_cells(rows: sparse.csr_matrix, targets: np.ndarray, fraction: np.ndarray) -> np.ndarray:
+def _round_cells(rows: _RangeRows, fraction: np.ndarray) -> np.ndarray:
     """0/1 round-ups minimising the detailed cells' L1 deviation under the sum constraints.
 
-    The sum rows form a bipartite incidence matrix (totally unimodular), so the dual simplex
-    returns an integral vertex; anything else is an error, never a silent rounding.
+    The rows are totally unimodular (``_cell_level_rows``), so the dual simplex returns an
+    integral vertex; anything else is an error, never a silent rounding.
     """
+    matrix, lower, upper = rows
+    equal = lower == upper
     result = linprog(
         1.0 - 2.0 * fraction,
-        A_eq=rows,
-        b_eq=targets,
+        A_ub=sparse.vstack([matrix[~equal], -matrix[~equal]], format="csr"),
+        b_ub=np.concatenate([upper[~equal], -lower[~equal]]),
+        A_eq=matrix[equal],
+        b_eq=lower[equal],
         bounds=(0.0, 1.0),
         method="highs-ds",
     )

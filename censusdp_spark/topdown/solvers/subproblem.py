@@ -13,6 +13,12 @@ Some entries may be forbidden child by child (``allowed``): ``x_{c,j} = 0`` wher
 ``allowed[c, j]`` is False, e.g. a block with no housing unit and no group-quarters facility
 holds no persons, and a group-quarters type with no facility in a child holds no one there.
 Every solver keeps forbidden entries exactly 0.
+
+Each child's sums over groups of cells may be bounded (``group_bounds``): the 2020
+production's group-quarters bounds (persons of a group-quarters type at least its occupied
+facilities, at most 99,999 a facility; household persons at most 99 a housing unit). Every
+solver meets them: the least-squares stages by a bounded fallback (``bounded``) when their fast
+solution misses one, the rounder with one row per bound that can bind.
 """
 
 from __future__ import annotations
@@ -22,6 +28,76 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sparse
 from scipy.optimize import linprog
+
+
+@dataclass(frozen=True)
+class GroupBounds:
+    """Bounds on every child's sum over groups of cells:
+    ``lower[c, g] <= sum_{j in members[g]} x_{c,j} <= upper[c, g]``.
+
+    Attributes:
+        members: bool array ``(G, n)``, each row a group's cells; the groups are disjoint.
+        lower: float array ``(k, G)``, integral and ``>= 0`` (0: no lower bound).
+        upper: float array ``(k, G)``, integral or ``inf`` (no cap), ``>= lower``.
+
+    Construction validates shapes and values and raises ``ValueError`` naming the field.
+    """
+
+    members: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.members.ndim != 2 or self.members.dtype != np.bool_:
+            raise ValueError("group_bounds.members: expected a 2-d bool array (G, n)")
+        if np.any(self.members.sum(axis=0) > 1):
+            raise ValueError("group_bounds.members: the groups must be disjoint")
+        n_groups = self.members.shape[0]
+        for name, values in (("lower", self.lower), ("upper", self.upper)):
+            if values.ndim != 2 or values.shape[1] != n_groups:
+                raise ValueError(f"group_bounds.{name}: expected shape (k, {n_groups})")
+            finite = values[np.isfinite(values)]
+            if np.any(finite != np.round(finite)) or np.any(np.isnan(values)):
+                raise ValueError(f"group_bounds.{name}: bounds must be integers (upper: or inf)")
+        if self.lower.shape != self.upper.shape:
+            raise ValueError("group_bounds.upper: shape differs from lower's")
+        if not np.all(np.isfinite(self.lower)) or np.any(self.lower < 0):
+            raise ValueError("group_bounds.lower: bounds must be finite and non-negative")
+        if np.any(self.upper < self.lower):
+            c, g = np.argwhere(self.upper < self.lower)[0]
+            raise ValueError(f"group_bounds: child {c}'s group {g} has upper < lower")
+
+    def sums(self, x: np.ndarray) -> np.ndarray:
+        """``(k, G)``: every child's sum over every group of ``x`` (``(k, n)``)."""
+        return x @ self.members.T.astype(float)
+
+    def violation(self, x: np.ndarray) -> float:
+        """The largest amount by which ``x`` misses a bound (0 when it meets them all)."""
+        sums = self.sums(x)
+        return float(max(0.0, np.max(self.lower - sums), np.max(sums - self.upper)))
+
+    def check(self, k: int, n: int, parent: np.ndarray | None, allowed: np.ndarray | None) -> None:
+        """Raise ``ValueError`` unless the bounds fit ``(k, n)`` children and may be met: no
+        child's lower bound on a group it may not hold, and with a parent its group sums
+        between the children's bound sums."""
+        if self.members.shape[1] != n or self.lower.shape[0] != k:
+            raise ValueError(f"group_bounds: shapes do not fit {k} children of {n} cells")
+        if allowed is not None:
+            holds = (allowed.astype(float) @ self.members.T.astype(float)) > 0
+            if np.any((self.lower > 0) & ~holds):
+                c, g = np.argwhere((self.lower > 0) & ~holds)[0]
+                raise ValueError(
+                    f"group_bounds: child {c} has a lower bound on group {g}, which it may not hold"
+                )
+        if parent is not None:
+            held = self.members.astype(np.int64) @ parent
+            low, high = self.lower.sum(axis=0), self.upper.sum(axis=0)
+            if np.any((held < low) | (held > high)):
+                g = int(np.flatnonzero((held < low) | (held > high))[0])
+                raise ValueError(
+                    f"group_bounds: the parent's group {g} holds {int(held[g])}, outside its"
+                    f" children's bounds [{low[g]:g}, {high[g]:g}]"
+                )
 
 
 @dataclass(frozen=True)
@@ -50,6 +126,8 @@ class ChildrenProblem:
             ``None``, everything allowed. Every cell where the parent is positive needs an
             allowed child, and every child with a positive total an allowed cell where the
             parent is positive (any allowed cell at the root).
+        group_bounds: bounds on every child's sums over groups of cells (``GroupBounds``),
+            or ``None``.
 
     Construction validates shapes and values and raises ``ValueError`` naming the field.
     Arrays are stored as given: callers must not mutate them afterwards.
@@ -63,6 +141,7 @@ class ChildrenProblem:
     child_totals: np.ndarray | None
     held_totals: np.ndarray | None = None
     allowed: np.ndarray | None = None
+    group_bounds: GroupBounds | None = None
 
     def __post_init__(self) -> None:
         n_queries = len(self.marginals)
@@ -88,6 +167,8 @@ class ChildrenProblem:
         self._check_child_totals(n_children)
         _check_held(self.held_totals, self.child_totals, self.parent, n_children)
         _check_allowed(self.allowed, self.parent, self.row_sums, (n_children, n_cells))
+        if self.group_bounds is not None:
+            self.group_bounds.check(n_children, n_cells, self.parent, self.allowed)
 
     def _check_marginals(self) -> int:
         n_cells = np.asarray(self.marginals[0]).shape[0] if self.marginals[0].ndim == 1 else -1
@@ -177,6 +258,7 @@ class PrecisionProblem:
         child_totals: as in ``ChildrenProblem``.
         held_totals: as in ``ChildrenProblem`` (``passes.total_pass_to_targets``).
         allowed: as in ``ChildrenProblem``.
+        group_bounds: as in ``ChildrenProblem``.
 
     Construction validates shapes and values and raises ``ValueError`` naming the field.
     """
@@ -187,6 +269,7 @@ class PrecisionProblem:
     child_totals: np.ndarray | None
     held_totals: np.ndarray | None = None
     allowed: np.ndarray | None = None
+    group_bounds: GroupBounds | None = None
 
     def __post_init__(self) -> None:
         if self.targets.ndim != 2 or 0 in self.targets.shape:
@@ -209,6 +292,8 @@ class PrecisionProblem:
                 )
         _check_held(self.held_totals, self.child_totals, self.parent, k)
         _check_allowed(self.allowed, self.parent, self.row_sums, (k, n))
+        if self.group_bounds is not None:
+            self.group_bounds.check(k, n, self.parent, self.allowed)
 
     @property
     def n_children(self) -> int:
