@@ -48,6 +48,12 @@ TOPDOWN_GUARANTEES_HELD = {
     "paths_not_spending_rho": 0,
 }
 """A TopDown manifest's ``guarantee_checks`` when every guarantee holds."""
+OCCUPANCY_GUARANTEES_HELD = {
+    **TOPDOWN_GUARANTEES_HELD,
+    "persons_outside_occupancy": 0,
+    "group_sums_outside_bounds": 0,
+}
+"""The same with ``[[estimation.occupancy]]``."""
 SHIPPED_METHOD = re.compile(r'(?m)^method = "full_information" .*\n')
 """The ``[estimation] method`` line of every shipped TopDown config (their default)."""
 

@@ -79,7 +79,12 @@ from censusdp_spark.topdown.estimate import (
     with_parent_estimates,
     worker_fault,
 )
-from censusdp_spark.topdown.occupancy import allowed_entries, node_constraints, with_bits
+from censusdp_spark.topdown.occupancy import (
+    allowed_entries,
+    group_bounds,
+    node_constraints,
+    with_bits,
+)
 from censusdp_spark.topdown.readers import OCCUPIED
 from censusdp_spark.topdown.solvers.bottom_up import (
     Covariance,
@@ -96,7 +101,7 @@ from censusdp_spark.topdown.solvers.bottom_up import (
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.passes import total_pass_to_targets
 from censusdp_spark.topdown.solvers.rounding import round_children
-from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem
+from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, GroupBounds, PrecisionProblem
 from censusdp_spark.topdown.solvers.symmetric_covariance import (
     SymmetricLayout,
     SymmetricMatrix,
@@ -621,13 +626,16 @@ def solve_family_from_bottom_up(
         )
         parent_active = None if parent is None else parent[active].astype(np.int64)
         allowed = allowed_entries(plan.occupancy, child_bits(children), active)
-        problem = PrecisionProblem(targets, precisions, parent_active, totals, allowed=allowed)
+        bounds = group_bounds(plan.occupancy, children, active)
+        problem = PrecisionProblem(
+            targets, precisions, parent_active, totals, allowed=allowed, group_bounds=bounds
+        )
         if plan.total_first:
             problem = total_pass_to_targets(problem)
         x_hat = solve_to_targets(problem)
         x = round_children(
             _rounding_problem(
-                plan, active, x_hat, parent_active, totals, problem.held_totals, allowed
+                plan, active, x_hat, parent_active, totals, problem.held_totals, allowed, bounds
             ),
             x_hat,
             time_limit=ROUNDING_TIME_LIMIT_S,
@@ -643,19 +651,21 @@ def _rounding_problem(
     totals: np.ndarray | None,
     held: np.ndarray | None = None,
     allowed: np.ndarray | None = None,
+    bounds: GroupBounds | None = None,
 ) -> ChildrenProblem:
     """The rounding's view of a family: the level's queries on the active cells, and as
     "answers" those of the fractional solution (``round_children`` reads only the queries and
     the sums; it minimises the L1 deviation of every query's answers from ``x_hat``'s).
     ``held``: the totals a first pass held (then the totals are rounded first); ``allowed``:
-    the entries the children may hold (``occupancy.allowed_entries``)."""
+    the entries the children may hold (``occupancy.allowed_entries``); ``bounds``: their group
+    bounds (``occupancy.group_bounds``)."""
     marginals = tuple(c2m[active] for c2m in plan.cell_to_marginal)
     fitted = tuple(
         np.stack([np.bincount(m, row, minlength=size) for row in x_hat])
         for m, size in zip(marginals, plan.marginal_sizes, strict=True)
     )
     return ChildrenProblem(
-        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held, allowed
+        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held, allowed, bounds
     )
 
 

@@ -149,6 +149,27 @@ class OccupancyGroup:
     plus: tuple[str, ...]
     minus: tuple[str, ...]
     where: str
+    at_least: BoundExpression | None = None
+    """Every node's persons of the group are at least this (a sum over its blocks): the
+    2020 production's lower bound, one person per occupied facility."""
+    at_most: BoundExpression | None = None
+    """And at most this: the caps (99 persons a housing unit, 99,999 a facility)."""
+
+
+@dataclass(frozen=True)
+class BoundExpression:
+    """``[[estimation.occupancy]]`` ``at_least`` / ``at_most``: a block's bound on the group's
+    persons, ``sum coefficient * value``, where a term's value is a column of the block's
+    dwelling counts, or with ``indicator`` 1 where that column is positive and 0 elsewhere
+    (``(COLUMN > 0)``: with the legacy files, whose "occupied facility of a type" is a
+    positive population of that type)."""
+
+    terms: tuple[tuple[int, str, bool], ...]  # (coefficient, column, indicator)
+    text: str
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(column for _, column, _ in self.terms))
 
 
 @dataclass(frozen=True)
@@ -280,6 +301,8 @@ class InputModel(Model):
 class OccupancyModel(Model):
     where: str  # an expression over input columns, as input.cells' expr
     cells: dict[str, list[str]] = {}  # the group's cells, as structural_zeros (default: all)
+    at_least: str | None = None  # a block's lower bound on the group's persons (BoundExpression)
+    at_most: str | None = None  # and its cap
 
 
 class EstimationModel(Model):
@@ -812,8 +835,44 @@ def _occupancy(
         plus, minus = _expression(fail, f"{key}.where", group.where)
         if legacy and (unknown := [c for c in (*plus, *minus) if c not in CELLS]):
             raise fail(f"{key}.where", f"{unknown} are not cells of the legacy files' tables")
-        out.append(OccupancyGroup(cells, plus, minus, group.where))
+        bounds = {
+            name: _bound_expression(fail, f"{key}.{name}", text, legacy)
+            for name, text in (("at_least", group.at_least), ("at_most", group.at_most))
+            if text is not None
+        }
+        out.append(OccupancyGroup(cells, plus, minus, group.where, **bounds))
     return tuple(out)
+
+
+_BOUND_TERM = re.compile(
+    r"\s*([+-])?\s*(?:(\d+)\s*\*\s*)?(?:\(\s*([A-Za-z_]\w*)\s*>\s*0\s*\)|([A-Za-z_]\w*))\s*",
+    re.ASCII,
+)
+
+
+def _bound_expression(fail: Fail, key: str, text: str, legacy: bool) -> BoundExpression:
+    """``at_least`` / ``at_most``: terms ``[+|-] [integer *] (COLUMN | (COLUMN > 0))``."""
+    terms: list[tuple[int, str, bool]] = []
+    position = 0
+    while position < len(text):
+        match = _BOUND_TERM.match(text, position)
+        if match is None or match.end() == position or (terms and match.group(1) is None):
+            raise fail(
+                key,
+                f"{text!r} must be terms joined by + and -, each COLUMN, (COLUMN > 0) or"
+                " an integer times one (e.g. '99 * H0010001', '(P0050003 > 0)')",
+            )
+        sign = -1 if match.group(1) == "-" else 1
+        coefficient = int(match.group(2)) if match.group(2) else 1
+        column = match.group(3) or match.group(4)
+        terms.append((sign * coefficient, column, match.group(3) is not None))
+        position = match.end()
+    if not terms:
+        raise fail(key, "must not be empty")
+    bound = BoundExpression(tuple(terms), text)
+    if legacy and (unknown := [c for c in bound.columns if c not in CELLS]):
+        raise fail(key, f"{unknown} are not cells of the legacy files' tables")
+    return bound
 
 
 def load_config(config: Source | RunConfig, project_root: Path | None = None) -> RunConfig:

@@ -41,7 +41,7 @@ from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import RunConfig
-from censusdp_spark.topdown.occupancy import allowed_entries, group_cells
+from censusdp_spark.topdown.occupancy import allowed_entries, group_bounds, group_cells
 from censusdp_spark.topdown.queries import TOTAL
 from censusdp_spark.topdown.readers import OCCUPIED
 from censusdp_spark.topdown.solvers.least_squares import solve_children
@@ -184,6 +184,7 @@ def solve_family(
             parent=None if parent is None else parent[active].astype(np.int64),
             child_totals=totals,
             allowed=allowed_entries(plan.occupancy, child_bits(children), active),
+            group_bounds=group_bounds(plan.occupancy, children, active),
         )
         if plan.total_first:
             problem = total_pass(problem, names.index(TOTAL))

@@ -58,6 +58,7 @@ from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
 from censusdp_spark.topdown.occupancy import (
+    bounds_broken,
     cells_outside_occupancy,
     group_cells,
     node_constraints,
@@ -189,14 +190,20 @@ def invariant_levels(config: RunConfig) -> list[str]:
 
 def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig) -> dict[str, int]:
     """``persons_outside_occupancy``: released counts where ``[[estimation.occupancy]]``
-    allows none (0, or ``GuaranteeViolation``)."""
+    allows none, and ``group_sums_outside_bounds``: released node and group sums outside their
+    ``at_least`` and ``at_most`` (each 0, or ``GuaranteeViolation``)."""
     groups = group_cells(config.occupancy, config.schema.n_cells)
     outside = cells_outside_occupancy(released, occupancy, groups)
     if outside:
         raise GuaranteeViolation(
             f"released estimates break guarantees: {outside} counts outside the occupancy"
         )
-    return {"persons_outside_occupancy": outside}
+    broken = bounds_broken(released, occupancy, groups)
+    if broken:
+        raise GuaranteeViolation(
+            f"released estimates break guarantees: {broken} group sums outside their bounds"
+        )
+    return {"persons_outside_occupancy": outside, "group_sums_outside_bounds": broken}
 
 
 def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions) -> RunSummary:
@@ -252,7 +259,9 @@ def _run_topdown(
         .filter(F.col("level").isin(inv_levels))
         .withColumnRenamed("total", "inv_total")
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    occupancy = node_occupancy(blocks, hierarchy).persist() if config.occupancy else None
+    occupancy = (
+        node_occupancy(blocks, hierarchy, config.occupancy).persist() if config.occupancy else None
+    )
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
     fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
     full_information = config.estimation_method == "full_information"

@@ -9,6 +9,11 @@ persons; a group-quarters type with no facility there gets no persons of that ty
 above the blocks may hold a group where one of its blocks may (a bitwise or), so every family
 stays feasible: a parent's persons of a group lie in children that may hold them.
 
+A group may also bound its persons (``at_least``, ``at_most``: one person per occupied
+facility, 99,999 a facility, 99 a housing unit). A node's bounds are the sums of its blocks', so
+a parent's released persons of a group, within its own bounds, can always be split among its
+children within theirs; the solvers hold them (``solvers.subproblem.GroupBounds``).
+
 These are invariants, as in the Census's 2020 production (block housing-unit counts and
 occupied facilities by type are published exactly): facts of the data that the release holds
 without noise, declared in the config.
@@ -26,19 +31,35 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import OccupancyGroup
-from censusdp_spark.topdown.readers import OCCUPIED
+from censusdp_spark.topdown.readers import AT_LEAST, AT_MOST, NO_CAP, OCCUPIED, has_bounds
+from censusdp_spark.topdown.solvers.subproblem import GroupBounds
 
 EVERY_GROUP = -1
 """The bits of a node that may hold every group (all bits set)."""
 
 
-def node_occupancy(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:
-    """``level, geocode, allowed``: every node's ``OCCUPIED`` bits, the or of its blocks'."""
-    leaf = blocks.select(F.lit(hierarchy.leaf.name).alias("level"), "geocode", OCCUPIED)
+def node_occupancy(
+    blocks: DataFrame, hierarchy: Hierarchy, occupancy: tuple[OccupancyGroup, ...]
+) -> DataFrame:
+    """``level, geocode, allowed``: every node's ``OCCUPIED`` bits, the or of its blocks'; with
+    bounds also its ``AT_LEAST`` and ``AT_MOST``, the sums of its blocks' (``NO_CAP`` stays)."""
+    columns = [OCCUPIED, AT_LEAST, AT_MOST] if has_bounds(occupancy) else [OCCUPIED]
+    leaf = blocks.select(F.lit(hierarchy.leaf.name).alias("level"), "geocode", *columns)
+    aggregates = [F.bit_or(OCCUPIED).alias(OCCUPIED)]
+    if has_bounds(occupancy):
+        aggregates += [
+            F.array(*[F.sum(F.col(AT_LEAST)[g]) for g in range(len(occupancy))]).alias(AT_LEAST),
+            F.array(
+                *[
+                    F.sum(F.col(AT_MOST)[g]) if group.at_most is not None else F.lit(NO_CAP)
+                    for g, group in enumerate(occupancy)
+                ]
+            ).alias(AT_MOST),
+        ]
     above = [
         blocks.groupBy(geocode_prefix(level.digits).alias("geocode"))
-        .agg(F.bit_or(OCCUPIED).alias(OCCUPIED))
-        .select(F.lit(level.name).alias("level"), "geocode", OCCUPIED)
+        .agg(*aggregates)
+        .select(F.lit(level.name).alias("level"), "geocode", *columns)
         for level in hierarchy.levels[:-1]
     ]
     return reduce(DataFrame.unionByName, [leaf, *above])
@@ -50,7 +71,9 @@ def node_constraints(invariants: DataFrame, occupancy: DataFrame | None, level: 
     totals = invariants.filter(F.col("level") == level).select("geocode", "inv_total")
     if occupancy is None:
         return totals
-    return _level_bits(occupancy, level).join(totals, "geocode", "left")
+    bounds = [AT_LEAST, AT_MOST] if AT_LEAST in occupancy.columns else []
+    rows = occupancy.filter(F.col("level") == level).select("geocode", OCCUPIED, *bounds)
+    return rows.join(totals, "geocode", "left")
 
 
 def with_bits(rows: DataFrame, occupancy: DataFrame | None, level: str) -> DataFrame:
@@ -89,6 +112,54 @@ def allowed_entries(
         holds = ((values >> g) & 1).astype(bool)
         allowed[:, cells[active]] &= holds[:, None]
     return allowed
+
+
+def group_bounds(
+    groups: tuple[np.ndarray, ...], children: pd.DataFrame, active: np.ndarray
+) -> GroupBounds | None:
+    """The children's bounds on their persons of each group over the cells ``active``
+    (``children``: one row per child, or per child and query, sorted by geocode, with
+    ``AT_LEAST`` and ``AT_MOST``); None without bounds."""
+    if AT_LEAST not in children.columns:
+        return None
+    rows = children[~children["geocode"].duplicated()]
+    lower = np.array(rows[AT_LEAST].tolist(), dtype=np.float64).reshape(len(rows), len(groups))
+    upper = np.array(rows[AT_MOST].tolist(), dtype=np.float64).reshape(lower.shape)
+    upper[upper == NO_CAP] = np.inf
+    members = np.stack([cells[active] for cells in groups])
+    return GroupBounds(members, lower, upper)
+
+
+def bounds_broken(
+    estimates: DataFrame, occupancy: DataFrame, groups: tuple[np.ndarray, ...]
+) -> int:
+    """The released ``(node, group)`` sums outside their ``AT_LEAST`` and ``AT_MOST``
+    (``estimates`` long: ``level, geocode, cell, count``; a node without released counts sums
+    to 0); 0 without bounds."""
+    if AT_LEAST not in occupancy.columns:
+        return 0
+    group_of = np.full(groups[0].size, -1, dtype=np.int64)
+    for g, cells in enumerate(groups):
+        group_of[cells] = g
+    group = F.element_at(F.array(*[F.lit(int(v)) for v in group_of]), F.col("cell") + 1)
+    sums = (
+        estimates.withColumn("group", group)
+        .filter(F.col("group") >= 0)
+        .groupBy("level", "geocode", "group")
+        .agg(F.sum("count").alias("persons"))
+    )
+    bounds = occupancy.select(
+        "level",
+        "geocode",
+        F.posexplode(F.arrays_zip(AT_LEAST, AT_MOST)).alias("group", "bound"),
+    )
+    persons = F.coalesce(F.col("persons"), F.lit(0))
+    low, high = F.col("bound")[AT_LEAST], F.col("bound")[AT_MOST]
+    return (
+        bounds.join(sums, ["level", "geocode", "group"], "left")
+        .filter((persons < low) | ((high != NO_CAP) & (persons > high)))
+        .count()
+    )
 
 
 def cells_outside_occupancy(

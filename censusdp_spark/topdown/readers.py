@@ -30,7 +30,7 @@ from censusdp_spark.io.readers import (
 )
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.topdown.config import InputSpec, OccupancyGroup
+from censusdp_spark.topdown.config import BoundExpression, InputSpec, OccupancyGroup
 from censusdp_spark.topdown.schema import Schema
 
 
@@ -112,6 +112,17 @@ HISTOGRAMS = "geocode string, cells array<int>, counts array<bigint>"
 OCCUPIED = "allowed"
 """With ``[[estimation.occupancy]]``, the blocks' column of the groups each may hold persons
 of: bit ``g`` set where group ``g``'s expression is positive (``occupancy_terms``)."""
+AT_LEAST = "at_least"
+AT_MOST = "at_most"
+"""With occupancy bounds, every block's (and node's) ``at_least`` and ``at_most`` per group,
+arrays of bigint; ``at_least`` 0 and ``at_most`` ``NO_CAP`` for a group without that bound."""
+NO_CAP = -1
+BOUNDS = f"{AT_LEAST} array<bigint>, {AT_MOST} array<bigint>"
+
+
+def has_bounds(occupancy: tuple[OccupancyGroup, ...]) -> bool:
+    """Whether any occupancy group has an ``at_least`` or ``at_most``."""
+    return any(g.at_least is not None or g.at_most is not None for g in occupancy)
 
 
 def read_legacy_blocks(
@@ -133,8 +144,10 @@ def read_legacy_blocks(
     blocks = read_legacy(spark, spec.legacy_files(), spec.legacy.summary_levels, spine)
     terms, index = legacy_terms(spec)
     schema = HISTOGRAMS + (f", {OCCUPIED} long" if occupancy else "")
+    schema += f", {BOUNDS}" if has_bounds(occupancy) else ""
     groups = occupancy_terms(occupancy) if occupancy else None
-    return blocks.mapInPandas(partial(_histograms, terms=terms, index=index, groups=groups), schema)
+    histograms = partial(_histograms, terms=terms, index=index, groups=groups, occupancy=occupancy)
+    return blocks.mapInPandas(histograms, schema)
 
 
 def occupancy_terms(occupancy: tuple[OccupancyGroup, ...]) -> np.ndarray:
@@ -167,10 +180,11 @@ def _histograms(
     terms: np.ndarray,
     index: np.ndarray,
     groups: np.ndarray | None,
+    occupancy: tuple[OccupancyGroup, ...],
 ) -> Iterable[pd.DataFrame]:
     """Each block's non-zero schema cells, in increasing order, and their counts (float64 is
     exact here: the reader bounds every count by ``MAX_COUNT``), and with ``groups`` its
-    ``OCCUPIED`` bits."""
+    ``OCCUPIED`` bits, with bounds its ``AT_LEAST`` and ``AT_MOST``."""
     for batch in batches:
         values = np.array(batch["values"].tolist(), dtype=np.float64).reshape(
             len(batch), len(CELLS)
@@ -187,7 +201,33 @@ def _histograms(
         if groups is not None:
             positive = (values @ groups) > 0
             out[OCCUPIED] = (positive << np.arange(groups.shape[1])).sum(axis=1).astype(np.int64)
+        if has_bounds(occupancy):
+            lower, upper = _legacy_bounds(values, occupancy)
+            out[AT_LEAST] = list(lower)
+            out[AT_MOST] = list(upper)
         yield out
+
+
+def _legacy_bounds(
+    values: np.ndarray, occupancy: tuple[OccupancyGroup, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every block's ``at_least`` and ``at_most`` per group over its table cells ``values``."""
+
+    def evaluate(bound: BoundExpression) -> np.ndarray:
+        total = np.zeros(values.shape[0])
+        for coefficient, column, indicator in bound.terms:
+            value = values[:, CELLS.index(column)]
+            total += coefficient * ((value > 0) if indicator else value)
+        return np.rint(total).astype(np.int64)
+
+    lower = np.zeros((values.shape[0], len(occupancy)), dtype=np.int64)
+    upper = np.full(lower.shape, NO_CAP, dtype=np.int64)
+    for g, group in enumerate(occupancy):
+        if group.at_least is not None:
+            lower[:, g] = np.maximum(evaluate(group.at_least), 0)
+        if group.at_most is not None:
+            upper[:, g] = evaluate(group.at_most)
+    return lower, upper
 
 
 def read_blocks(
@@ -203,7 +243,9 @@ def read_blocks(
     With ``occupancy``, each block's ``OCCUPIED`` bits too: from the legacy files' own tables,
     or else from the block table ``dwellings`` (``with_dwellings``)."""
     if spec.legacy is not None:
-        return read_legacy_blocks(spark, spec, spine, occupancy)
+        blocks = read_legacy_blocks(spark, spec, spine, occupancy)
+        check_bounds(blocks, occupancy, str(spec.path))
+        return blocks
     if spec.layout == "block_counts":
         blocks = read_block_counts(spark, spec, leaf_digits)
     else:
@@ -213,7 +255,70 @@ def read_blocks(
     if not occupancy:
         return blocks
     assert dwellings is not None  # config._occupancy requires it without legacy input
-    return with_dwellings(spark, blocks, dwellings, occupancy, leaf_digits)
+    blocks = with_dwellings(spark, blocks, dwellings, occupancy, leaf_digits)
+    check_bounds(blocks, occupancy, str(dwellings.path))
+    return blocks
+
+
+def check_bounds(blocks: DataFrame, occupancy: tuple[OccupancyGroup, ...], source: str) -> None:
+    """Raise ``InputError`` naming ``source`` and the first block whose bounds cannot hold: a
+    lower bound where its group's ``where`` is not positive, a cap below the lower bound, or
+    the block's own persons of the group outside them. One pass; nothing without bounds."""
+    if not has_bounds(occupancy):
+        return
+    problems = []
+    for g, group in enumerate(occupancy):
+        key = f"estimation.occupancy[{g}]"
+        persons = _group_persons(group)
+        low, high = F.col(AT_LEAST)[g], F.col(AT_MOST)[g]
+        may_hold = F.col(OCCUPIED).bitwiseAND(F.lit(1 << g)) != 0
+        if group.at_least is not None:
+            least = f"{key}.at_least = {group.at_least.text!r}"
+            problems += [
+                F.when(
+                    (low > 0) & ~may_hold,
+                    F.format_string(
+                        f"{least} is %d where where = {group.where!r} is not positive", low
+                    ),
+                ),
+                F.when(
+                    persons < low,
+                    F.format_string(
+                        f"it holds %d persons of {key}, below {least} (%d)", persons, low
+                    ),
+                ),
+            ]
+        if group.at_most is not None:
+            most = f"{key}.at_most = {group.at_most.text!r}"
+            problems += [
+                F.when(
+                    high < low, F.format_string(f"{most} is %d, below at_least (%d)", high, low)
+                ),
+                F.when(
+                    persons > high,
+                    F.format_string(
+                        f"it holds %d persons of {key}, above {most} (%d)", persons, high
+                    ),
+                ),
+            ]
+    first = (
+        blocks.select("geocode", F.coalesce(*problems).alias("problem"))
+        .filter(F.col("problem").isNotNull())
+        .agg(F.min("geocode").alias("geocode"), F.min_by("problem", "geocode").alias("problem"))
+        .first()
+    )
+    if first is not None and first["geocode"] is not None:
+        raise InputError(source, f"block {first['geocode']}", first["problem"])
+
+
+def _group_persons(group: OccupancyGroup) -> Column:
+    """A block's persons in the group's cells (from its ``cells`` and ``counts``)."""
+    cells = F.array(*[F.lit(c) for c in group.cells])
+    return F.aggregate(
+        F.arrays_zip("cells", "counts"),
+        F.lit(0).cast("long"),
+        lambda acc, e: acc + F.when(F.array_contains(cells, e["cells"]), e["counts"]).otherwise(0),
+    )
 
 
 def with_dwellings(
@@ -234,11 +339,14 @@ def with_dwellings(
     source = str(dwellings.path)
     raw = read_table(spark, dwellings.path, dwellings.format)
     for i, group in enumerate(occupancy):
-        for column in (*group.plus, *group.minus):
-            if column not in raw.columns:
-                rule = f"missing (named in estimation.occupancy[{i}].where)"
-                raise InputError(source, f"column {column}", rule)
-    columns = sorted({c for group in occupancy for c in (*group.plus, *group.minus)})
+        for key, named in _named_columns(group):
+            for column in named:
+                if column not in raw.columns:
+                    rule = f"missing (named in estimation.occupancy[{i}].{key})"
+                    raise InputError(source, f"column {column}", rule)
+    columns = sorted(
+        {c for group in occupancy for _, named in _named_columns(group) for c in named}
+    )
     df = raw.select(
         geocode_of(dwellings).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in columns]
     )
@@ -255,7 +363,9 @@ def with_dwellings(
             for g, group in enumerate(occupancy)
         ],
     )
-    table = df.select("geocode", bits.cast("long").alias(OCCUPIED))
+    table = df.select(
+        "geocode", bits.cast("long").alias(OCCUPIED), *_bound_columns(occupancy, counts)
+    )
     held = blocks.select(
         "geocode", _groups_held("cells", occupancy).alias("held"), F.lit(True).alias("block")
     )
@@ -292,6 +402,38 @@ def with_dwellings(
             f" {occupancy[g].where!r} is not positive there",
         )
     return blocks.join(table, "geocode")
+
+
+def _named_columns(group: OccupancyGroup) -> list[tuple[str, tuple[str, ...]]]:
+    """The dwellings columns a group's ``where``, ``at_least`` and ``at_most`` name."""
+    named = [("where", (*group.plus, *group.minus))]
+    for key, bound in (("at_least", group.at_least), ("at_most", group.at_most)):
+        if bound is not None:
+            named.append((key, bound.columns))
+    return named
+
+
+def _bound_columns(
+    occupancy: tuple[OccupancyGroup, ...], counts: dict[str, Column]
+) -> list[Column]:
+    """``AT_LEAST`` and ``AT_MOST`` per group over the typed count columns (none without
+    bounds)."""
+    if not has_bounds(occupancy):
+        return []
+
+    def value(bound: BoundExpression) -> Column:
+        terms = [
+            F.lit(coefficient) * (F.when(counts[c] > 0, 1).otherwise(0) if indicator else counts[c])
+            for coefficient, c, indicator in bound.terms
+        ]
+        return reduce(lambda a, b: a + b, terms).cast("long")
+
+    lower = [
+        F.greatest(value(g.at_least), F.lit(0)) if g.at_least else F.lit(0).cast("long")
+        for g in occupancy
+    ]
+    upper = [value(g.at_most) if g.at_most else F.lit(NO_CAP).cast("long") for g in occupancy]
+    return [F.array(*lower).alias(AT_LEAST), F.array(*upper).alias(AT_MOST)]
 
 
 def _expression_value(group: OccupancyGroup, counts: dict[str, Column]) -> Column:

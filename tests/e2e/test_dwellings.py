@@ -21,7 +21,7 @@ from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.job import TopDownOptions
 from censusdp_spark.topdown.job import run_topdown as run_job
 from censusdp_spark.topdown.readers import OCCUPIED, read_blocks
-from tests.conftest import TOPDOWN_GUARANTEES_HELD
+from tests.conftest import OCCUPANCY_GUARANTEES_HELD
 
 ROOT = Path(__file__).resolve().parents[2]
 PPMF = ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv"
@@ -127,9 +127,7 @@ def test_microdata_on_a_spine_holds_the_dwellings_of_every_block(
     options = TopDownOptions(output=out, secret_file=secret_file, variances=True)
     run_job(spark, load_config(doc), options)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["guarantee_checks"] == {
-        **TOPDOWN_GUARANTEES_HELD, "persons_outside_occupancy": 0
-    }  # fmt: skip
+    assert manifest["guarantee_checks"] == OCCUPANCY_GUARANTEES_HELD
     estimates = spark.read.format("delta").load(str(out / "estimates")).toPandas()
     blocks = estimates[estimates["level"] == "block"]
     kind = blocks["cell"] // 2  # hhgq of the cell: 0 household, 1 gq

@@ -16,7 +16,7 @@ from censusdp_spark.api import run_topdown
 from censusdp_spark.cli import main
 from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, GQ_TYPES, RECORD_KEY, SEGMENTS
 from censusdp_spark.io.pl94_tables import table_fields
-from tests.conftest import TOPDOWN_GUARANTEES_HELD
+from tests.conftest import OCCUPANCY_GUARANTEES_HELD
 from tests.io.test_pl94_layout import SAMPLE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,9 +80,7 @@ def file_blocks(segment: int) -> pd.DataFrame:
 def test_the_providence_config_releases_every_block_with_every_guarantee(spark, tmp_path):
     out = run(CONFIG, tmp_path, "c3")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["guarantee_checks"] == {
-        **TOPDOWN_GUARANTEES_HELD, "persons_outside_occupancy": 0
-    }  # fmt: skip
+    assert manifest["guarantee_checks"] == OCCUPANCY_GUARANTEES_HELD
     assert manifest["nodes"] == {
         "nation": 1, "state": 1, "county": 1, "tract": 7, "block_group": 28, "block": 569
     }  # fmt: skip
@@ -136,11 +134,14 @@ def test_the_providence_units_config_releases_h1_with_the_block_totals_exact(spa
 
 
 @pytest.mark.slow
-def test_group_quarters_types_without_a_facility_get_no_persons(spark, tmp_path):
+@pytest.mark.parametrize("method", ["topdown", "full_information"])
+def test_group_quarters_types_hold_their_facilities_bounds(spark, tmp_path, method):
     """P5 as its own histogram (``table = "group_quarters"``: in households and the seven GQ
     types) with one occupancy group per type: households only where the block has housing
     units, each GQ type only where the file has that type's population (an occupied
-    facility). The release holds both at every block, and the guarantees check counts none."""
+    facility), and then at least one person (the 2020 lower bound, one a facility; the legacy
+    files count no facilities), at most 99,999; households at most 99 a housing unit. The
+    release holds all of it at every block, and the guarantees check counts nothing broken."""
     doc = tomllib.loads(UNITS.read_text())
     levels = ["household", *[f"gq{code}" for code, _, _ in GQ_TYPES]]
     doc["run"]["name"] = "pl94_e2e_providence_gq"
@@ -149,10 +150,19 @@ def test_group_quarters_types_without_a_facility_get_no_persons(spark, tmp_path)
     codes = {"0": "household", **{code: f"gq{code}" for code, _, _ in GQ_TYPES}}
     doc["input"]["attributes"] = {"hhgq": {"column": "GQTYPE_PL", "map": codes}}
     doc["estimation"] = {
+        "method": method,
         "invariants": ["state"],
         "occupancy": [
-            {"cells": {"hhgq": ["household"]}, "where": "H0010001"},
-            *[{"cells": {"hhgq": [f"gq{code}"]}, "where": cell} for code, cell, _ in GQ_TYPES],
+            {"cells": {"hhgq": ["household"]}, "where": "H0010001", "at_most": "99 * H0010001"},
+            *[
+                {
+                    "cells": {"hhgq": [f"gq{code}"]},
+                    "where": cell,
+                    "at_least": f"({cell} > 0)",
+                    "at_most": f"99999 * ({cell} > 0)",
+                }
+                for code, cell, _ in GQ_TYPES
+            ],
         ],
     }
     del doc["output"]
@@ -164,9 +174,7 @@ def test_group_quarters_types_without_a_facility_get_no_persons(spark, tmp_path)
     out = tmp_path / "out"
     run_topdown(doc, spark=spark, output=out, secret_file=secret)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["guarantee_checks"] == {
-        **TOPDOWN_GUARANTEES_HELD, "persons_outside_occupancy": 0
-    }  # fmt: skip
+    assert manifest["guarantee_checks"] == OCCUPANCY_GUARANTEES_HELD
     estimates = spark.read.format("delta").load(str(out / "estimates")).toPandas()
     blocks = estimates[estimates["level"] == "block"]
     released = (
@@ -178,4 +186,6 @@ def test_group_quarters_types_without_a_facility_get_no_persons(spark, tmp_path)
     assert (released.loc[units == 0, 0] == 0).all() and (units == 0).sum() > 0
     for g, (_, cell, _) in enumerate(GQ_TYPES, start=1):
         assert (released.loc[gq[cell] == 0, g] == 0).all()
-    assert released.loc[:, 1:].to_numpy().sum() > 0  # the types with facilities hold persons
+        assert (released.loc[gq[cell] > 0, g] >= 1).all(), cell  # the lower bound
+    assert (released[0] <= 99 * units).all()
+    assert (gq[[cell for _, cell, _ in GQ_TYPES]] > 0).to_numpy().sum() > 0
