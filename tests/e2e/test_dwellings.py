@@ -88,8 +88,13 @@ def config(folder: Path, dwellings: Path, spine: Path) -> dict:
             "method": "full_information",
             "invariants": ["state"],
             "occupancy": [
-                {"cells": {"hhgq": ["household"]}, "where": "HU"},
-                {"cells": {"hhgq": ["gq"]}, "where": "GQ"},
+                {"cells": {"hhgq": ["household"]}, "where": "HU", "at_most": "99 * HU"},
+                {
+                    "cells": {"hhgq": ["gq"]},
+                    "where": "GQ",
+                    "at_least": "GQ",
+                    "at_most": "99999 * GQ",
+                },
             ],
             "dwellings": {"path": str(dwellings), "geocode": "GEOID"},
         },
@@ -140,6 +145,7 @@ def test_microdata_on_a_spine_holds_the_dwellings_of_every_block(
     assert (gq == 0).sum() > 400 and (hu == 0).sum() > 0
     assert (per_block.loc[hu == 0, HOUSEHOLD] == 0).all()
     assert (per_block.loc[gq == 0, GQ] == 0).all()
+    assert (per_block[GQ] >= gq).all() and (per_block[HOUSEHOLD] <= 99 * hu).all()  # the bounds
     assert per_block.loc[EMPTY].sum() == 0 and per_block.loc[VACANT, GQ] == 0
     assert per_block[GQ].sum() > 0 and per_block[HOUSEHOLD].sum() > 0
     assert estimates[estimates["level"] == "state"]["count"].sum() == 10_588  # invariant
@@ -181,7 +187,9 @@ def edits() -> list[tuple[str, object, str, str]]:
         ("append", "011056868001996", "row 514, column GEOID", "is not a block of the input"),
         ("drop row", 10, "rows", "has no row (every block needs its dwelling counts)"),
         ("no units", "HU", "row {row}", "holds persons of estimation.occupancy[0], whose where"),
-    ]
+        ("facilities", "GQ", "block {block}", "persons of estimation.occupancy[1], below"
+         " estimation.occupancy[1].at_least = 'GQ'"),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("edit", "change", "where", "rule"), edits())
@@ -198,6 +206,12 @@ def test_a_bad_dwellings_table_is_refused_naming_its_row_and_rule(
         row = int((table[change] != "0").to_numpy().argmax())
         table.loc[row, change] = "0"
         where = where.format(row=row + 1)
+    elif edit == "facilities":  # a block with more facilities than persons in them
+        people = ppmf_blocks()["gq"]
+        block = people.index[people > 0][0]
+        row = int((table["GEOID"] == block).to_numpy().argmax())
+        table.loc[row, change] = str(people[block] + 1)
+        where = where.format(block=block)
     elif edit == "append":
         table = pd.concat([table, pd.DataFrame({"GEOID": [change], "HU": ["1"], "GQ": ["0"]})])
     else:

@@ -421,6 +421,14 @@ def test_the_providence_config_holds_one_occupancy_group_over_every_cell():
             "[1].cells",
             "63 cell(s) are in an earlier group too",
         ),
+        (
+            [{"where": "H0010001", "at_least": "(P0050003 > 1)"}],
+            ".at_least",
+            "must be terms joined by + and -, each COLUMN, (COLUMN > 0) or an integer times one",
+        ),
+        ([{"where": "H0010001", "at_most": "99 * H0010001 P0050001"}], ".at_most", "must be terms"),
+        ([{"where": "H0010001", "at_most": "99 * HU"}], ".at_most", "['HU'] are not cells of"),
+        ([{"where": "H0010001", "at_least": ""}], ".at_least", "must not be empty"),
     ],
 )
 def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key, rule):
@@ -431,6 +439,21 @@ def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key
     message = str(caught.value)
     assert "[estimation.occupancy" in message and key in message, message
     assert rule in message and "\n" not in message
+
+
+def test_occupancy_bounds_are_integer_multiples_of_counts_and_indicators():
+    doc = tomllib.loads(E2E.read_text())
+    doc["estimation"]["occupancy"] = [
+        {"where": "H0010001 + P0050001", "at_least": "(P0050003 > 0) + (P0050004>0)",
+         "at_most": "99 * H0010001 + 99999 * (P0050003 > 0) - P0050004"}
+    ]  # fmt: skip
+    (group,) = load_config(doc, ROOT).occupancy
+    assert group.at_least is not None and group.at_most is not None
+    assert group.at_least.terms == ((1, "P0050003", True), (1, "P0050004", True))
+    assert group.at_most.terms == (
+        (99, "H0010001", False), (99999, "P0050003", True), (-1, "P0050004", False)
+    )  # fmt: skip
+    assert group.at_most.columns == ("H0010001", "P0050003", "P0050004")
 
 
 def test_occupancy_needs_dwelling_counts_and_one_pass():
