@@ -869,7 +869,7 @@ def _bound_expression(fail: Fail, key: str, text: str, legacy: bool) -> BoundExp
         position = match.end()
     if not terms:
         raise fail(key, "must not be empty")
-    bound = BoundExpression(tuple(terms), text)
+    bound = BoundExpression(tuple(terms), " ".join(text.split()))
     if legacy and (unknown := [c for c in bound.columns if c not in CELLS]):
         raise fail(key, f"{unknown} are not cells of the legacy files' tables")
     return bound

@@ -22,6 +22,7 @@ from tests.io.test_pl94_layout import SAMPLE
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pl94_e2e_providence.toml"
 UNITS = ROOT / "conf" / "pl94_e2e_providence_units.toml"
+GQ = ROOT / "conf" / "pl94_e2e_providence_gq.toml"
 BLOCK_POPULATION = 29_225  # the sample's 569 blocks (its state record says 614,053: the county's)
 DIGITS = {"nation": 0, "state": 2, "county": 5, "tract": 11, "block_group": 12, "block": 15}
 
@@ -115,6 +116,13 @@ def test_the_providence_config_releases_every_block_with_every_guarantee(spark, 
     unoccupied = dwellings.index[dwellings == 0]
     assert len(unoccupied) == 211
     assert all(released[g] == 0 for g in unoccupied)
+    # its bounds: at least one person per GQ type with persons (an occupied facility), at
+    # most 99 a housing unit and 99,999 a facility
+    facilities = (file_blocks(3)[[cell for _, cell, _ in GQ_TYPES]] > 0).sum(axis=1)
+    assert (facilities > 0).sum() > 0
+    assert all(released[g] >= facilities[g] for g in facilities.index)
+    units = file_blocks(2)["H0010001"]
+    assert all(released[g] <= 99 * units[g] + 99_999 * facilities[g] for g in units.index)
 
 
 @pytest.mark.slow
@@ -142,30 +150,10 @@ def test_group_quarters_types_hold_their_facilities_bounds(spark, tmp_path, meth
     facility), and then at least one person (the 2020 lower bound, one a facility; the legacy
     files count no facilities), at most 99,999; households at most 99 a housing unit. The
     release holds all of it at every block, and the guarantees check counts nothing broken."""
-    doc = tomllib.loads(UNITS.read_text())
+    doc = tomllib.loads(GQ.read_text())
     levels = ["household", *[f"gq{code}" for code, _, _ in GQ_TYPES]]
-    doc["run"]["name"] = "pl94_e2e_providence_gq"
-    doc["schema"] = {"attributes": [{"name": "hhgq", "levels": levels}]}
-    doc["input"]["table"] = "group_quarters"
-    codes = {"0": "household", **{code: f"gq{code}" for code, _, _ in GQ_TYPES}}
-    doc["input"]["attributes"] = {"hhgq": {"column": "GQTYPE_PL", "map": codes}}
-    doc["estimation"] = {
-        "method": method,
-        "invariants": ["state"],
-        "occupancy": [
-            {"cells": {"hhgq": ["household"]}, "where": "H0010001", "at_most": "99 * H0010001"},
-            *[
-                {
-                    "cells": {"hhgq": [f"gq{code}"]},
-                    "where": cell,
-                    "at_least": f"({cell} > 0)",
-                    "at_most": f"99999 * ({cell} > 0)",
-                }
-                for code, cell, _ in GQ_TYPES
-            ],
-        ],
-    }
-    del doc["output"]
+    assert doc["schema"]["attributes"][0]["levels"] == levels
+    doc["estimation"]["method"] = method
     doc["input"]["path"] = str(ROOT / doc["input"]["path"])
     doc["run"]["private_dir"] = str(tmp_path / "private")
     secret = tmp_path / "secret.hex"
@@ -189,3 +177,9 @@ def test_group_quarters_types_hold_their_facilities_bounds(spark, tmp_path, meth
         assert (released.loc[gq[cell] > 0, g] >= 1).all(), cell  # the lower bound
     assert (released[0] <= 99 * units).all()
     assert (gq[[cell for _, cell, _ in GQ_TYPES]] > 0).to_numpy().sum() > 0
+    # P5 in the Census's shape, consistent across levels, with each type's bound at every block
+    tables = released_tables(spark, out, ["P5"])
+    p5 = tables[tables["level"] == "block"].set_index("GEOCODE").loc[gq.index]
+    for _, cell, _ in GQ_TYPES:
+        assert (p5.loc[gq[cell] > 0, cell] >= 1).all() and (p5.loc[gq[cell] == 0, cell] == 0).all()
+    assert (tables["P0050001"] == tables["P0050002"] + tables["P0050007"]).all()
