@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "pl94_e2e_providence.toml"
 FILES = ROOT / "data" / "pl94_2018_e2e_providence_ri"
 RESULTS = ROOT / "benchmarks" / "results" / "occupancy.md"
-RULE = re.compile(r"(?m)^\[\[estimation\.occupancy\]\]\nwhere = .*\n")
+RULE = re.compile(r"(?ms)^\[\[estimation\.occupancy\]\]\n.*?\n(?=\n)")
+"""The config's one occupancy rule: its table header through the line before the next blank."""
 VARIANTS = ("with_rule", "without_rule")
 
 

@@ -13,6 +13,8 @@ from scipy.optimize import minimize
 from censusdp_spark.topdown.solvers import (
     ChildrenProblem,
     PrecisionProblem,
+    bounded,
+    least_squares,
     round_children,
     rounding,
     solve_children,
@@ -181,10 +183,19 @@ def unbounded(problem: ChildrenProblem) -> ChildrenProblem:
 SEEDS = range(40)
 
 
+@pytest.fixture(params=["multipliers", "interior_point"])
+def fallback(request, monkeypatch) -> str:
+    """Each bounded fallback alone: the multipliers' Newton method where it succeeds (else
+    the interior-point method), or the interior-point method only."""
+    if request.param == "interior_point":
+        monkeypatch.setattr(bounded, "MAX_MULTIPLIER_SOLVES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("with_totals", [False, True])
 def test_least_squares_meets_the_bounds_at_the_constrained_optimum(
-    seed: int, with_totals: bool
+    seed: int, with_totals: bool, fallback: str
 ) -> None:
     problem = bounded_problem(seed, with_totals)
     x = solve_children(problem)
@@ -195,19 +206,32 @@ def test_least_squares_meets_the_bounds_at_the_constrained_optimum(
     np.testing.assert_allclose(x, reference, atol=1e-4)
 
 
-def test_the_bounds_bind_in_most_of_these_problems() -> None:
-    """Without the bounds the least squares breaks one in most test problems, so the test
-    above fails if the solvers ignore them."""
-    broken = 0
+def test_the_bounds_bind_in_most_of_these_problems(monkeypatch) -> None:
+    """Without the bounds the least squares breaks one in most test problems, so the tests
+    above fail if the solvers ignore them; and the multipliers' method settles most of them."""
+    broken = settled = 0
+    solve_by_multipliers = bounded.solve_by_multipliers
+
+    def counted(*args):
+        nonlocal settled
+        found = solve_by_multipliers(*args)
+        settled += found is not None
+        return found
+
+    monkeypatch.setattr(least_squares, "solve_by_multipliers", counted)
     for seed in SEEDS:
         problem = bounded_problem(seed, with_totals=False)
         assert problem.group_bounds is not None
         broken += problem.group_bounds.violation(solve_children(unbounded(problem))) > 1e-6
+        solve_children(problem)
     assert broken >= len(SEEDS) // 2
+    assert settled >= broken // 2
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_full_information_fit_meets_the_bounds_at_the_constrained_optimum(seed: int) -> None:
+def test_full_information_fit_meets_the_bounds_at_the_constrained_optimum(
+    seed: int, fallback: str
+) -> None:
     base = bounded_problem(seed, with_totals=seed % 2 == 1)
     rng = np.random.default_rng(100 + seed)
     k, n = base.n_children, base.n_cells

@@ -5,28 +5,39 @@
 solution when it meets them, which it usually does: the bounds are the 2020 production's
 group-quarters facts (a type with a facility holds at least one person a facility, at most
 99,999), which the noisy measurements mostly respect already. Otherwise the same convex QP
-with the bounds as inequality rows is solved here by Clarabel, a primal-dual interior-point
-method:
+with the bounds as inequality rows,
 
     minimise   sum_c 0.5 x_c^T H_c x_c - g_c^T x_c
     subject to the problem's equalities (columns to the parent, rows to the child totals),
                x >= 0 and 0 on the forbidden entries,
-               lower[c, g] <= sum_{j in g} x_{c,j} <= upper[c, g].
+               lower[c, g] <= sum_{j in g} x_{c,j} <= upper[c, g],
 
-Only the entries that may be positive are variables. The data are scaled so the largest
-Hessian entry is 1 and the largest sum 1; the solution is accepted only when Clarabel reports
-it solved and it meets every constraint to ``FEASIBILITY_TOLERANCE`` relative to the sums,
-then clipped at 0 (entries within that tolerance below it). The rounder holds the integral
-bounds exactly afterwards (``rounding``), so the tolerance never reaches the release.
+is solved in two ways, the first that succeeds:
+
+* ``solve_by_multipliers``: Newton's method on the multipliers of the bounds that bind, each
+  step a few solves of the unbounded problem with shifted linear terms by the fast exact
+  method; its answer is a KKT point to round-off. Cheap when few bounds bind (a 20-child,
+  252-cell family with 3 binding bounds: about 1 s, against 13 s below).
+* ``solve_bounded``: Clarabel, a primal-dual interior-point method, on the entries that may
+  be positive. The data are scaled so the largest Hessian entry is 1 and the largest sum 1;
+  the solution is accepted only when Clarabel reports it solved and it meets every constraint
+  to ``FEASIBILITY_TOLERANCE`` relative to the sums, then clipped at 0 (entries within that
+  tolerance below it). Its cost grows with the family's size, not with the binding bounds.
+
+The rounder holds the integral bounds exactly afterwards (``rounding``), so no tolerance
+reaches the release.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sparse
 
 from censusdp_spark.topdown.solvers.subproblem import GroupBounds
 
+DIRECT_SOLVE_METHOD = "faer"
 FEASIBILITY_TOLERANCE = 1e-8
 """Relative to the largest sum: how far the fallback's solution may miss a constraint."""
 
@@ -36,6 +47,72 @@ def meets_bounds(bounds: GroupBounds | None, x: np.ndarray) -> bool:
     if bounds is None:
         return True
     return bounds.violation(x) <= FEASIBILITY_TOLERANCE * max(1.0, float(x.sum()))
+
+
+ROUND_OFF = 1e-11
+"""Relative to the total: how far the multipliers' answer may miss a bound (round-off: on the
+right face one Newton step is exact)."""
+MAX_MULTIPLIER_SOLVES = 60
+"""Unbounded solves the multipliers' Newton method may spend (one per active bound and step)
+before the interior-point method takes over: many binding bounds are its strength."""
+
+
+def solve_by_multipliers(
+    solve: Callable[[np.ndarray], np.ndarray], x: np.ndarray, bounds: GroupBounds
+) -> np.ndarray | None:
+    """The bounded minimiser from the unbounded solver alone, or None if this does not find it.
+
+    A bound ``lower <= sum_{j in g} x_{c,j} <= upper`` that holds with multiplier ``m_{c,g}``
+    (``> 0`` at the lower bound, ``< 0`` at the cap) adds ``m_{c,g}`` to child ``c``'s linear
+    term on the cells of ``g``; with every multiplier known, the unbounded problem with those
+    linear terms has the bounded problem's solution. ``solve(shift)`` solves it for the
+    ``(k, n)`` ``shift`` of the linear terms, starting from its solution ``x`` at no shift.
+    That solution is piecewise affine in the multipliers, so Newton's method on the active
+    bounds' multipliers (the Jacobian from one solve per active bound) finds them exactly once
+    the face is right. The answer is returned only when it is a KKT point of the bounded
+    problem: every bound met to ``ROUND_OFF``, every multiplier of the right sign and only on a
+    bound that holds with equality. Cheap when few bounds bind, the usual case; None when it
+    would take more than ``MAX_MULTIPLIER_SOLVES`` solves or the fast method fails on a shifted
+    problem (the caller then solves by ``solve_bounded``)."""
+    members = bounds.members.astype(float)
+    multipliers = np.zeros(bounds.lower.shape)
+    tolerance = ROUND_OFF * max(1.0, float(x.sum()))
+    solves = 0
+    while True:
+        sums = bounds.sums(x)
+        at_lower = (multipliers > 0) | (sums < bounds.lower - tolerance)
+        at_upper = (multipliers < 0) | (sums > bounds.upper + tolerance)
+        active = tuple(np.argwhere(at_lower | at_upper).T)
+        residual = sums[active] - np.where(at_lower, bounds.lower, bounds.upper)[active]
+        if np.max(np.abs(residual), initial=0.0) <= tolerance:
+            return x  # the multipliers' signs are kept right below
+        solves += residual.size + 1
+        if solves > MAX_MULTIPLIER_SOLVES:
+            return None
+        step = max(1.0, float(np.max(np.abs(multipliers), initial=0.0)))
+        jacobian = np.empty((residual.size, residual.size))
+        for a, (c, g) in enumerate(zip(*active, strict=True)):
+            probe = multipliers.copy()
+            probe[c, g] += step
+            moved = _guarded(solve, probe @ members)
+            if moved is None:
+                return None
+            jacobian[:, a] = (bounds.sums(moved)[active] - sums[active]) / step
+        multipliers[active] += np.linalg.lstsq(jacobian, -residual, rcond=None)[0]
+        wrong = (at_lower & (multipliers < 0)) | (at_upper & (multipliers > 0))
+        multipliers[wrong] = 0.0  # a bound pulling the wrong way is released
+        found = _guarded(solve, multipliers @ members)
+        if found is None:
+            return None
+        x = found
+
+
+def _guarded(solve: Callable[[np.ndarray], np.ndarray], shift: np.ndarray) -> np.ndarray | None:
+    """``solve(shift)``, or None where the fast method cannot settle the shifted problem."""
+    try:
+        return solve(shift)
+    except (RuntimeError, np.linalg.LinAlgError):
+        return None
 
 
 def solve_bounded(
@@ -80,6 +157,7 @@ def solve_bounded(
     settings.tol_gap_abs = settings.tol_gap_rel = 1e-12
     settings.tol_feas = 1e-12
     settings.max_iter = 400
+    settings.direct_solve_method = DIRECT_SOLVE_METHOD
     cones = [
         clarabel.ZeroConeT(equality_rows.shape[0]),
         clarabel.NonnegativeConeT(size + bound_rows.shape[0]),

@@ -72,7 +72,11 @@ from typing import Literal
 
 import numpy as np
 
-from censusdp_spark.topdown.solvers.bounded import meets_bounds, solve_bounded
+from censusdp_spark.topdown.solvers.bounded import (
+    meets_bounds,
+    solve_bounded,
+    solve_by_multipliers,
+)
 from censusdp_spark.topdown.solvers.first_order import solve_children_first_order
 from censusdp_spark.topdown.solvers.subproblem import (
     ChildrenProblem,
@@ -172,6 +176,22 @@ def _bounded(
     """The solution under ``problem.group_bounds`` (``bounded.solve_bounded``), on the entries
     of ``block`` that may be positive."""
     assert problem.group_bounds is not None  # meets_bounds holds without bounds
+    rows, cols = block.rows, block.cols
+    reduced = _reduced_constraints(block)
+    reduced_hessian = (
+        hessian[np.ix_(rows, cols, cols)] if hessian.ndim == 3 else hessian[np.ix_(cols, cols)]
+    )
+
+    def shifted(shift: np.ndarray) -> np.ndarray:
+        x = np.zeros(linear.shape)
+        x[np.ix_(rows, cols)] = _solve_reduced(
+            reduced_hessian, (linear + shift)[np.ix_(rows, cols)], reduced
+        )
+        return x
+
+    found = solve_by_multipliers(shifted, shifted(np.zeros(linear.shape)), problem.group_bounds)
+    if found is not None:
+        return found
     may_hold = block.rows[:, None] & block.cols[None, :]
     if problem.allowed is not None:
         may_hold &= problem.allowed
