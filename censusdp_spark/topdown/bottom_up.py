@@ -225,8 +225,11 @@ class _Children:
         return out
 
 
-def _key(zeros: np.ndarray | None) -> bytes:
-    return b"" if zeros is None else np.packbits(zeros).tobytes()
+def _key(zeros: np.ndarray | None) -> str:
+    """A node's zero pattern as a hashable key. Hex text, not bytes: numpy compares an object
+    array with bytes as ``np.bytes_``, which drops trailing zero bytes, so a pattern whose
+    last cells are free matched nothing."""
+    return "" if zeros is None else np.packbits(zeros).tobytes().hex()
 
 
 def held_zeros(plan: LevelPlan, design: LevelDesign, rows: pd.DataFrame) -> list[np.ndarray | None]:

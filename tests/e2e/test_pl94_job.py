@@ -183,3 +183,37 @@ def test_group_quarters_types_hold_their_facilities_bounds(spark, tmp_path, meth
     for _, cell, _ in GQ_TYPES:
         assert (p5.loc[gq[cell] > 0, cell] >= 1).all() and (p5.loc[gq[cell] == 0, cell] == 0).all()
     assert (tables["P0050001"] == tables["P0050002"] + tables["P0050007"]).all()
+
+
+UNITS_GQ = ROOT / "conf" / "pl94_e2e_providence_units_gq.toml"
+UNITS_BY_TYPE = ROOT / "data" / "pl94_e2e_providence_units_by_type.csv"
+
+
+@pytest.mark.slow
+def test_the_units_by_type_release_holds_every_blocks_units_and_facilities_exactly(spark, tmp_path):
+    """The DAS's units schema (occupied, vacant, seven GQ facility types) on the block table
+    derived from the Providence file: each block's housing units and facilities of each type
+    are held exactly by equal ``at_least`` and ``at_most``; only occupancy is estimated."""
+    table = pd.read_csv(UNITS_BY_TYPE, dtype={"GEOID": str}).set_index("GEOID")
+    h1, p5 = file_blocks(2), file_blocks(3)
+    assert (table["OCCUPIED"] + table["VACANT"] == h1.loc[table.index, "H0010001"]).all()
+    assert (table["OCCUPIED"] == h1.loc[table.index, "H0010002"]).all()
+    for t, (_, cell, _) in enumerate(GQ_TYPES, start=1):
+        assert (table[f"FAC_GQ{t}"] == (p5.loc[table.index, cell] > 0)).all()
+    out = run(UNITS_GQ, tmp_path, "c6")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["guarantee_checks"] == OCCUPANCY_GUARANTEES_HELD
+    estimates = spark.read.format("delta").load(str(out / "estimates")).toPandas()
+    released = (
+        estimates[estimates["level"] == "block"]
+        .pivot_table(index="geocode", columns="cell", values="count", aggfunc="sum")
+        .reindex(index=table.index, columns=range(9))
+        .fillna(0)
+        .astype(int)
+    )
+    assert (released[0] + released[1] == table["OCCUPIED"] + table["VACANT"]).all()
+    for t in range(1, 8):
+        assert (released[1 + t] == table[f"FAC_GQ{t}"]).all()
+    assert (released[0] != table["OCCUPIED"]).any()  # the occupancy split is noisy
+    state = estimates[estimates["level"] == "state"].groupby("cell")["count"].sum()
+    assert state.get(0, 0) + state.get(1, 0) == table[["OCCUPIED", "VACANT"]].to_numpy().sum()
