@@ -19,6 +19,8 @@ ORDER = [
     "topdown_bypass",
     "topdown_pl94",
     "occupancy",
+    "gq_bounds",
+    "group_bounds_solvers",
     "topdown_production",
     "evaluation",
     "generate",

@@ -179,8 +179,8 @@ class _Children:
         self.design = design
         self.is_leaf = is_leaf
         self.plan = plan
-        self._leaf: dict[tuple[bool, bytes], Covariance] = {}
-        self._leaf_precision: dict[tuple[bool, bytes], Covariance] = {}
+        self._leaf: dict[tuple[bool, str], Covariance] = {}
+        self._leaf_precision: dict[tuple[bool, str], Covariance] = {}
 
     def precisions(self, rows: pd.DataFrame, estimates: list[Gaussian]) -> list[Covariance]:
         """Each child's ``Gaussian.precision``."""

@@ -429,10 +429,12 @@ def _bound_columns(
         return reduce(lambda a, b: a + b, terms).cast("long")
 
     lower = [
-        F.greatest(value(g.at_least), F.lit(0)) if g.at_least else F.lit(0).cast("long")
+        F.greatest(value(g.at_least), F.lit(0)) if g.at_least is not None else F.lit(0).cast("long")
         for g in occupancy
     ]
-    upper = [value(g.at_most) if g.at_most else F.lit(NO_CAP).cast("long") for g in occupancy]
+    upper = [
+        value(g.at_most) if g.at_most is not None else F.lit(NO_CAP).cast("long") for g in occupancy
+    ]
     return [F.array(*lower).alias(AT_LEAST), F.array(*upper).alias(AT_MOST)]
 
 

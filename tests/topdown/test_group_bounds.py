@@ -5,6 +5,7 @@ the rounding against brute force over every floor-or-ceiling choice."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -169,15 +170,7 @@ def meets_every_constraint(problem: ChildrenProblem | PrecisionProblem, x: np.nd
 
 
 def unbounded(problem: ChildrenProblem) -> ChildrenProblem:
-    return ChildrenProblem(
-        problem.marginals,
-        problem.marginal_sizes,
-        problem.weights,
-        problem.noisy,
-        problem.parent,
-        problem.child_totals,
-        allowed=problem.allowed,
-    )
+    return replace(problem, group_bounds=None)
 
 
 SEEDS = range(40)
@@ -319,27 +312,16 @@ def test_group_bounds_are_validated() -> None:
     low = np.zeros((problem.n_children, 2))
     low[0, 0] = problem.parent[:3].sum() + 1
     with pytest.raises(ValueError, match="outside its children's bounds"):
-        ChildrenProblem(
-            problem.marginals,
-            problem.marginal_sizes,
-            problem.weights,
-            problem.noisy,
-            problem.parent,
-            None,
-            group_bounds=GroupBounds(members, low, np.full(low.shape, np.inf)),
-        )
+        replace(problem, group_bounds=GroupBounds(members, low, np.full(low.shape, np.inf)))
+    with pytest.raises(ValueError, match="lower bounds exceed its total"):
+        root = bounded_problem(0, with_totals=True)  # a root with its invariant total
+        assert root.child_totals is not None
+        too_many = np.array([[float(root.child_totals[0]) + 1, 0.0]])
+        replace(root, group_bounds=GroupBounds(members, too_many, np.full((1, 2), np.inf)))
     forbidden = np.ones((problem.n_children, 6), dtype=bool)
     forbidden[0, :3] = False
     one = np.zeros((problem.n_children, 2))
     one[0, 0] = 1
     with pytest.raises(ValueError, match="which it may not hold"):
-        ChildrenProblem(
-            problem.marginals,
-            problem.marginal_sizes,
-            problem.weights,
-            problem.noisy,
-            problem.parent,
-            None,
-            allowed=forbidden,
-            group_bounds=GroupBounds(members, one, np.full(one.shape, np.inf)),
-        )
+        bounds = GroupBounds(members, one, np.full(one.shape, np.inf))
+        replace(problem, allowed=forbidden, group_bounds=bounds)

@@ -76,12 +76,22 @@ class GroupBounds:
         sums = self.sums(x)
         return float(max(0.0, np.max(self.lower - sums), np.max(sums - self.upper)))
 
-    def check(self, k: int, n: int, parent: np.ndarray | None, allowed: np.ndarray | None) -> None:
-        """Raise ``ValueError`` unless the bounds fit ``(k, n)`` children and may be met: no
-        child's lower bound on a group it may not hold, and with a parent its group sums
-        between the children's bound sums."""
+    def check(
+        self,
+        shape: tuple[int, int],
+        parent: np.ndarray | None,
+        row_sums: np.ndarray | None,
+        allowed: np.ndarray | None,
+    ) -> None:
+        """Raise ``ValueError`` unless the bounds fit ``shape`` (``k`` children, ``n`` cells)
+        and may be met: no child's lower bounds above its total, none on a group it may not
+        hold, and with a parent its group sums between the children's bound sums."""
+        k, n = shape
         if self.members.shape[1] != n or self.lower.shape[0] != k:
             raise ValueError(f"group_bounds: shapes do not fit {k} children of {n} cells")
+        if row_sums is not None and np.any(self.lower.sum(axis=1) > row_sums + 1e-9):
+            c = int(np.flatnonzero(self.lower.sum(axis=1) > row_sums + 1e-9)[0])
+            raise ValueError(f"group_bounds: child {c}'s lower bounds exceed its total")
         if allowed is not None:
             holds = (allowed.astype(float) @ self.members.T.astype(float)) > 0
             if np.any((self.lower > 0) & ~holds):
@@ -168,7 +178,8 @@ class ChildrenProblem:
         _check_held(self.held_totals, self.child_totals, self.parent, n_children)
         _check_allowed(self.allowed, self.parent, self.row_sums, (n_children, n_cells))
         if self.group_bounds is not None:
-            self.group_bounds.check(n_children, n_cells, self.parent, self.allowed)
+            shape = (n_children, n_cells)
+            self.group_bounds.check(shape, self.parent, self.row_sums, self.allowed)
 
     def _check_marginals(self) -> int:
         n_cells = np.asarray(self.marginals[0]).shape[0] if self.marginals[0].ndim == 1 else -1
@@ -293,7 +304,7 @@ class PrecisionProblem:
         _check_held(self.held_totals, self.child_totals, self.parent, k)
         _check_allowed(self.allowed, self.parent, self.row_sums, (k, n))
         if self.group_bounds is not None:
-            self.group_bounds.check(k, n, self.parent, self.allowed)
+            self.group_bounds.check((k, n), self.parent, self.row_sums, self.allowed)
 
     @property
     def n_children(self) -> int:
