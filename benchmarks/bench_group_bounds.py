@@ -82,7 +82,7 @@ def main() -> None:
         problem, free = family(k, n, binding, seed=k * n + binding)
         assert problem.group_bounds is not None
         base, x_free = timed(lambda p=free: solve_children(p))
-        broken = int((problem.group_bounds.violation(x_free) > 1e-6))
+        broken = int(problem.group_bounds.violation(x_free) > 1e-6)
         auto, x_auto = timed(lambda p=problem: solve_children(p))
         limit = bounded.MAX_MULTIPLIER_SOLVES
         bounded.MAX_MULTIPLIER_SOLVES = 0
