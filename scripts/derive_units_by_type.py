@@ -26,9 +26,7 @@ def segment(name: str, columns: dict[int, str]) -> pd.DataFrame:
 def main() -> None:
     geo = segment("rigeo2018_2020Style.pl", {2: "SUMLEV", 7: "LOGRECNO", 9: "GEOID"})
     units = segment("ri000022018_2020Style.pl", {4: "LOGRECNO", 150: "OCCUPIED", 151: "VACANT"})
-    gq = segment(
-        "ri000032018_2020Style.pl", {4: "LOGRECNO", **{4 + int(c[-2:]): c for c in TYPES}}
-    )
+    gq = segment("ri000032018_2020Style.pl", {4: "LOGRECNO", **{4 + int(c[-2:]): c for c in TYPES}})
     blocks = geo[geo["SUMLEV"] == "750"].merge(units, on="LOGRECNO", validate="one_to_one")
     blocks = blocks.merge(gq, on="LOGRECNO", validate="one_to_one")
     out = blocks[["GEOID", "OCCUPIED", "VACANT"]].copy()

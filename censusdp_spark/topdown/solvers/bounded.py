@@ -52,9 +52,10 @@ def meets_bounds(bounds: GroupBounds | None, x: np.ndarray) -> bool:
 ROUND_OFF = 1e-11
 """Relative to the total: how far the multipliers' answer may miss a bound (round-off: on the
 right face one Newton step is exact)."""
-MAX_MULTIPLIER_SOLVES = 60
-"""Unbounded solves the multipliers' Newton method may spend (one per active bound and step)
-before the interior-point method takes over: many binding bounds are its strength."""
+MAX_MULTIPLIER_SOLVES = 30
+"""Unbounded solves the multipliers' Newton method may spend (one per active bound and one
+more per step) before the interior-point method takes over; it does not start a step unless
+one more would fit too. Many binding bounds are the interior-point method's case."""
 
 
 def solve_by_multipliers(
@@ -86,9 +87,9 @@ def solve_by_multipliers(
         residual = sums[active] - np.where(at_lower, bounds.lower, bounds.upper)[active]
         if np.max(np.abs(residual), initial=0.0) <= tolerance:
             return x  # the multipliers' signs are kept right below
+        if solves + 2 * (residual.size + 1) > MAX_MULTIPLIER_SOLVES:
+            return None  # not even this step and one more would fit
         solves += residual.size + 1
-        if solves > MAX_MULTIPLIER_SOLVES:
-            return None
         step = max(1.0, float(np.max(np.abs(multipliers), initial=0.0)))
         jacobian = np.empty((residual.size, residual.size))
         for a, (c, g) in enumerate(zip(*active, strict=True)):
