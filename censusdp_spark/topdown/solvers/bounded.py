@@ -17,7 +17,9 @@ is solved in two ways, the first that succeeds:
 * ``solve_by_multipliers``: Newton's method on the multipliers of the bounds that bind, each
   step a few solves of the unbounded problem with shifted linear terms by the fast exact
   method; its answer is a KKT point to round-off. Cheap when few bounds bind (a 20-child,
-  252-cell family with 3 binding bounds: about 1 s, against 13 s below).
+  252-cell family with 3 bounded children: about 1 s, against 12 s below;
+  ``benchmarks/bench_group_bounds.py``). Not for families on the first-order path, whose
+  exact solves are what that path avoids.
 * ``solve_bounded``: Clarabel, a primal-dual interior-point method, on the entries that may
   be positive. The data are scaled so the largest Hessian entry is 1 and the largest sum 1;
   the solution is accepted only when Clarabel reports it solved and it meets every constraint

@@ -154,7 +154,7 @@ def solve_children(
         x = solve_children_first_order(problem)
         if meets_bounds(problem.group_bounds, x):
             return x
-        return _bounded(problem, *_quadratic_model(problem), block)
+        return _bounded(problem, *_quadratic_model(problem), block, start=None)
     rows, cols = block.rows, block.cols
     hessian, linear = _quadratic_model(problem)
     reduced = _reduced_constraints(block)
@@ -164,7 +164,7 @@ def solve_children(
     x[np.ix_(rows, cols)] = _solve_reduced(reduced_hessian, linear[np.ix_(rows, cols)], reduced)
     if meets_bounds(problem.group_bounds, x):
         return x
-    return _bounded(problem, hessian, linear, block)
+    return _bounded(problem, hessian, linear, block, start=x)
 
 
 def _bounded(
@@ -172,9 +172,12 @@ def _bounded(
     hessian: np.ndarray,
     linear: np.ndarray,
     block: FreeBlock,
+    start: np.ndarray | None,
 ) -> np.ndarray:
-    """The solution under ``problem.group_bounds`` (``bounded.solve_bounded``), on the entries
-    of ``block`` that may be positive."""
+    """The solution under ``problem.group_bounds`` on the entries of ``block`` that may be
+    positive: from ``start``, the exact method's unbounded solution, by the multipliers'
+    Newton method (``bounded.solve_by_multipliers``) if it succeeds, else (and always without
+    ``start``: a family too large for exact solves) by ``bounded.solve_bounded``."""
     assert problem.group_bounds is not None  # meets_bounds holds without bounds
     rows, cols = block.rows, block.cols
     reduced = _reduced_constraints(block)
@@ -189,7 +192,7 @@ def _bounded(
         )
         return x
 
-    found = solve_by_multipliers(shifted, shifted(np.zeros(linear.shape)), problem.group_bounds)
+    found = None if start is None else solve_by_multipliers(shifted, start, problem.group_bounds)
     if found is not None:
         return found
     may_hold = block.rows[:, None] & block.cols[None, :]
@@ -223,7 +226,7 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     )
     if meets_bounds(problem.group_bounds, x):
         return x
-    return _bounded(problem, hessians, linear, block)
+    return _bounded(problem, hessians, linear, block, start=x)
 
 
 @dataclass(frozen=True)
