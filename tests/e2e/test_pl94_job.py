@@ -16,6 +16,9 @@ from censusdp_spark.api import run_topdown
 from censusdp_spark.cli import main
 from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, GQ_TYPES, RECORD_KEY, SEGMENTS
 from censusdp_spark.io.pl94_tables import table_fields
+from censusdp_spark.model.errors import InputError
+from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.readers import read_blocks
 from tests.conftest import OCCUPANCY_GUARANTEES_HELD
 from tests.io.test_pl94_layout import SAMPLE
 
@@ -217,3 +220,25 @@ def test_the_units_by_type_release_holds_every_blocks_units_and_facilities_exact
     assert (released[0] != table["OCCUPIED"]).any()  # the occupancy split is noisy
     state = estimates[estimates["level"] == "state"].groupby("cell")["count"].sum()
     assert state.get(0, 0) + state.get(1, 0) == table[["OCCUPIED", "VACANT"]].to_numpy().sum()
+
+
+@pytest.mark.parametrize(
+    ("bound", "rule"),
+    [
+        ({"at_least": "H0010001"}, "persons of estimation.occupancy[0], below"),
+        ({"at_most": "H0010001"}, "persons of estimation.occupancy[0], above"),
+    ],
+)
+def test_bounds_the_file_breaks_are_refused_naming_the_block(spark, bound, rule):
+    """A bound the legacy file's own persons do not meet (one person per housing unit; at most
+    one per unit) is refused before anything runs, naming the folder, a block and the rule."""
+    doc = tomllib.loads(CONFIG.read_text())
+    doc["estimation"]["occupancy"] = [{"where": "H0010001 + P0050001", **bound}]
+    doc["input"]["path"] = str(ROOT / doc["input"]["path"])
+    config = load_config(doc, ROOT)
+    assert config.input is not None
+    with pytest.raises(InputError) as refused:
+        read_blocks(spark, config.input, config.schema, 15, config.spine, config.occupancy)
+    message = str(refused.value)
+    assert str(config.input.path) in message and "block 44" in message and rule in message
+    assert "\n" not in message
