@@ -263,7 +263,8 @@ def read_blocks(
 def check_bounds(blocks: DataFrame, occupancy: tuple[OccupancyGroup, ...], source: str) -> None:
     """Raise ``InputError`` naming ``source`` and the first block whose bounds cannot hold: a
     lower bound where its group's ``where`` is not positive, a cap below the lower bound, or
-    the block's own persons of the group outside them. One pass; nothing without bounds."""
+    the block's own persons of the group outside them (the message names the bound, which the
+    config declares an invariant, never the persons). One pass; nothing without bounds."""
     if not has_bounds(occupancy):
         return
     problems = []
@@ -283,9 +284,7 @@ def check_bounds(blocks: DataFrame, occupancy: tuple[OccupancyGroup, ...], sourc
                 ),
                 F.when(
                     persons < low,
-                    F.format_string(
-                        f"it holds %d persons of {key}, below {least} (%d)", persons, low
-                    ),
+                    F.format_string(f"it holds persons of {key}, below {least} (%d)", low),
                 ),
             ]
         if group.at_most is not None:
@@ -296,9 +295,7 @@ def check_bounds(blocks: DataFrame, occupancy: tuple[OccupancyGroup, ...], sourc
                 ),
                 F.when(
                     persons > high,
-                    F.format_string(
-                        f"it holds %d persons of {key}, above {most} (%d)", persons, high
-                    ),
+                    F.format_string(f"it holds persons of {key}, above {most} (%d)", high),
                 ),
             ]
     first = (
