@@ -850,6 +850,10 @@ _BOUND_TERM = re.compile(
 )
 
 
+MAX_BOUND_COEFFICIENT = 10**9
+"""Largest coefficient of a bound term: its products with counts stay far inside int64."""
+
+
 def _bound_expression(fail: Fail, key: str, text: str, legacy: bool) -> BoundExpression:
     """``at_least`` / ``at_most``: terms ``[+|-] [integer *] (COLUMN | (COLUMN > 0))``."""
     terms: list[tuple[int, str, bool]] = []
@@ -864,6 +868,8 @@ def _bound_expression(fail: Fail, key: str, text: str, legacy: bool) -> BoundExp
             )
         sign = -1 if match.group(1) == "-" else 1
         coefficient = int(match.group(2)) if match.group(2) else 1
+        if coefficient > MAX_BOUND_COEFFICIENT:
+            raise fail(key, f"coefficient {coefficient} is above {MAX_BOUND_COEFFICIENT:,}")
         column = match.group(3) or match.group(4)
         terms.append((sign * coefficient, column, match.group(3) is not None))
         position = match.end()

@@ -25,7 +25,7 @@ from functools import reduce
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
@@ -138,10 +138,7 @@ def bounds_broken(
     to 0); 0 without bounds."""
     if AT_LEAST not in occupancy.columns:
         return 0
-    group_of = np.full(groups[0].size, -1, dtype=np.int64)
-    for g, cells in enumerate(groups):
-        group_of[cells] = g
-    group = F.element_at(F.array(*[F.lit(int(v)) for v in group_of]), F.col("cell") + 1)
+    group = _per_cell(_group_of(groups))
     sums = (
         estimates.withColumn("group", group)
         .filter(F.col("group") >= 0)
@@ -167,10 +164,8 @@ def cells_outside_occupancy(
 ) -> int:
     """The released ``(level, geocode, cell)`` counts above 0 that their node's occupancy does
     not allow (``estimates`` long: ``level, geocode, cell, count``)."""
-    bit_of = np.zeros(groups[0].size, dtype=np.int64)  # 0: a cell in no group
-    for g, cells in enumerate(groups):
-        bit_of[cells] = 1 << g
-    bit = F.element_at(F.array(*[F.lit(int(v)) for v in bit_of]), F.col("cell") + 1)
+    group_of = _group_of(groups)
+    bit = _per_cell(np.where(group_of >= 0, 1 << np.maximum(group_of, 0), 0))  # 0: no group
     bits = F.coalesce(F.col(OCCUPIED), F.lit(EVERY_GROUP))
     return (
         estimates.filter(F.col("count") > 0)
@@ -178,3 +173,14 @@ def cells_outside_occupancy(
         .filter((bit != 0) & (bits.bitwiseAND(bit) == 0))
         .count()
     )
+
+
+def _group_of(groups: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Per schema cell, the index of its occupancy group, or -1 for a cell in none."""
+    members = np.stack(groups)
+    return np.where(members.any(axis=0), members.argmax(axis=0), -1).astype(np.int64)
+
+
+def _per_cell(values: np.ndarray) -> Column:
+    """``values[cell]`` as a column of rows with a ``cell`` column."""
+    return F.element_at(F.array(*[F.lit(int(v)) for v in values]), F.col("cell") + 1)

@@ -429,6 +429,11 @@ def test_the_providence_config_holds_one_occupancy_group_over_every_cell():
         ([{"where": "H0010001", "at_most": "99 * H0010001 P0050001"}], ".at_most", "must be terms"),
         ([{"where": "H0010001", "at_most": "99 * HU"}], ".at_most", "['HU'] are not cells of"),
         ([{"where": "H0010001", "at_least": ""}], ".at_least", "must not be empty"),
+        (
+            [{"where": "H0010001", "at_most": "99999999999 * H0010001"}],
+            ".at_most",
+            "coefficient 99999999999 is above 1,000,000,000",
+        ),
     ],
 )
 def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key, rule):

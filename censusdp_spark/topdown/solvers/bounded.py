@@ -225,14 +225,8 @@ def _bound_rows(
     """Rows ``A x <= b`` for the finite bounds: ``-sum <= -lower`` and ``sum <= upper``."""
     size = child.size
     k, n_groups = bounds.lower.shape
-    group_of = np.full(bounds.members.shape[1], -1)
-    for g, members in enumerate(bounds.members):
-        group_of[members] = g
-    grouped = group_of[cell] >= 0
-    key = child[grouped] * n_groups + group_of[cell][grouped]
-    summing = sparse.csr_matrix(
-        (np.ones(key.size), (key, np.flatnonzero(grouped))), shape=(k * n_groups, size)
-    )
+    grouped, key = bounds.entry_keys(child, cell)
+    summing = sparse.csr_matrix((np.ones(key.size), (key, grouped)), shape=(k * n_groups, size))
     lower, upper = bounds.lower.ravel(), bounds.upper.ravel()
     low, high = np.flatnonzero(lower > 0), np.flatnonzero(np.isfinite(upper))
     return (

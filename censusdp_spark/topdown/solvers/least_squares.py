@@ -158,10 +158,9 @@ def solve_children(
     rows, cols = block.rows, block.cols
     hessian, linear = _quadratic_model(problem)
     reduced = _reduced_constraints(block)
-    reduced_hessian = (
-        hessian[np.ix_(rows, cols, cols)] if hessian.ndim == 3 else hessian[np.ix_(cols, cols)]
+    x[np.ix_(rows, cols)] = _solve_reduced(
+        _reduced_hessian(hessian, block), linear[np.ix_(rows, cols)], reduced
     )
-    x[np.ix_(rows, cols)] = _solve_reduced(reduced_hessian, linear[np.ix_(rows, cols)], reduced)
     if meets_bounds(problem.group_bounds, x):
         return x
     return _bounded(problem, hessian, linear, block, start=x)
@@ -181,9 +180,7 @@ def _bounded(
     assert problem.group_bounds is not None  # meets_bounds holds without bounds
     rows, cols = block.rows, block.cols
     reduced = _reduced_constraints(block)
-    reduced_hessian = (
-        hessian[np.ix_(rows, cols, cols)] if hessian.ndim == 3 else hessian[np.ix_(cols, cols)]
-    )
+    reduced_hessian = _reduced_hessian(hessian, block)
 
     def shifted(shift: np.ndarray) -> np.ndarray:
         x = np.zeros(linear.shape)
@@ -204,6 +201,14 @@ def _bounded(
     )
 
 
+def _reduced_hessian(hessian: np.ndarray, block: FreeBlock) -> np.ndarray:
+    """``hessian`` (shared ``(n, n)`` or per child ``(k, n, n)``) on the block's cells (and
+    rows)."""
+    if hessian.ndim == 3:
+        return hessian[np.ix_(block.rows, block.cols, block.cols)]
+    return hessian[np.ix_(block.cols, block.cols)]
+
+
 def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     """The children's histograms closest to their targets, each in its own precision's norm.
 
@@ -222,7 +227,7 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     linear = 2.0 * _apply(problem.precisions, problem.targets)
     reduced = _reduced_constraints(block)
     x[np.ix_(rows, cols)] = _solve_reduced(
-        hessians[np.ix_(rows, cols, cols)], linear[np.ix_(rows, cols)], reduced
+        _reduced_hessian(hessians, block), linear[np.ix_(rows, cols)], reduced
     )
     if meets_bounds(problem.group_bounds, x):
         return x

@@ -149,12 +149,8 @@ def _binding_bounds(
         return None
     children, cells = moving
     k, n_groups = bounds.lower.shape
-    group_of = np.full(problem.n_cells, -1)
-    for g, members in enumerate(bounds.members):
-        group_of[members] = g
     held = bounds.sums(floor.astype(float))
-    grouped = group_of[cells] >= 0
-    key = children[grouped] * n_groups + group_of[cells][grouped]
+    grouped, key = bounds.entry_keys(children, cells)
     count = np.bincount(key, minlength=k * n_groups)
     low = bounds.lower.ravel() - held.ravel()
     high = bounds.upper.ravel() - held.ravel()
@@ -163,7 +159,7 @@ def _binding_bounds(
         return None
     row_of = np.full(k * n_groups, -1)
     row_of[binding] = np.arange(binding.size)
-    entry = np.flatnonzero(grouped)[row_of[key] >= 0]
+    entry = grouped[row_of[key] >= 0]
     rows = row_of[key][row_of[key] >= 0]
     matrix = sparse.csr_matrix(
         (np.ones(rows.size), (rows, entry)), shape=(binding.size, children.size)
@@ -195,23 +191,11 @@ def _cell_level_rows(
     rows, need = _sum_constraints(children, cells, column_need, row_need)
     lower, upper = need, need
     if row_need is None:
-        spread = fraction.sum(axis=1)
-        used = np.unique(children)
-        rows = sparse.vstack(
-            [
-                rows,
-                sparse.csr_matrix(
-                    (
-                        np.ones(children.size),
-                        (np.searchsorted(used, children), np.arange(children.size)),
-                    ),
-                    shape=(used.size, children.size),
-                ),
-            ],
-            format="csr",
-        )
-        lower = np.concatenate([lower, np.floor(spread[used] + INTEGRAL_TOLERANCE)])
-        upper = np.concatenate([upper, np.ceil(spread[used] - INTEGRAL_TOLERANCE)])
+        child_rows, _ = _sum_constraints(children, cells, None, np.zeros(floor.shape[0]))
+        spread = fraction.sum(axis=1)[np.unique(children)]
+        rows = sparse.vstack([rows, child_rows], format="csr")
+        lower = np.concatenate([lower, np.floor(spread + INTEGRAL_TOLERANCE)])
+        upper = np.concatenate([upper, np.ceil(spread - INTEGRAL_TOLERANCE)])
     if bounds is not None:
         rows = sparse.vstack([rows, bounds[0]], format="csr")
         lower, upper = np.concatenate([lower, bounds[1]]), np.concatenate([upper, bounds[2]])

@@ -67,6 +67,13 @@ class GroupBounds:
             c, g = np.argwhere(self.upper < self.lower)[0]
             raise ValueError(f"group_bounds: child {c}'s group {g} has upper < lower")
 
+    def entry_keys(self, children: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For the entries ``(children[i], cells[i])``: the positions ``i`` of those in a group,
+        and each one's flat ``(child, group)`` index ``child * G + g``."""
+        group_of = np.where(self.members.any(axis=0), self.members.argmax(axis=0), -1)
+        grouped = np.flatnonzero(group_of[cells] >= 0)
+        return grouped, children[grouped] * self.members.shape[0] + group_of[cells[grouped]]
+
     def sums(self, x: np.ndarray) -> np.ndarray:
         """``(k, G)``: every child's sum over every group of ``x`` (``(k, n)``)."""
         return x @ self.members.T.astype(float)
