@@ -32,13 +32,29 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "(default 1: the whole nation)",
     )
     national.add_argument("--overwrite", action="store_true", help="replace existing blocks")
+    national.add_argument(
+        "--schema",
+        choices=["demo", "production"],
+        default="demo",
+        help="demo: 16-cell block counts only; production: also persons in the PPMF layout "
+        "(OUTPUT/persons, the 2,016-cell schema of conf/national_production.toml) and the block "
+        "spine (OUTPUT/spine)",
+    )
 
 
 def run_generate(args: argparse.Namespace) -> int:
     """Run the chosen generator and print its report; 0 on success."""
-    from censusdp_spark.generate.national import generate_national, report_text
+    if args.schema == "production":
+        from censusdp_spark.generate.production import generate_production, production_report_text
 
-    report = generate_national(args.seed, args.output, args.fraction, overwrite=args.overwrite)
-    print(report_text(report))
+        report = generate_production(
+            args.seed, args.output, args.fraction, overwrite=args.overwrite
+        )
+        print(production_report_text(report))
+    else:
+        from censusdp_spark.generate.national import generate_national, report_text
+
+        report = generate_national(args.seed, args.output, args.fraction, overwrite=args.overwrite)
+        print(report_text(report))
     print(f"wrote {args.output} in {report['elapsed_s']} s")
     return 0

@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -471,13 +471,25 @@ def _fill_households(
     return counts
 
 
-def household_sizes(
-    rng: np.random.Generator, layout: Layout, s: StateSlice, pop: np.ndarray, p: ModelParameters
+def group_quarters_persons(
+    rng: np.random.Generator, pop: np.ndarray, p: ModelParameters
 ) -> np.ndarray:
-    """Step 6: (blocks, 7) household counts by size 1..7+; sum(s * count) <= pop (7+ as 7)."""
+    """Step 6: people outside households per block: a few populated blocks are group-quarters
+    sites, holding a Beta(4, 1.5) share of their people (binomial); 0 elsewhere."""
     n = len(pop)
     site = (pop >= p.group_quarters_min_pop) & (rng.random(n) < p.group_quarters_site_rate)
-    persons = pop - np.where(site, rng.binomial(pop, rng.beta(4.0, 1.5, n)), 0)
+    return np.where(site, rng.binomial(pop, rng.beta(4.0, 1.5, n)), 0)
+
+
+def household_sizes(
+    rng: np.random.Generator,
+    layout: Layout,
+    s: StateSlice,
+    persons: np.ndarray,
+    p: ModelParameters,
+) -> np.ndarray:
+    """Step 6: (blocks, 7) household counts by size 1..7+ housing each block's ``persons`` (its
+    people outside group quarters); sum(s * count) <= persons (7+ as 7)."""
     family = p.household_family_effect * layout.tract_family[s.tracts]
     large_share = _logistic(family)[s.block_tract]
     parts = [
@@ -487,8 +499,22 @@ def household_sizes(
     return np.concatenate(parts)
 
 
-def generate_state(layout: Layout, state: int, seed: int, p: ModelParameters) -> pa.Table:
-    """All blocks of one state, sorted by GEOID, from the state's own random stream."""
+@dataclass(frozen=True)
+class StateBlocks:
+    """The drawn blocks of one state, sorted by code: per block its population, its people by
+    group (``RACES`` order, all ages and adults), those in group quarters, and its households
+    by size 1..7+."""
+
+    code: np.ndarray
+    pop: np.ndarray
+    races: np.ndarray  # (blocks, 8)
+    adults: np.ndarray  # (blocks, 8), <= races
+    group_quarters: np.ndarray
+    households: np.ndarray  # (blocks, 7)
+
+
+def draw_state(layout: Layout, state: int, seed: int, p: ModelParameters) -> StateBlocks:
+    """Steps 3-6 for one state, from the state's own random stream."""
     rng = _rng(seed, 1, state)
     s = state_slice(layout, state)
     pop = block_populations(rng, layout, s, p)
@@ -496,17 +522,34 @@ def generate_state(layout: Layout, state: int, seed: int, p: ModelParameters) ->
         raise ArithmeticError(f"state {state:02d}: block populations miss the tract populations")
     races = race_counts(rng, layout, s, state, pop, p)
     adults = voting_age_counts(rng, layout, s, races, p)
+    outside = group_quarters_persons(rng, pop, p)
+    households = household_sizes(rng, layout, s, pop - outside, p)
+    return StateBlocks(s.block_code, pop, races, adults, outside, households)
+
+
+def block_geoids(code: np.ndarray) -> pa.Array:
+    """15-digit block GEOIDs as text."""
+    return pc.utf8_lpad(pc.cast(pa.array(code), pa.string()), 15, "0")
+
+
+def block_table(blocks: StateBlocks) -> pa.Table:
+    """The 16-cell block table of a state: ``GEOID`` and ``COUNT_COLUMNS``."""
     counts = [
-        pop,
-        *races.T,
-        adults.sum(axis=1),
-        *adults.T,
-        *household_sizes(rng, layout, s, pop, p).T,
+        blocks.pop,
+        *blocks.races.T,
+        blocks.adults.sum(axis=1),
+        *blocks.adults.T,
+        *blocks.households.T,
     ]
-    columns = {"GEOID": pc.utf8_lpad(pc.cast(pa.array(s.block_code), pa.string()), 15, "0")}
+    columns = {"GEOID": block_geoids(blocks.code)}
     for name, values in zip(COUNT_COLUMNS, counts, strict=True):
         columns[name] = pa.array(values.astype(np.int32))
     return pa.table(columns)
+
+
+def generate_state(layout: Layout, state: int, seed: int, p: ModelParameters) -> pa.Table:
+    """All blocks of one state, sorted by GEOID, from the state's own random stream."""
+    return block_table(draw_state(layout, state, seed, p))
 
 
 def check_block_table(table: pa.Table) -> None:
@@ -635,12 +678,17 @@ class OutputExistsError(ValueError):
     """The output already holds generated blocks and ``overwrite`` was not asked for."""
 
 
+GENERATED_FOLDERS = ("blocks", "persons", "spine")
+"""The folders a generation writes (``persons`` and ``spine`` with the production schema)."""
+
+
 def _prepare_output(output: Path, overwrite: bool) -> Path:
     blocks = output / "blocks"
-    if blocks.exists() and any(blocks.iterdir()):
-        if not overwrite:
-            raise OutputExistsError(f"{blocks} already holds blocks; use --overwrite to replace")
-        shutil.rmtree(blocks)
+    if blocks.exists() and any(blocks.iterdir()) and not overwrite:
+        raise OutputExistsError(f"{blocks} already holds blocks; use --overwrite to replace")
+    for folder in (output / name for name in GENERATED_FOLDERS):
+        if folder.exists():
+            shutil.rmtree(folder)
     blocks.mkdir(parents=True, exist_ok=True)
     return blocks
 
@@ -665,10 +713,12 @@ def generate_national(
     states: Sequence[str] | None = None,
     overwrite: bool = False,
     params: ModelParameters = ModelParameters(),
+    on_state: Callable[[int, StateBlocks], None] | None = None,
 ) -> dict:
     """Write ``output/blocks/state_XX.parquet`` (one file per selected state), then
     ``output/metadata.json`` and ``output/README.txt``; return the report metadata.json holds
-    (plus ``elapsed_s``).
+    (plus ``elapsed_s``). ``on_state(fips, blocks)`` sees every state's drawn blocks after they
+    pass the checks (:mod:`censusdp_spark.generate.production` writes their persons).
 
     ``fraction`` selects whole states (:func:`select_states`); ``states`` (2-digit FIPS codes)
     names them instead, for tests and quick looks. Raises ``OutputExistsError`` if the output
@@ -683,8 +733,11 @@ def generate_national(
     blocks_dir = _prepare_output(output, overwrite)
     summary = BlockSummary()
     for state in selected.tolist():
-        table = generate_state(layout, state, seed, params)
+        drawn = draw_state(layout, state, seed, params)
+        table = block_table(drawn)
         check_block_table(table)
+        if on_state is not None:
+            on_state(state, drawn)
         pq.write_table(table, blocks_dir / f"state_{state:02d}.parquet", compression="zstd")
         code = pc.cast(table.column("GEOID"), pa.int64()).to_numpy()
         summary.add(code, {c: table.column(c).to_numpy() for c in COUNT_COLUMNS})

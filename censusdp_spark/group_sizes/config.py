@@ -204,6 +204,8 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
     hierarchy = model.geography.hierarchy(fail)
     spine, groups = model.geography.spine_spec(base), GroupSizes(**model.groups.__dict__)
     spec = model.input.spec(fail, groups, base) if model.input else None
+    if spec is not None and spine is not None:
+        spine = spine.for_input(spec.path)
     if spec is not None and spec.layout == "households":
         require_spine(fail, spine, spec.layout)
     run, budget, m = model.run.options(base, document.name), model.budget, model.mechanism

@@ -171,9 +171,11 @@ def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
             f"{config.source}: [input] missing: the group-size release needs an input table"
         )
     spec = config.input if options.input is None else replace(config.input, path=options.input)
+    spine = config.spine.for_input(spec.path) if config.spine else None
     if options.epsilon is not None:
         config = with_epsilon(config, options.epsilon)
-    return replace(config, run=run, input=spec, mechanism=options.mechanism or config.mechanism)
+    mechanism = options.mechanism or config.mechanism
+    return replace(config, run=run, input=spec, spine=spine, mechanism=mechanism)
 
 
 def _privacy(config: PgsrConfig) -> dict[str, Any]:

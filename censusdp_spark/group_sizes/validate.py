@@ -31,14 +31,13 @@ def validate_group_sizes(
         raise ValueError(f"{config.source}: [input] missing: the group-size release needs one")
     if input_path is not None:
         spec = replace(spec, path=input_path)
+    spine = config.spine.for_input(spec.path) if config.spine else None
     secret = check_secret(config.run, secret_file)
-    leaves = read_leaf_histograms(
-        spark, spec, config.groups, config.hierarchy.leaf.digits, config.spine
-    )
+    leaves = read_leaf_histograms(spark, spec, config.groups, config.hierarchy.leaf.digits, spine)
     shapes = gs.level_shapes(gs.leaf_nodes(leaves, config.hierarchy), config.hierarchy)
     memory = check_memory(config, shapes, gs.arrow_batch_rows(spark))
     nodes = {s.name: s.nodes for s in shapes}
-    origin = f"from the spine {config.spine.path}" if config.spine else "those of the input"
+    origin = f"from the spine {spine.path}" if spine else "those of the input"
     return "\n".join(
         [
             f"{config.source}: valid",

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path, PurePath
@@ -128,6 +129,15 @@ class SpineSpec:
     path: Path
     format: str
     geocode_columns: tuple[str, ...]
+    beside_input: str | None = None
+    """The configured path when it is relative to the input's (``relative_to = "input"``): a
+    spine written with its input follows ``--input``."""
+
+    def for_input(self, input_path: Path) -> SpineSpec:
+        """This spine for an input at ``input_path``: moved with it when configured beside it."""
+        if self.beside_input is None:
+            return self
+        return replace(self, path=Path(os.path.normpath(resolve(input_path, self.beside_input))))
 
 
 @dataclass(frozen=True)
@@ -163,9 +173,13 @@ class SpineModel(Model):
     path: PathText
     format: SpineFormat = "csv"
     geocode: Columns
+    relative_to: Literal["config", "input"] = "config"
+    """``"input"``: ``path`` is relative to the input's path (a spine written beside its input,
+    found there whatever ``--input`` names); ``"config"``: relative to the config file."""
 
     def spec(self, base: Path) -> SpineSpec:
-        return SpineSpec(resolve(base, self.path), self.format, tuple(self.geocode))
+        beside = self.path if self.relative_to == "input" else None
+        return SpineSpec(resolve(base, self.path), self.format, tuple(self.geocode), beside)
 
 
 class LevelModel(Model):

@@ -902,6 +902,8 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             raise fail(f"budget.levels.{level}.queries", str(err)) from None
     invariants, zeros = _estimation(fail, model.estimation, schema, hierarchy)
     spec = _input(fail, model.input, schema, zeros, base) if model.input else None
+    if spec is not None and spine is not None:
+        spine = spine.for_input(spec.path)
     if spec is not None and spec.layout == "microdata":
         require_spine(fail, spine, spec.layout)
     if spec is not None and spec.legacy and hierarchy.leaf.digits != BLOCK_DIGITS:

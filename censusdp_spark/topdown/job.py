@@ -145,9 +145,11 @@ def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     spec = config.input
     if spec is None:
         raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
-    if options.input is not None:
-        spec = replace(spec, path=options.input)
-    return replace(config, run=run, input=spec)
+    if options.input is None:
+        return replace(config, run=run)
+    spec = replace(spec, path=options.input)
+    spine = config.spine.for_input(spec.path) if config.spine else None
+    return replace(config, run=run, input=spec, spine=spine)
 
 
 POST_PROCESSING_KEYS = (

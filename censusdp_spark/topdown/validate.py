@@ -73,13 +73,14 @@ def validate_release(
         raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
     if input_path is not None:
         spec = replace(spec, path=input_path)
+    spine = config.spine.for_input(spec.path) if config.spine else None
     secret = check_secret(config.run, secret_file)
     blocks = read_blocks(
         spark,
         spec,
         config.schema,
         config.hierarchy.leaf.digits,
-        config.spine,
+        spine,
         config.occupancy,
         config.dwellings,
     )
@@ -88,7 +89,7 @@ def validate_release(
     return ValidationReport(
         config=config.source,
         input=spec.path,
-        spine=config.spine.path if config.spine else None,
+        spine=spine.path if spine else None,
         blocks=nodes[config.hierarchy.leaf.name],
         nodes=nodes,
         rho=str(rho),
