@@ -96,7 +96,9 @@ def method_config(method: str, work: Path) -> Path:
     return variant
 
 
-def run_job(job: str, blocks: Path, output: Path, config: Path = CONFIG) -> dict:
+def run_job(
+    job: str, blocks: Path, output: Path, config: Path = CONFIG, master: str = "local[2]"
+) -> dict:
     job_args = (
         ["topdown", "--config", str(config)]
         if job == "topdown"
@@ -104,7 +106,7 @@ def run_job(job: str, blocks: Path, output: Path, config: Path = CONFIG) -> dict
     )
     command = [
         sys.executable, "-m", "censusdp_spark.cli", *job_args,
-        "--input", str(blocks), "--output", str(output), "--overwrite", "--master", "local[2]",
+        "--input", str(blocks), "--output", str(output), "--overwrite", "--master", master,
     ]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)

@@ -1,0 +1,208 @@
+"""The 2020 production release (2,016 cells) on the SYNTHETIC national persons, beside the 16-cell
+demo release of the same blocks, at several fractions of the nation.
+
+    .venv/bin/python benchmarks/bench_national_production.py [--fractions 0.01,0.03,0.1]
+        [--work DIR] [--previous ROWS.jsonl] [--master local[2]]
+
+For every fraction it generates the input if ``DIR/production_<F>`` does not hold it yet
+(``censusdp generate national --schema production --seed 2020 --fraction F``: 16-cell blocks,
+persons in the PPMF layout and the block spine, the same blocks), then runs, each as a child
+process in ``local[2]`` (or ``--master``):
+
+* ``censusdp topdown --config conf/national_demo.toml`` with ``full_information`` on
+  ``DIR/blocks`` (16 cells: the baseline measured in the same invocation), and
+* ``censusdp topdown --config conf/national_production.toml --input DIR/persons`` (2,016 cells,
+  11 queries a level, 2,603 noisy cells a node, ``full_information``, P1-P5),
+
+and records per stage the wall time (the job's ``[censusdp] <stage>: <s> s`` lines), the peak
+resident memory of the whole process tree, the bytes on disk of every table, the nodes and noised
+cells, and noised cells per second in the measurement. The figure that compares across machines
+is the ratio of the production cost per block to the 16-cell one of the same fraction.
+
+The projection to the whole nation (8,132,968 blocks) fits each stage's time as ``a + b *
+blocks`` by least squares over the measured fractions (at least two) and sums the stages; the
+table gives each stage's fit.
+
+Writes benchmarks/results/national_production.md and prints one JSON row per run (``--previous``
+takes them back, so a long curve can be finished in several invocations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_national import method_config, run_job  # benchmarks/ is the script's folder
+
+from censusdp_spark.topdown.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCTION = ROOT / "conf" / "national_production.toml"
+NATION_BLOCKS = 8_132_968
+METHOD = "full_information"
+
+
+def production_input(fraction: float, work: Path) -> Path:
+    folder = work / f"production_{fraction:g}"
+    if not (folder / "metadata.json").exists():
+        subprocess.run(
+            [sys.executable, "-m", "censusdp_spark.cli", "generate", "national", "--schema",
+             "production", "--seed", "2020", "--fraction", str(fraction), "--output", str(folder),
+             "--overwrite"],
+            check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+    return folder
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def table_bytes(release: Path) -> dict[str, int]:
+    """Bytes on disk of every table (folder) of a release."""
+    return {d.name: folder_bytes(d) for d in sorted(release.iterdir()) if d.is_dir()}
+
+
+def noised_cells(config: Path, nodes: dict[str, int]) -> int:
+    queries = load_config(config).queries
+    return sum(n * sum(q.size for q in queries[level]) for level, n in nodes.items())
+
+
+def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> dict:
+    if schema == "production":
+        config, data = PRODUCTION, folder / "persons"
+    else:
+        config, data = method_config(METHOD, work), folder / "blocks"
+    release = work / f"release_{schema}_{fraction:g}"
+    result = run_job("topdown", data, release, config, master)
+    meta = json.loads((folder / "metadata.json").read_text())
+    return {
+        "fraction": fraction,
+        "schema": schema,
+        "states": len(meta["states"]),
+        "blocks": result["nodes"]["block"],
+        "persons": meta["tallies"]["generated"]["population"],
+        "cells": noised_cells(config, result["nodes"]),
+        "tables": table_bytes(release),
+        "input_bytes": folder_bytes(data),
+        **result,
+    }
+
+
+def linear_fit(rows: list[dict], stage: str) -> tuple[float, float]:
+    """``(a, b)`` of ``seconds = a + b * blocks`` by least squares over ``rows``."""
+    x = np.array([r["blocks"] for r in rows], dtype=np.float64)
+    y = np.array([r["stages"].get(stage, 0.0) for r in rows], dtype=np.float64)
+    b, a = np.polyfit(x, y, 1)
+    return float(a), float(b)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    prod = [r for r in rows if r["schema"] == "production"]
+    demo = {r["fraction"]: r for r in rows if r["schema"] == "demo"}
+    lines = [
+        "## The 2020 production release (2,016 cells) on the SYNTHETIC national persons",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, {prod[0]['master'] if prod else ''} "
+        f"on {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end). Inputs: "
+        "`censusdp generate national --schema production --seed 2020 --fraction F` (SYNTHETIC "
+        "persons under the real 2020 tracts; fractions pick whole states). Production: "
+        "`conf/national_production.toml` (2021 production strategy, `full_information`, state "
+        "populations invariant, P1-P5); 16 cells: `conf/national_demo.toml` with "
+        "`full_information` on the same blocks, in the same invocation.",
+        "",
+        "| fraction | states | blocks | persons | production wall (s) | 16-cell wall (s) "
+        "| production ms/block | 16-cell ms/block | cost per block, production / 16-cell "
+        "| peak RSS production / 16-cell (GiB) | noised cells | noised cells/s in measure |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in prod:
+        d = demo.get(r["fraction"])
+        per_block = 1000 * r["wall_s"] / r["blocks"]
+        base = 1000 * d["wall_s"] / d["blocks"] if d else float("nan")
+        lines.append(
+            f"| {r['fraction']:g} | {r['states']} | {r['blocks']:,} | {r['persons']:,} | "
+            f"{r['wall_s']:.0f} | {d['wall_s'] if d else float('nan'):.0f} | {per_block:.2f} | "
+            f"{base:.2f} | {per_block / base:.1f}× | {r['peak_gib']:.1f} / "
+            f"{d['peak_gib'] if d else float('nan'):.1f} | {r['cells']:,} | "
+            f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} |"
+        )
+    lines += ["", "Bytes on disk (GiB) of the input and of every table:", ""]
+    names = sorted({t for r in prod for t in r["tables"]})
+    lines += [
+        "| fraction | input | " + " | ".join(names) + " | release / noisy_measurements |",
+        "|---|---|" + "---|" * len(names) + "---|",
+    ]
+    for r in prod:
+        total = sum(r["tables"].values())
+        noisy = r["tables"].get("noisy_measurements", 0)
+        lines.append(
+            f"| {r['fraction']:g} | {_gib(r['input_bytes'])} | "
+            + " | ".join(_gib(r["tables"].get(n, 0)) for n in names)
+            + f" | {total / noisy if noisy else float('nan'):.2f}× |"
+        )
+    stages = list(prod[-1]["stages"]) if prod else []
+    lines += [
+        "",
+        "Wall time per stage (s), production, with the per-stage linear fit `a + b * blocks` "
+        "over the measured fractions and its value at the nation's 8,132,968 blocks:",
+        "",
+        "| stage | " + " | ".join(f"{r['fraction']:g}" for r in prod) + " | a (s) "
+        "| b (ms/block) | nation (h) |",
+        "|---|" + "---|" * len(prod) + "---|---|---|",
+    ]
+    total_hours = 0.0
+    for stage in stages:
+        row = " | ".join(f"{r['stages'].get(stage, float('nan')):.1f}" for r in prod)
+        if len(prod) >= 2:
+            a, b = linear_fit(prod, stage)
+            hours = (a + b * NATION_BLOCKS) / 3600
+            total_hours += hours
+            lines.append(f"| {stage} | {row} | {a:.1f} | {1000 * b:.3f} | {hours:.2f} |")
+        else:
+            lines.append(f"| {stage} | {row} | - | - | - |")
+    if len(prod) >= 2:
+        lines += ["", f"Projected production run for the nation on this machine: {total_hours:.1f} h "
+                  "(sum of the per-stage fits)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fractions", default="0.01,0.03,0.1")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national_production"))
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--schemas", default="demo,production", help="which releases to run")
+    parser.add_argument(
+        "--results", type=Path, default=ROOT / "benchmarks" / "results" / "national_production.md"
+    )
+    parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    if args.previous is not None:
+        text = args.previous.read_text().splitlines()
+        rows = [json.loads(line) for line in text if line.startswith("{")]
+    command = " ".join(["benchmarks/bench_national_production.py", *sys.argv[1:]])
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        folder = production_input(fraction, args.work)
+        for schema in args.schemas.split(","):
+            row = {**run(schema, folder, args.work, fraction, args.master), "master": args.master}
+            rows = [r for r in rows if (r["fraction"], r["schema"]) != (fraction, schema)]
+            rows = sorted([*rows, row], key=lambda r: (r["fraction"], r["schema"]))
+            print(json.dumps(row), flush=True)
+            args.results.write_text(markdown(rows, command))
+
+
+if __name__ == "__main__":
+    main()
