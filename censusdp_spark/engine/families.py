@@ -34,8 +34,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, DataType, NumericType, StringType
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
@@ -66,11 +68,33 @@ def map_families(
     """
     keys = list(family)
     each = solve if batched else _one_by_one(keys, solve)
+    task = _streamed(keys, each, on_task_start)
     return (
         rows.repartition(F.xxhash64(*keys))
         .sortWithinPartitions(*keys, *order)
-        .mapInPandas(_streamed(keys, each, on_task_start), schema)
+        .mapInArrow(_through_pandas(task, _arrow_schema(rows, schema)), schema)
     )
+
+
+def _arrow_schema(rows: DataFrame, schema: str) -> pa.Schema:
+    """The Arrow schema of the Spark DDL ``schema``."""
+    return to_arrow_schema(rows.sparkSession.createDataFrame([], schema).schema)
+
+
+def _through_pandas(
+    task: Callable[[Iterable[pd.DataFrame]], Iterable[pd.DataFrame]], schema: pa.Schema
+) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
+    """``task`` over Arrow batches: each batch in as pandas, each result out as Arrow.
+
+    ``mapInPandas`` would do the same conversions, but it turns every array of an array
+    column into a Python list before Arrow reads it back, which is about half the time of the
+    measurement; pyarrow converts a column of numpy arrays in native code."""
+
+    def arrow_task(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
+        for frame in task(batch.to_pandas() for batch in batches):
+            yield pa.RecordBatch.from_pandas(frame, schema=schema, preserve_index=False)
+
+    return arrow_task
 
 
 PARENT = "parent"

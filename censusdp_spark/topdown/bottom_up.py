@@ -15,7 +15,8 @@ Nothing is random, so a level recomputed after a crash is identical, whether by 
 or one level at a time (a run killed between the two levels' commits).
 
 Table ``bottom_up``: ``level, geocode, mean, covariance, exact_total``, partitioned by level.
-``mean`` is over the non-structural-zero cells of the schema, in cell order; ``covariance`` is
+``mean`` is over the non-structural-zero cells of the schema, in cell order (null at the
+leaves when the top-down pass fits them to their own answers: nothing reads it); ``covariance`` is
 the packed covariance: for a dense covariance the upper triangle (row by row) of its ``n x n``
 matrix; for a compact one (``config_layout``: the config's schema, queries and structural
 zeros decide, as in ``solvers.symmetric_covariance``) the upper triangles of its ``2^k`` blocks
@@ -302,12 +303,14 @@ def _bottom_up_rows(
     estimates: Sequence[Gaussian],
     covariances: Sequence[np.ndarray | None],
     exact: Sequence[bool],
+    means: bool = True,
 ) -> pd.DataFrame:
+    """The table's rows of ``estimates``; ``means`` false leaves ``mean`` null."""
     return pd.DataFrame(
         {
             "level": level,
             "geocode": list(geocodes),
-            "mean": [e.mean for e in estimates],
+            "mean": [e.mean for e in estimates] if means else None,
             "covariance": list(covariances),
             "exact_total": list(exact),
         }
@@ -326,11 +329,16 @@ def _leaf_task(plan: LevelPlan, design: LevelDesign) -> Callable[[pd.DataFrame],
 
 
 def _leaves_and_parents_task(
-    leaf_plan: LevelPlan, leaf_design: LevelDesign, plan: LevelPlan, design: LevelDesign
+    leaf_plan: LevelPlan,
+    leaf_design: LevelDesign,
+    plan: LevelPlan,
+    design: LevelDesign,
+    leaf_means: bool,
 ) -> Callable[[pd.DataFrame], pd.DataFrame]:
     """A batch of whole families of leaves (``map_children``'s rows) -> the leaves' rows and
     their parents': the leaves are fitted all at once, and their estimates go straight into
-    their parents', without being written and read back first."""
+    their parents', without being written and read back first (the leaves' ``mean`` null
+    unless ``leaf_means``)."""
 
     def task(batch: pd.DataFrame) -> pd.DataFrame:
         geocodes, estimates, stored = _leaf_fits(leaf_plan, leaf_design, batch)
@@ -346,7 +354,7 @@ def _leaves_and_parents_task(
         leaves = [e.total is not None for e in estimates]
         return pd.concat(
             [
-                _bottom_up_rows(leaf_plan.level, geocodes, estimates, stored, leaves),
+                _bottom_up_rows(leaf_plan.level, geocodes, estimates, stored, leaves, leaf_means),
                 _parents_rows(plan.level, batch[PARENT].to_numpy()[family_rows], fits),
             ],
             ignore_index=True,
@@ -469,19 +477,21 @@ def bottom_up_leaves_and_parents(
     invariant_totals: DataFrame,
     digits: int,
     layout: SymmetricLayout | None = None,
+    leaf_means: bool = True,
 ) -> DataFrame:
     """The leaf level's and its parent level's bottom-up rows (lazy) in one pass: each task
     takes one parent's leaves' measurements and the parent's own, and returns the leaves'
     rows and the parent's. The same rows as ``bottom_up_level`` twice, without writing the
     leaves' rows and shuffling them again before their parents read them. Arguments as in
-    ``bottom_up_level``: ``leaf_*`` the leaf level's, the others the parent level's."""
+    ``bottom_up_level``: ``leaf_*`` the leaf level's, the others the parent level's;
+    ``leaf_means`` false writes the leaves' ``mean`` null (nothing reads it)."""
     return map_children(
         _leaf_measurements(leaf_noisy, leaf_totals),
         _parent_measurements(noisy, invariant_totals),
         geocode_prefix(digits),
         order=["geocode", "query"],
         solve=_leaves_and_parents_task(
-            leaf_plan, level_design(leaf_plan, layout), plan, level_design(plan, layout)
+            leaf_plan, level_design(leaf_plan, layout), plan, level_design(plan, layout), leaf_means
         ),
         schema=BOTTOM_UP_SCHEMA,
         batched=True,
@@ -528,8 +538,11 @@ def write_bottom_up(
 ) -> None:
     """The bottom-up pass, leaves first: each level not in ``done`` is computed from the
     ``bottom_up`` rows of the level below and written to its partition of ``bottom_up``, then
-    ``committed(level)`` is called; the leaves and their parents, when neither is done, in
-    one pass and one write (then ``committed`` for the leaves, then for their parents).
+    ``committed(level)`` is called; the leaves and their parents, while the parents are not
+    done, in one pass and one write (then ``committed`` for the leaves, then for their
+    parents). When the top-down pass fits the leaves to their own answers
+    (``leaves_fit_their_answers``) nothing reads the leaves' ``mean`` after that pass: it is
+    written null (a dense mean per leaf would be most of the release's bytes).
     ``invariant_totals`` is ``level, geocode, inv_total``; ``occupancy`` every node's
     ``OCCUPIED`` bits (``occupancy.node_occupancy``), or None without occupancy groups.
     Raises ``ValueError`` naming the level and the config key when the leaf level's queries do
@@ -546,7 +559,7 @@ def write_bottom_up(
 
     todo = [i for i in reversed(range(len(levels))) if levels[i].name not in done]
     leaf = len(levels) - 1
-    if len(levels) > 1 and todo[:2] == [leaf, leaf - 1]:
+    if len(levels) > 1 and leaf - 1 in todo:
         parent = levels[leaf - 1]
         rows = bottom_up_leaves_and_parents(
             leaf_plan,
@@ -555,11 +568,12 @@ def write_bottom_up(
             *measured(parent.name),
             parent.digits,
             layout,
+            leaf_means=not leaves_fit_their_answers(config),
         )
         delta.write_levels(rows, output, BOTTOM_UP, [levels[leaf].name, parent.name])
         committed(levels[leaf].name)
         committed(parent.name)
-        todo = todo[2:]
+        todo = [i for i in todo if i < leaf - 1]
     for i in todo:
         level = levels[i]
         is_leaf = i == leaf

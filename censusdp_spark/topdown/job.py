@@ -49,6 +49,7 @@ from censusdp_spark.topdown.bottom_up import (
     write_bottom_up,
 )
 from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
+from censusdp_spark.topdown.capacity import check_disk
 from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import RunConfig
@@ -236,6 +237,7 @@ def _run_topdown(
     if config.bypass_single_child:  # from the geocodes alone: public, fixed before any noise
         plan = measurement_plan(nodes, hierarchy)
         bypass = plan_summary(plan, config.budget, hierarchy)
+    check_disk(config, node_counts, output)  # before any secret, noise or write
     clock.lap("read_and_validate")
 
     secret = run.secret()  # only once the input has passed validation

@@ -1,0 +1,57 @@
+"""The disk a TopDown release needs is estimated from public quantities before any noise, and a
+run beyond the output's free space is refused in one line, leaving nothing behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from censusdp_spark.cli import main
+from censusdp_spark.topdown import capacity
+from censusdp_spark.topdown.capacity import CapacityError, check_disk, estimate_disk
+from censusdp_spark.topdown.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCTION = ROOT / "conf" / "national_production.toml"
+NATION = {
+    "nation": 1, "state": 51, "county": 3143, "tract": 84414, "block_group": 239780,
+    "block": 8132968,
+}  # fmt: skip
+DC = {"nation": 1, "state": 1, "county": 1, "tract": 206, "block_group": 471, "block": 13919}
+
+
+def test_the_estimate_counts_every_noised_cell_and_the_inner_nodes_dense_state():
+    config = load_config(PRODUCTION, ROOT)
+    found = estimate_disk(config, DC)
+    cells = sum(n * sum(q.size for q in config.queries[lv]) for lv, n in DC.items())
+    assert found.parts["noisy measurements"] == int(cells * capacity.NOISY_BYTES_PER_CELL)
+    # 1,953 cells held (2,016 less the 63 structural zeros), 480 packed covariance numbers.
+    inner = sum(DC.values()) - DC["block"]
+    assert found.parts["bottom_up"] == inner * (1953 + 480) * 8
+    assert found.parts["P.L. 94-171 tables"] == sum(DC.values()) * capacity.TABLE_BYTES_PER_NODE
+    # Measured on this DC release: noisy_measurements 48 MiB, bottom_up 12 MiB.
+    assert 40 * 2**20 < found.parts["noisy measurements"] < 60 * 2**20
+    assert 10 * 2**20 < found.parts["bottom_up"] < 14 * 2**20
+
+
+def test_a_run_beyond_the_free_space_is_refused_with_the_estimate(tmp_path):
+    config = load_config(PRODUCTION, ROOT)
+    with pytest.raises(CapacityError) as refused:
+        check_disk(config, NATION, tmp_path / "out", free=50 * 2**30)
+    message = str(refused.value)
+    assert "\n" not in message and "8,132,968 blocks" in message
+    assert "needs ~" in message and "50.0 GiB free" in message
+    assert check_disk(config, DC, tmp_path / "out", free=50 * 2**30).total < 2**30
+
+
+def test_the_job_refuses_before_any_secret_or_write(spark, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(capacity, "free_disk", lambda path: 1)
+    out = tmp_path / "release"
+    config = ROOT / "conf" / "ri_2010_demo.toml"
+    args = ["topdown", "--config", str(config), "--output", str(out), "--master", "local[2]"]
+    monkeypatch.delenv("CENSUSDP_SECRET", raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("censusdp: error: ") and "on disk, more than the 0 MiB free" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
