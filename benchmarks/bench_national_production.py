@@ -16,7 +16,8 @@ process in ``local[2]`` (or ``--master``):
 
 and records per stage the wall time (the job's ``[censusdp] <stage>: <s> s`` lines), the peak
 resident memory of the whole process tree, the bytes on disk of every table, the nodes and noised
-cells, and noised cells per second in the measurement. The figure that compares across machines
+cells, and noised cells per second in the measurement, beside the exact sampler's own rate on
+the same mix of variances (one core, times the two cores of ``local[2]``). The figure that compares across machines
 is the ratio of the production cost per block to the 16-cell one of the same fraction.
 
 The projection to the whole nation (8,132,968 blocks) fits each stage's time as ``a + b *
@@ -83,6 +84,7 @@ def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> 
     result = run_job("topdown", data, release, config, master)
     meta = json.loads((folder / "metadata.json").read_text())
     return {
+        "sampler_rate": sampler_rate(config, result["nodes"]),
         "fraction": fraction,
         "schema": schema,
         "states": len(meta["states"]),
@@ -95,6 +97,57 @@ def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> 
     }
 
 
+RESUMED_TABLES = ("noisy_measurements", "bottom_up", "estimates", "microdata", "pl94_tables")
+
+
+def resume_check(fraction: float, work: Path, master: str) -> dict:
+    """Kill the production run of ``fraction`` after its tract estimates (the job's test fault
+    ``driver_after_level:estimate_tract``), resume it, and compare every table with the
+    uninterrupted release of this invocation, made with the same secret (``--reuse-secret``:
+    the same measurements again, on purpose)."""
+    reference = work / f"release_production_{fraction:g}"
+    secret = work / f"secret_{fraction:g}.hex"
+    secret.write_text((reference.parent / f"{reference.name}.private" / "run_secret").read_text())
+    secret.chmod(0o600)
+    release = work / f"release_resumed_{fraction:g}"
+    base = [
+        sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config", str(PRODUCTION),
+        "--input", str(work / f"production_{fraction:g}" / "persons"), "--output", str(release),
+        "--secret-file", str(secret), "--reuse-secret", "--master", master,
+    ]  # fmt: skip
+    env = {**os.environ, "CENSUSDP_TEST_FAULT": "driver_after_level:tract"}
+    started = time.perf_counter()
+    killed = subprocess.run([*base, "--overwrite"], env=env, capture_output=True, text=True)
+    killed_s = time.perf_counter() - started
+    if killed.returncode != 17:
+        raise RuntimeError(
+            f"the killed run ended with {killed.returncode}: {killed.stderr[-2000:]}"
+        )
+    started = time.perf_counter()
+    resumed = subprocess.run([*base, "--resume"], capture_output=True, text=True)
+    if resumed.returncode != 0:
+        raise RuntimeError(f"the resumed run failed: {resumed.stderr[-2000:]}")
+    resumed_s = time.perf_counter() - started
+    from censusdp_spark.engine.session import spark_session
+
+    spark = spark_session("bench-resume-check", "local[2]")
+    differing = []
+    for table in RESUMED_TABLES:
+        left = spark.read.format("delta").load(str(reference / table))
+        right = spark.read.format("delta").load(str(release / table))
+        if left.exceptAll(right).count() or right.exceptAll(left).count():
+            differing.append(table)
+    spark.stop()
+    return {
+        "fraction": fraction,
+        "killed_after": "estimate_tract",
+        "killed_run_s": killed_s,
+        "resumed_run_s": resumed_s,
+        "tables_compared": list(RESUMED_TABLES),
+        "differing": differing,
+    }
+
+
 def linear_fit(rows: list[dict], stage: str) -> tuple[float, float]:
     """``(a, b)`` of ``seconds = a + b * blocks`` by least squares over ``rows``."""
     x = np.array([r["blocks"] for r in rows], dtype=np.float64)
@@ -103,8 +156,34 @@ def linear_fit(rows: list[dict], stage: str) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f}"
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f}"
+
+
+SAMPLER_DRAWS = 20_000_000
+
+
+def sampler_rate(config: Path, nodes: dict[str, int]) -> float:
+    """Draws per second of the exact sampler alone on one core, on the run's own mix of
+    variances: ``SAMPLER_DRAWS`` draws split over (level, query) in proportion to the run's
+    noised cells, one keyed stream, as the measurement draws them."""
+    from censusdp_spark.privacy import discrete_gaussian, keyed_rng
+
+    loaded = load_config(config)
+    mix = {
+        (level, q.name): (n * q.size, loaded.budget.sigma2_for(level, q.name))
+        for level, n in nodes.items()
+        for q in loaded.queries[level]
+    }
+    total = sum(cells for cells, _ in mix.values())
+    rng = keyed_rng(bytes(32), "bench")
+    started = time.perf_counter()
+    drawn = 0
+    for cells, sigma2 in mix.values():
+        size = max(1, round(SAMPLER_DRAWS * cells / total))
+        discrete_gaussian(sigma2, size, rng)
+        drawn += size
+    return drawn / (time.perf_counter() - started)
 
 
 def markdown(rows: list[dict], command: str) -> str:
@@ -123,8 +202,9 @@ def markdown(rows: list[dict], command: str) -> str:
         "",
         "| fraction | states | blocks | persons | production wall (s) | 16-cell wall (s) "
         "| production ms/block | 16-cell ms/block | cost per block, production / 16-cell "
-        "| peak RSS production / 16-cell (GiB) | noised cells | noised cells/s in measure |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak RSS production / 16-cell (GiB) | noised cells | noised cells/s in measure "
+        "| vs the exact sampler alone on 2 cores, same draws |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in prod:
         d = demo.get(r["fraction"])
@@ -135,9 +215,10 @@ def markdown(rows: list[dict], command: str) -> str:
             f"{r['wall_s']:.0f} | {d['wall_s'] if d else float('nan'):.0f} | {per_block:.2f} | "
             f"{base:.2f} | {per_block / base:.1f}× | {r['peak_gib']:.1f} / "
             f"{d['peak_gib'] if d else float('nan'):.1f} | {r['cells']:,} | "
-            f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} |"
+            f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} | "
+            f"{r['cells'] / r['stages'].get('measure', float('nan')) / (2 * r['sampler_rate']):.2f}× |"
         )
-    lines += ["", "Bytes on disk (GiB) of the input and of every table:", ""]
+    lines += ["", "Bytes on disk (MiB) of the input and of every table:", ""]
     names = sorted({t for r in prod for t in r["tables"]})
     lines += [
         "| fraction | input | " + " | ".join(names) + " | release / noisy_measurements |",
@@ -147,8 +228,8 @@ def markdown(rows: list[dict], command: str) -> str:
         total = sum(r["tables"].values())
         noisy = r["tables"].get("noisy_measurements", 0)
         lines.append(
-            f"| {r['fraction']:g} | {_gib(r['input_bytes'])} | "
-            + " | ".join(_gib(r["tables"].get(n, 0)) for n in names)
+            f"| {r['fraction']:g} | {_mib(r['input_bytes'])} | "
+            + " | ".join(_mib(r["tables"].get(n, 0)) for n in names)
             + f" | {total / noisy if noisy else float('nan'):.2f}× |"
         )
     stages = list(prod[-1]["stages"]) if prod else []
@@ -187,6 +268,12 @@ def main() -> None:
         "--results", type=Path, default=ROOT / "benchmarks" / "results" / "national_production.md"
     )
     parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
+    parser.add_argument(
+        "--resume-check",
+        type=float,
+        help="after the runs, kill this fraction's production run mid-way, resume it and "
+        "compare the tables with its release in --work (run earlier with the same --work)",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -194,7 +281,7 @@ def main() -> None:
         text = args.previous.read_text().splitlines()
         rows = [json.loads(line) for line in text if line.startswith("{")]
     command = " ".join(["benchmarks/bench_national_production.py", *sys.argv[1:]])
-    for fraction in (float(f) for f in args.fractions.split(",")):
+    for fraction in (float(f) for f in args.fractions.split(",") if f):
         folder = production_input(fraction, args.work)
         for schema in args.schemas.split(","):
             row = {**run(schema, folder, args.work, fraction, args.master), "master": args.master}
@@ -202,6 +289,17 @@ def main() -> None:
             rows = sorted([*rows, row], key=lambda r: (r["fraction"], r["schema"]))
             print(json.dumps(row), flush=True)
             args.results.write_text(markdown(rows, command))
+    if args.resume_check is not None:
+        check = resume_check(args.resume_check, args.work, args.master)
+        print(json.dumps({"resume_check": check}), flush=True)
+        verdict = "identical" if not check["differing"] else f"DIFFERENT: {check['differing']}"
+        args.results.write_text(
+            markdown(rows, command)
+            + f"\nResume: the {check['fraction']:g} production run killed after "
+            f"{check['killed_after']} ({check['killed_run_s']:.0f} s), then `--resume` "
+            f"({check['resumed_run_s']:.0f} s): {', '.join(check['tables_compared'])} {verdict} "
+            "to the uninterrupted release of the same secret.\n"
+        )
 
 
 if __name__ == "__main__":
