@@ -31,10 +31,15 @@ The run functions import Spark only when called.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__version__ = "0.1.0"
-__all__ = ["Release", "budget", "run_group_sizes", "run_synth", "run_topdown"]
+try:
+    __version__ = version("censusdp-spark")
+except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+    __version__ = "unknown"
+
+__all__ = ["Release", "budget", "check", "run_group_sizes", "run_synth", "run_topdown"]
 
 
 def __getattr__(name: str) -> Any:

@@ -77,13 +77,93 @@ def _session(spark: SparkSession | None, name: str) -> SparkSession:
     return spark if spark is not None else spark_session(f"censusdp-{name}")
 
 
-def budget(config: str | Path | Mapping[str, Any] | RunConfig) -> str:
-    """The budget table of a TopDown config (levels, queries, shares, ρ, σ; total ρ and ε)."""
-    from censusdp_spark.privacy.accounting import budget_table
-    from censusdp_spark.topdown.config import load_config
+def load_any_config(
+    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+) -> RunConfig | PgsrConfig | SynthConfig:
+    """Any release's config, validated: TopDown's, the group sizes' or synth's, told apart by
+    their sections (``model.config.release_kind``); a ``ConfigError`` in one line otherwise.
+    A config already loaded is returned as it is."""
+    from censusdp_spark.group_sizes.config import PgsrConfig, load_pgsr_config
+    from censusdp_spark.model.config import release_kind
+    from censusdp_spark.synth.config import SynthConfig, load_synth_config
+    from censusdp_spark.topdown.config import RunConfig, load_config
 
-    loaded = load_config(config)
-    return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
+    if isinstance(config, RunConfig | PgsrConfig | SynthConfig):
+        return config
+    kind = release_kind(config)
+    if kind == "topdown":
+        return load_config(config)
+    return load_pgsr_config(config) if kind == "group_sizes" else load_synth_config(config)
+
+
+def budget(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
+    """How any release's config spends its budget (as ``censusdp budget``): TopDown's levels,
+    queries, shares, ρ and σ; the group sizes' ε and noise scales per level; synth's ρ per
+    measurement and round. Each ends with the total and its ε."""
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
+    from censusdp_spark.privacy.accounting import budget_table
+    from censusdp_spark.synth.config import budget_text as synth_budget
+    from censusdp_spark.topdown.config import RunConfig
+
+    loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig):
+        return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
+    if isinstance(loaded, PgsrConfig):
+        return group_sizes_budget(loaded)
+    return synth_budget(loaded)
+
+
+def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
+    """Validate any release's config without Spark or data (as ``censusdp check``) and say
+    what it describes in one line; a ``ConfigError`` naming file, key and rule otherwise."""
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.topdown.config import RunConfig
+
+    loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig):
+        return _topdown_summary(loaded)
+    if isinstance(loaded, PgsrConfig):
+        return _group_sizes_summary(loaded)
+    return _synth_summary(loaded)
+
+
+def _topdown_summary(config: RunConfig) -> str:
+    queries = sum(len(q) for q in config.queries.values())
+    shape = (
+        f"levels {' > '.join(config.hierarchy.names)}, {config.schema.n_cells} cells,"
+        f" {queries} queries"
+    )
+    return f"{config.source}: a valid TopDown config ({config.run.name}): {shape};" + _zcdp(
+        config.budget.total_rho, config.run.delta
+    )
+
+
+def _group_sizes_summary(config: PgsrConfig) -> str:
+    sizes = config.groups.max_size
+    top = f" ({sizes} = {sizes} or more)" if config.groups.topcode else ""
+    return (
+        f"{config.source}: a valid group-size config ({config.run.name}):"
+        f" levels {' > '.join(config.hierarchy.names)}, sizes 1..{sizes}{top},"
+        f" mechanism {config.mechanism}; epsilon {config.budget.total_epsilon} (pure DP)"
+    )
+
+
+def _synth_summary(config: SynthConfig) -> str:
+    domain = config.domain
+    shape = (
+        f"{len(domain.group)} household and {len(domain.individual)} person attributes,"
+        f" at most {domain.max_members} persons a household"
+    )
+    return f"{config.source}: a valid synth config ({config.run.name}): {shape};" + _zcdp(
+        config.budget.rho, config.run.delta
+    )
+
+
+def _zcdp(rho: Fraction, delta: float) -> str:
+    from censusdp_spark.privacy import zcdp_to_approx_dp
+
+    return f" rho {rho} (epsilon {zcdp_to_approx_dp(rho, delta):.3f} at delta {delta:g})"
 
 
 def run_topdown(

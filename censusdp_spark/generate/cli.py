@@ -1,5 +1,5 @@
-"""``censusdp generate``: write synthetic inputs. The lead's ``censusdp_spark.cli`` adds the
-parser with :func:`add_generate_parser` and dispatches ``generate`` to :func:`run_generate`.
+"""``censusdp generate``: write synthetic inputs. ``censusdp_spark.cli`` adds the parser with
+:func:`add_generate_parser`, which dispatches ``generate national`` to :func:`run_generate`.
 
 Bad arguments raise ``ValueError`` (an existing output without ``--overwrite`` included), which
 the main CLI prints as one line.
@@ -32,6 +32,7 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "(default 1: the whole nation)",
     )
     national.add_argument("--overwrite", action="store_true", help="replace existing blocks")
+    national.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:

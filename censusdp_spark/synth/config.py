@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PlainValidator
 
@@ -36,8 +36,6 @@ from censusdp_spark.model.config import (
 )
 from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Roles
 
-Method = Literal["mwem", "hpd_fixed", "hpd_gen", "independent"]
-METHODS: tuple[str, ...] = get_args(Method)
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 
 

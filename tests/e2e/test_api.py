@@ -28,6 +28,7 @@ def test_the_package_names_its_api_without_importing_spark():
     assert set(censusdp_spark.__all__) == {
         "Release",
         "budget",
+        "check",
         "run_group_sizes",
         "run_synth",
         "run_topdown",
