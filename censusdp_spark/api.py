@@ -109,7 +109,8 @@ class Release:
         """Table ``name`` as a Spark DataFrame (``spark``, else the active or a new local
         session). A TopDown table with a ``cell`` column gains one column per attribute of
         the schema, the cell's level label (as :meth:`to_pandas`)."""
-        frame = _session(spark, "read").read.format("delta").load(str(self._path(name)))
+        path = self._path(name)
+        frame = _session(spark, "read").read.format("delta").load(str(path))
         schema = self._cell_schema(frame.columns)
         if schema is None:
             return frame

@@ -57,6 +57,13 @@ def test_every_option_has_help_in_the_one_style(prog, capsys):
     assert "(default: None)" not in text and "(default: False)" not in text
 
 
+@pytest.mark.parametrize("prog", sorted(PARSERS))
+def test_help_fits_an_80_column_terminal(prog, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    long = [line for line in PARSERS[prog].format_help().splitlines() if len(line) > 80]
+    assert long == []
+
+
 def test_the_top_level_help_is_plain_text(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--help"])

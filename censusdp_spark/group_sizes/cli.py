@@ -36,6 +36,7 @@ def add_group_sizes_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--mechanism",
         choices=MECHANISMS,
+        metavar="MECHANISM",
         help="post-processing: dp (integer, family by family), relaxed (the whole tree's"
         " convex relaxation, rounded), relaxed_families (the same per family) or cumulative"
         " (cumulative noise) (default: the config's [mechanism] default)",

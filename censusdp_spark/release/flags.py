@@ -8,13 +8,25 @@ what it runs only when it runs.
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs printed as written; an option's default shown after its help
-    only when it has one worth showing (not ``None`` or ``False``) that the help does not
-    already state."""
+class HelpFormatter(argparse.HelpFormatter):
+    """Descriptions and epilogs wrapped paragraph by paragraph, their indented lines (lists,
+    examples) kept as written; an option's default shown after its help only when it has one
+    worth showing (not ``None`` or ``False``) that the help does not already state."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = text.split("\n\n")
+        return "\n\n".join(
+            "\n".join(indent + line for line in paragraph.splitlines())
+            if any(line.startswith(" ") for line in paragraph.splitlines())
+            else textwrap.fill(
+                " ".join(paragraph.split()), width, initial_indent=indent, subsequent_indent=indent
+            )
+            for paragraph in paragraphs
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
