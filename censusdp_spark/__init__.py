@@ -1,45 +1,80 @@
 """censusdp-spark: differentially private hierarchical statistics on Apache Spark.
 
-Three releases over one shared core; imports go one way only, checked by the import contracts
-in ``pyproject.toml`` (``lint-imports``):
+Three releases of a confidential input organised in a geographic hierarchy, each written as
+Delta tables and a ``manifest.json``:
+
+* TopDown (:func:`run_topdown`) — counts of a schema's cells in every node, under ρ-zCDP
+  (the Census Bureau's TopDown Algorithm);
+* group sizes (:func:`run_group_sizes`) — households of each size in every node, under pure
+  ε-DP;
+* synthetic data (:func:`run_synth`) — synthetic households and their persons, under ρ-zCDP.
+
+The public API, all of it importable from this package:
+
+* :func:`check` and :func:`budget` — validate any release's config without Spark, and print
+  how it spends its privacy budget (as ``censusdp check`` and ``censusdp budget``);
+* :func:`run_topdown`, :func:`run_group_sizes`, :func:`run_synth` — run a release (as
+  ``censusdp topdown``, ``group-sizes`` and ``synth``) and return its :class:`Release`;
+* :func:`open_release` — the :class:`Release` in a folder a run wrote: its ``manifest``,
+  ``budget``, ``tables``, and ``to_pandas(name)`` / ``spark(name)`` to read them (a TopDown
+  ``cell`` decoded into one labelled column per attribute).
+
+Example::
+
+    from censusdp_spark import budget, check, open_release, run_topdown
+    print(check("conf/ri_2010_demo.toml"))
+    print(budget("conf/ri_2010_demo.toml"))
+    release = run_topdown("conf/ri_2010_demo.toml", output="output/ri")
+    estimates = open_release("output/ri").to_pandas("estimates")  # votingage, hisprace, count
+
+Importing the package starts no Spark; the run and read functions import it when called.
+``docs/reading-a-release.md`` describes a release's tables and manifest.
+
+The code, for contributors: three releases over one shared core, imports going one way only
+(checked by the import contracts in ``pyproject.toml``, ``lint-imports``):
 
 * shared core, which imports no release:
   ``privacy`` (exact samplers, keyed ChaCha20 streams, the run secret, exact accounting) ·
   ``model`` (geography, errors, config reading) · ``engine`` (Spark plumbing: session,
   families, hierarchy) · ``io`` (readers' rules, Delta tables) · ``release`` (the one runner:
-  output, lock, secret policy, resume, clock, manifest);
+  output, lock, secret policy, resume, clock, manifest; the shared command-line flags);
 * ``topdown`` — the Census TopDown Algorithm: config, schema, queries, readers, measure,
-  estimate, checks, microdata, evaluate, job; ``topdown.solvers`` (pure numpy/scipy: least
-  squares, first order, rounding);
+  estimate, checks, microdata, evaluate, job, cli; ``topdown.solvers`` (pure numpy/scipy:
+  least squares, first order, rounding);
 * ``group_sizes`` — households of each size per region (PGSR): config, readers, the Spark
-  part, job; ``group_sizes.solvers`` (cost tables, batch kernels, in-process tree driver,
+  part, job, cli; ``group_sizes.solvers`` (cost tables, batch kernels, in-process tree driver,
   cumulative, relaxed QP, reference MILP);
-* ``synth`` — hierarchical synthetic households and persons (numpy core; ``synth.spark`` and
-  ``synth.job`` are its Spark part);
-* ``generate`` (synthetic national inputs) and ``cli`` on top. Releases never import each
-  other; solvers, the privacy core and the numpy synth core import no Spark.
-
-The Python API (:mod:`censusdp_spark.api`), one call per release, each returning a
-:class:`~censusdp_spark.api.Release` (Delta tables, manifest, checks)::
-
-    from censusdp_spark import run_topdown, run_group_sizes, run_synth, budget
-    release = run_topdown("conf/ri_2010_demo.toml", output="output/ri")
-    release.tables["estimates"], release.manifest, release.checks
-
-The run functions import Spark only when called.
+* ``synth`` — hierarchical synthetic households and persons (numpy core; ``synth.spark``,
+  ``synth.job`` and ``synth.cli`` are its Spark part and command);
+* ``generate`` (synthetic national inputs), ``api`` and ``cli`` on top. Releases never import
+  each other; solvers, the privacy core and the numpy synth core import no Spark.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = "0.1.0"
-__all__ = ["Release", "budget", "run_group_sizes", "run_synth", "run_topdown"]
+from censusdp_spark.api import (
+    Release,
+    budget,
+    check,
+    open_release,
+    run_group_sizes,
+    run_synth,
+    run_topdown,
+)
 
+try:
+    __version__ = version("censusdp-spark")
+except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+    __version__ = "unknown"
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from censusdp_spark import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'censusdp_spark' has no attribute {name!r}")
+__all__ = [
+    "Release",
+    "budget",
+    "check",
+    "open_release",
+    "run_group_sizes",
+    "run_synth",
+    "run_topdown",
+]

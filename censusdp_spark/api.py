@@ -4,6 +4,8 @@ Each ``run_*`` takes a config (a path, a mapping shaped like the TOML, relative 
 against the current directory, or a config object already loaded) and the same options as the
 command line, runs the release under the shared runner (secret policy, lock, manifest)
 and returns a :class:`Release` naming its Delta tables, manifest and guarantee checks.
+:func:`open_release` gives the same for a release folder written before, and reads its
+tables into pandas or Spark.
 
 >>> import tomllib
 >>> from censusdp_spark import budget
@@ -22,53 +24,149 @@ True
 (0, True)
 >>> spark.read.format("delta").load(str(release.tables["group_sizes"])).count() > 0
 True
+>>> from censusdp_spark import open_release
+>>> opened = open_release(scratch / "calm")
+>>> opened.kind, opened.budget["epsilon"], opened.manifest["run"]
+('group_sizes', '1/2', 'pgsr_calm')
+>>> len(opened.to_pandas("group_sizes")) == opened.spark("group_sizes").count()
+True
 """
 
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
 
     from censusdp_spark.group_sizes.config import PgsrConfig
     from censusdp_spark.synth.config import SynthConfig
     from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.schema import Schema
 
 
 @dataclass(frozen=True)
 class Release:
-    """A finished release: where its tables and manifest are, and what its checks found."""
+    """A finished release on disk: its manifest, its Delta tables, and readers for them.
 
-    kind: str
+    Made by :func:`open_release` (any release folder) or returned by a ``run_*`` call, which
+    also sets ``summary`` and ``evaluation``. ``output`` is the folder, ``manifest`` its
+    ``manifest.json`` as a dict; ``tables`` names the Delta tables, :meth:`to_pandas` and
+    :meth:`spark` read one.
+    """
+
     output: Path
-    tables: dict[str, Path]
-    manifest: Path
-    checks: dict[str, int]
-    for_release: bool
-    summary: Any
-    """The release's own summary object (``.text()`` prints what the CLI prints)."""
+    """The release folder: ``manifest.json`` and one Delta table per folder."""
+    manifest: dict[str, Any]
+    """``manifest.json`` as read: what was run, the budget, checks, versions and timings."""
+    summary: Any = None
+    """From a ``run_*`` call: the run's own summary (``.text()`` prints what the CLI prints)."""
     evaluation: Path | None = None
     """With ``evaluate``: the internal evaluation folder, beside the release (not part of it)."""
 
-    @classmethod
-    def of(cls, kind: str, output: Path, summary: Any) -> Release:
-        manifest = json.loads((output / "manifest.json").read_text())
-        return cls(
-            kind,
-            output,
-            {name: output / name for name in manifest["tables"]},
-            output / "manifest.json",
-            dict(manifest.get("guarantee_checks", {})),
-            bool(manifest.get("for_release", True)),
-            summary,
-            summary.evaluation_dir,
-        )
+    @property
+    def kind(self) -> str:
+        """``"topdown"``, ``"group_sizes"`` or ``"synth"``."""
+        return str(self.manifest["release_kind"])
+
+    @property
+    def tables(self) -> dict[str, Path]:
+        """The release's Delta tables, by name, in the manifest's order."""
+        return {name: self.output / name for name in self.manifest["tables"]}
+
+    @property
+    def manifest_path(self) -> Path:
+        """Where ``manifest`` was read from."""
+        return self.output / MANIFEST
+
+    @property
+    def checks(self) -> dict[str, int]:
+        """The guarantee checks the run made (each the number of violations found)."""
+        return dict(self.manifest.get("guarantee_checks", {}))
+
+    @property
+    def for_release(self) -> bool:
+        """False when the run was marked not for release (e.g. ``--reuse-secret``)."""
+        return bool(self.manifest.get("for_release", True))
+
+    @property
+    def budget(self) -> dict[str, Any]:
+        """The privacy the release spent, as its manifest records it: the definition and the
+        total (``rho`` with ``delta`` and ``epsilon_tight``, or a pure ``epsilon`` with its
+        ``levels``), and with ``entries`` each measurement's share (TopDown: level, query,
+        ρ and σ; synth: every one-way measurement and round)."""
+        entries = self.manifest.get("budget")
+        return {**self.manifest["privacy"], **({"entries": entries} if entries else {})}
+
+    def spark(self, name: str, spark: SparkSession | None = None) -> DataFrame:
+        """Table ``name`` as a Spark DataFrame (``spark``, else the active or a new local
+        session). A TopDown table with a ``cell`` column gains one column per attribute of
+        the schema, the cell's level label (as :meth:`to_pandas`)."""
+        path = self._path(name)
+        frame = _session(spark, "read").read.format("delta").load(str(path))
+        schema = self._cell_schema(frame.columns)
+        if schema is None:
+            return frame
+        from censusdp_spark.topdown.microdata import attribute_columns
+
+        return frame.select("*", *attribute_columns(schema))
+
+    def to_pandas(self, name: str, spark: SparkSession | None = None) -> pd.DataFrame:
+        """Table ``name`` as a pandas DataFrame, read with the ``deltalake`` package when it is
+        installed (no Spark), else through Spark. A TopDown table with a ``cell`` column (the
+        row-major index over the schema's attributes) gains one column per attribute, the
+        cell's level label; the ``cell`` column stays."""
+        try:
+            from deltalake import DeltaTable
+        except ImportError:
+            return self.spark(name, spark).toPandas()
+        frame = DeltaTable(str(self._path(name))).to_pandas()
+        schema = self._cell_schema(list(frame.columns))
+        if schema is None:
+            return frame
+        return frame.assign(**schema.labels_of(frame["cell"].to_numpy()))
+
+    def _path(self, name: str) -> Path:
+        if name not in self.manifest["tables"]:
+            raise KeyError(f"{self.output} has no table {name!r}; its tables: {list(self.tables)}")
+        return self.output / name
+
+    def _cell_schema(self, columns: list[str]) -> Schema | None:
+        """The TopDown schema, when the table has a ``cell`` column to decode."""
+        if self.kind != "topdown" or "cell" not in columns:
+            return None
+        from censusdp_spark.topdown.config import load_config
+
+        text = self.manifest["config_text"]  # TOML, or JSON for a config given as a mapping
+        document = json.loads(text) if text.lstrip().startswith("{") else tomllib.loads(text)
+        return load_config(document).schema
+
+
+MANIFEST = "manifest.json"
+
+
+def open_release(path: str | Path) -> Release:
+    """The release in folder ``path`` (any kind), read from its ``manifest.json``; a
+    ``FileNotFoundError`` naming the folder when it holds none (a run not finished, or not a
+    release)."""
+    output = Path(path)
+    manifest = output / MANIFEST
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{output}: no {MANIFEST}, so no finished release")
+    return Release(output, json.loads(manifest.read_text()))
+
+
+def _finished(summary: Any) -> Release:
+    """The release a ``run_*`` call just wrote, with its summary."""
+    release = open_release(summary.output)
+    return replace(release, summary=summary, evaluation=summary.evaluation_dir)
 
 
 def _session(spark: SparkSession | None, name: str) -> SparkSession:
@@ -77,13 +175,93 @@ def _session(spark: SparkSession | None, name: str) -> SparkSession:
     return spark if spark is not None else spark_session(f"censusdp-{name}")
 
 
-def budget(config: str | Path | Mapping[str, Any] | RunConfig) -> str:
-    """The budget table of a TopDown config (levels, queries, shares, ρ, σ; total ρ and ε)."""
-    from censusdp_spark.privacy.accounting import budget_table
-    from censusdp_spark.topdown.config import load_config
+def load_any_config(
+    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+) -> RunConfig | PgsrConfig | SynthConfig:
+    """Any release's config, validated: TopDown's, the group sizes' or synth's, told apart by
+    their sections (``model.config.release_kind``); a ``ConfigError`` in one line otherwise.
+    A config already loaded is returned as it is."""
+    from censusdp_spark.group_sizes.config import PgsrConfig, load_pgsr_config
+    from censusdp_spark.model.config import release_kind
+    from censusdp_spark.synth.config import SynthConfig, load_synth_config
+    from censusdp_spark.topdown.config import RunConfig, load_config
 
-    loaded = load_config(config)
-    return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
+    if isinstance(config, RunConfig | PgsrConfig | SynthConfig):
+        return config
+    kind = release_kind(config)
+    if kind == "topdown":
+        return load_config(config)
+    return load_pgsr_config(config) if kind == "group_sizes" else load_synth_config(config)
+
+
+def budget(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
+    """How any release's config spends its budget (as ``censusdp budget``): TopDown's levels,
+    queries, shares, ρ and σ; the group sizes' ε and noise scales per level; synth's ρ per
+    measurement and round. Each ends with the total and its ε."""
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
+    from censusdp_spark.privacy.accounting import budget_table
+    from censusdp_spark.synth.config import budget_text as synth_budget
+    from censusdp_spark.topdown.config import RunConfig
+
+    loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig):
+        return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
+    if isinstance(loaded, PgsrConfig):
+        return group_sizes_budget(loaded)
+    return synth_budget(loaded)
+
+
+def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
+    """Validate any release's config without Spark or data (as ``censusdp check``) and say
+    what it describes in one line; a ``ConfigError`` naming file, key and rule otherwise."""
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.topdown.config import RunConfig
+
+    loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig):
+        return _topdown_summary(loaded)
+    if isinstance(loaded, PgsrConfig):
+        return _group_sizes_summary(loaded)
+    return _synth_summary(loaded)
+
+
+def _topdown_summary(config: RunConfig) -> str:
+    queries = sum(len(q) for q in config.queries.values())
+    shape = (
+        f"levels {' > '.join(config.hierarchy.names)}, {config.schema.n_cells} cells,"
+        f" {queries} queries"
+    )
+    return f"{config.source}: a valid TopDown config ({config.run.name}): {shape};" + _zcdp(
+        config.budget.total_rho, config.run.delta
+    )
+
+
+def _group_sizes_summary(config: PgsrConfig) -> str:
+    sizes = config.groups.max_size
+    top = f" ({sizes} = {sizes} or more)" if config.groups.topcode else ""
+    return (
+        f"{config.source}: a valid group-size config ({config.run.name}):"
+        f" levels {' > '.join(config.hierarchy.names)}, sizes 1..{sizes}{top},"
+        f" mechanism {config.mechanism}; epsilon {config.budget.total_epsilon} (pure DP)"
+    )
+
+
+def _synth_summary(config: SynthConfig) -> str:
+    domain = config.domain
+    shape = (
+        f"{len(domain.group)} household and {len(domain.individual)} person attributes,"
+        f" at most {domain.max_members} persons a household"
+    )
+    return f"{config.source}: a valid synth config ({config.run.name}): {shape};" + _zcdp(
+        config.budget.rho, config.run.delta
+    )
+
+
+def _zcdp(rho: Fraction, delta: float) -> str:
+    from censusdp_spark.privacy import zcdp_to_approx_dp
+
+    return f" rho {rho} (epsilon {zcdp_to_approx_dp(rho, delta):.3f} at delta {delta:g})"
 
 
 def run_topdown(
@@ -110,7 +288,7 @@ def run_topdown(
         evaluation_output=_path(evaluation_output),
     )  # fmt: skip
     summary = run(_session(spark, "topdown"), loaded, options)
-    return Release.of("topdown", summary.output, summary)
+    return _finished(summary)
 
 
 def run_group_sizes(
@@ -138,7 +316,7 @@ def run_group_sizes(
         reuse_secret, _path(evaluation_output), None if epsilon is None else Fraction(epsilon),
     )  # fmt: skip
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
-    return Release.of("group_sizes", summary.output, summary)
+    return _finished(summary)
 
 
 def run_synth(
@@ -177,7 +355,7 @@ def run_synth(
         _path(evaluation_output),
     )
     summary = run(_session(spark, "synth"), loaded, options)
-    return Release.of("synth", summary.output, summary)
+    return _finished(summary)
 
 
 def _path(value: str | Path | None) -> Path | None:

@@ -1,101 +1,122 @@
-"""``censusdp``: the command line. Every user error is one line naming file, key/row and rule."""
+"""``censusdp``: the command line. Every user error is one line naming file, key/row and rule.
+
+Building the parser imports only the standard library and the release's light ``cli`` modules,
+so ``censusdp --help`` starts at once; each command imports what it runs when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from pathlib import Path
 
-from censusdp_spark.engine.session import add_remote_flag
-from censusdp_spark.generate.cli import add_generate_parser, run_generate
-from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
-from censusdp_spark.group_sizes.config import load_pgsr_config
-from censusdp_spark.group_sizes.job import add_pgsr_parser, run_pgsr_from_args
-from censusdp_spark.model.config import release_kind
-from censusdp_spark.model.errors import ConfigError, InputError
-from censusdp_spark.privacy.accounting import BudgetError, budget_table
-from censusdp_spark.release.runner import (
-    OutputExistsError,
-    ResumeError,
-    RunLockedError,
-    SecretError,
-    add_release_flags,
-)
-from censusdp_spark.synth.config import budget_text as synth_budget
-from censusdp_spark.synth.config import load_synth_config
-from censusdp_spark.synth.job import add_synth_parser, run_synth_from_args
-from censusdp_spark.topdown.config import load_config
-from censusdp_spark.topdown.validate import add_validate_parser, run_validate_from_args
+import censusdp_spark
+from censusdp_spark.generate.cli import add_generate_parser
+from censusdp_spark.group_sizes.cli import add_group_sizes_parser
+from censusdp_spark.release.flags import CommandParser, add_config_flag, add_validate_flags
+from censusdp_spark.synth.cli import add_synth_parser
+from censusdp_spark.topdown.cli import add_topdown_parser
 
-DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
+DESCRIPTION = """\
+Differentially private statistics on Apache Spark. Three releases, each run
+from a TOML config (conf/ holds examples):
+
+  topdown       counts per geography (the Census TopDown Algorithm, rho-zCDP)
+  group-sizes   households of each size per geography (pure epsilon-DP)
+  synth         synthetic households and persons (rho-zCDP)
+
+Each writes Delta tables and a manifest.json to its [run] output. Before a
+run, `check` validates a config (no Spark), `budget` prints how it spends its
+privacy budget, and `validate` also reads the input and the secret (Spark)."""
+
+EPILOG = """\
+Start here:
+  censusdp check --config conf/ri_2010_demo.toml
+  censusdp budget --config conf/ri_2010_demo.toml
+  censusdp topdown --config conf/ri_2010_demo.toml
+
+`censusdp COMMAND --help` describes each command. A user error is one line on
+stderr naming the file, key or row and the rule broken; the exit status is 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="censusdp", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The ``censusdp`` parser: every command and option, each with its help."""
+    parser = CommandParser(prog="censusdp", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {censusdp_spark.__version__}",
+        help="print the installed censusdp-spark version and exit",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check = sub.add_parser(
+        "check",
+        help="validate a config of any release, without Spark or data; one line",
+        description="Validate a config (every key and rule, the budget included) without"
+        " starting Spark or reading data, and print a one-line summary.",
+    )
+    add_config_flag(check)
+    check.set_defaults(run=_check)
     budget = sub.add_parser(
-        "budget", help="print the privacy budget table of a config", formatter_class=DEFAULTS
+        "budget",
+        help="print how a config of any release spends its privacy budget",
+        description="Print the budget accounting of a config: TopDown's rho and sigma per"
+        " level and query, the group sizes' epsilon and noise scales per level, or synth's"
+        " rho per measurement and round; then the total and its epsilon.",
     )
-    budget.add_argument("--config", required=True, type=Path)
-    topdown = sub.add_parser("topdown", help="run the TopDown release", formatter_class=DEFAULTS)
-    topdown.add_argument("--config", required=True, type=Path)
-    topdown.add_argument("--input", type=Path, help="override [input].path")
-    add_release_flags(topdown)
-    topdown.add_argument(
-        "--resume", action="store_true", help="continue a killed run from its last complete step"
+    add_config_flag(budget)
+    budget.set_defaults(run=_budget)
+    validate = sub.add_parser(
+        "validate",
+        help="check a config, its input and secret with Spark; writes nothing",
+        description="Check any release's config, then read its input through the release's"
+        " own reader and check its run secret; writes nothing and prints no count of people.",
     )
-    topdown.add_argument(
-        "--variances",
-        action="store_true",
-        help="also write total_variances: the bottom-up variance of every node's total"
-        ' (needs [estimation] method = "full_information")',
-    )
-    topdown.add_argument(
-        "--master", default="local[*]", help="Spark master when not launched by spark-submit"
-    )
-    add_remote_flag(topdown)
-    add_generate_parser(sub)
+    add_validate_flags(validate)
+    validate.set_defaults(run=_validate)
+    add_topdown_parser(sub)
+    add_group_sizes_parser(sub)
     add_synth_parser(sub)
-    add_pgsr_parser(sub)
-    add_validate_parser(sub)
+    add_generate_parser(sub)
     return parser
 
 
+def _check(args: argparse.Namespace) -> int:
+    from censusdp_spark.api import check
+
+    print(check(args.config))
+    return 0
+
+
 def _budget(args: argparse.Namespace) -> int:
-    """The budget table of any release's config."""
-    kind = release_kind(args.config)
-    if kind == "topdown":
-        topdown = load_config(args.config)
-        name, table = (
-            topdown.run.name,
-            budget_table(topdown.budget, topdown.run.delta, topdown.bypass_single_child),
-        )
-    elif kind == "group_sizes":
-        groups = load_pgsr_config(args.config)
-        name, table = groups.run.name, group_sizes_budget(groups)
-    else:
-        synth = load_synth_config(args.config)
-        name, table = synth.run.name, synth_budget(synth)
-    print(f"budget of {args.config} ({name})")
-    print(table)
+    from censusdp_spark.api import budget, load_any_config
+
+    config = load_any_config(args.config)
+    print(f"budget of {args.config} ({config.run.name})")
+    print(budget(config))
     return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
     """``censusdp validate`` for any release's config; writes nothing."""
     from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.model.config import release_kind
+    from censusdp_spark.model.errors import ConfigError
 
     kind = release_kind(args.config)
     if kind == "topdown":
+        from censusdp_spark.topdown.validate import run_validate_from_args
+
         return run_validate_from_args(args)
     if kind == "group_sizes":
+        from censusdp_spark.group_sizes.config import load_pgsr_config
         from censusdp_spark.group_sizes.validate import validate_group_sizes
 
         config = load_pgsr_config(args.config)
         spark = spark_session(f"censusdp-validate-{config.run.name}", args.master, args.remote)
         print(validate_group_sizes(spark, config, args.input, args.secret_file))
         return 0
+    from censusdp_spark.synth.config import load_synth_config
     from censusdp_spark.synth.validate import validate_synth
 
     if args.input is not None:
@@ -103,34 +124,6 @@ def _validate(args: argparse.Namespace) -> int:
     synth = load_synth_config(args.config)
     spark = spark_session(f"censusdp-validate-{synth.run.name}", args.master, args.remote)
     print(validate_synth(spark, synth, args.secret_file))
-    return 0
-
-
-def _topdown(args: argparse.Namespace) -> int:
-    from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.topdown.job import TopDownOptions, run_topdown
-
-    config = load_config(args.config)
-    if args.variances and config.estimation_method != "full_information":
-        raise ConfigError(
-            str(args.config),
-            "estimation.method",
-            f'--variances needs "full_information", not {config.estimation_method!r}',
-        )
-    options = TopDownOptions(
-        args.input,
-        args.output,
-        args.secret_file,
-        args.evaluate,
-        args.overwrite,
-        args.resume,
-        args.reuse_secret,
-        args.variances,
-        args.evaluation_output,
-    )
-    spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
-    summary = run_topdown(spark, config, options)
-    print(summary.text())
     return 0
 
 
@@ -152,20 +145,18 @@ def _log_stages_to_stderr() -> None:
         log.propagate = False
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    _log_stages_to_stderr()
-    try:
-        commands = {
-            "budget": _budget,
-            "topdown": _topdown,
-            "generate": run_generate,
-            "synth": run_synth_from_args,
-            "pgsr": run_pgsr_from_args,
-            "validate": _validate,
-        }
-        return commands[args.command](args)
-    except (
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors a user can cause and read in one line (imported only once a command runs)."""
+    from censusdp_spark.model.errors import ConfigError, InputError
+    from censusdp_spark.privacy.accounting import BudgetError
+    from censusdp_spark.release.runner import (
+        OutputExistsError,
+        ResumeError,
+        RunLockedError,
+        SecretError,
+    )
+
+    return (
         ConfigError,
         InputError,
         BudgetError,
@@ -174,7 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         RunLockedError,
         SecretError,
         ValueError,
-    ) as err:
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _log_stages_to_stderr()
+    user_errors = _user_errors()
+    try:
+        return int(args.run(args))
+    except user_errors as err:
         print(f"censusdp: error: {err}", file=sys.stderr)
         return 2
 

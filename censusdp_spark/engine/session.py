@@ -18,7 +18,6 @@ README "Run over Spark Connect"). The releases use only the DataFrame API (no RD
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -63,14 +62,6 @@ def delta_jars() -> list[Path]:
 def remote_url(remote: str | None = None) -> str | None:
     """The Spark Connect address to use: ``remote``, else ``$SPARK_REMOTE``, else none."""
     return remote or os.environ.get("SPARK_REMOTE") or None
-
-
-def add_remote_flag(parser: argparse.ArgumentParser) -> None:
-    """``--remote sc://HOST:PORT``: run on a Spark Connect server instead of a local JVM."""
-    parser.add_argument(
-        "--remote",
-        help="Spark Connect server, sc://HOST:PORT (default $SPARK_REMOTE; unset: no server)",
-    )
 
 
 def spark_session(

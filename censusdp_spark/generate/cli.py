@@ -1,5 +1,5 @@
-"""``censusdp generate``: write synthetic inputs. The lead's ``censusdp_spark.cli`` adds the
-parser with :func:`add_generate_parser` and dispatches ``generate`` to :func:`run_generate`.
+"""``censusdp generate``: write synthetic inputs. ``censusdp_spark.cli`` adds the parser with
+:func:`add_generate_parser`, which dispatches ``generate national`` to :func:`run_generate`.
 
 Bad arguments raise ``ValueError`` (an existing output without ``--overwrite`` included), which
 the main CLI prints as one line.
@@ -40,6 +40,7 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "(OUTPUT/persons, the 2,016-cell schema of conf/national_production.toml) and the block "
         "spine (OUTPUT/spine)",
     )
+    national.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:

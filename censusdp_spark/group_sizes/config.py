@@ -16,6 +16,8 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, get_args
 
+from pydantic import Field
+
 from censusdp_spark.model.config import (
     Budget,
     Columns,
@@ -105,20 +107,40 @@ class PgsrConfig:
 
 
 class GroupsModel(Model):
-    max_size: PositiveInt
-    topcode: bool = False
+    max_size: PositiveInt = Field(description="N: groups of sizes 1..N are counted.")
+    topcode: bool = Field(
+        False,
+        description="true: size N stands for N or more; false: a larger group is an input error.",
+    )
 
 
 class InputModel(Model):
-    path: PathText
-    format: InputFormat = "csv"
-    layout: Layout
-    geocode: Columns
-    size_columns: Columns | None = None  # size_counts: one per size 1..N, or "NAME{size}"
-    household: Name | None = None  # households: the household key
-    size: Name | None = None  # households: one row per household with its size
-    member_quantity: Name | None = None  # households: or one row per member
-    ignore: list[Name] = []
+    path: PathText = Field(
+        description="The input file or folder, relative to the current directory."
+    )
+    format: InputFormat = Field("csv", description="csv, parquet or delta.")
+    layout: Layout = Field(
+        description="size_counts: one row per leaf, one count column per size; households: one row per household or per member (needs [geography] spine)."
+    )
+    geocode: Columns = Field(
+        description="The leaf geocode column, or columns concatenated in order."
+    )
+    size_columns: Columns | None = Field(
+        None,
+        description='size_counts: the count columns of sizes 1..N in order, or one pattern such as "HHSIZE{size}".',
+    )
+    household: Name | None = Field(None, description="households: the household key column.")
+    size: Name | None = Field(
+        None, description="households: the column giving each household's size (one row each)."
+    )
+    member_quantity: Name | None = Field(
+        None,
+        description="households: a column summed over a household's rows (one row per member); with neither size nor this, each row counts one member.",
+    )
+    ignore: list[Name] = Field(
+        [],
+        description="Columns present in the input but deliberately unused; any other unused column is an error.",
+    )
 
     def spec(self, fail: Fail, groups: GroupSizes, base: Path) -> GroupInputSpec:
         path, geocode, ignore = resolve(base, self.path), tuple(self.geocode), tuple(self.ignore)
@@ -159,8 +181,13 @@ def size_columns(given: list[str], sizes: int) -> tuple[str, ...]:
 
 
 class BudgetModel(Model):
-    epsilon: Budget
-    levels: dict[str, Exact] | None = None  # ε shares per level; default: an even split
+    epsilon: Budget = Field(
+        description='The total epsilon (pure DP), an exact fraction such as "1" or "1/2".'
+    )
+    levels: dict[str, Exact] | None = Field(
+        None,
+        description="Level -> its share of epsilon, exact fractions summing to 1. Default: an even split over the levels.",
+    )
 
     def split(self, fail: Fail, hierarchy: Hierarchy) -> PureDpSplit:
         names = hierarchy.names
@@ -177,18 +204,29 @@ class BudgetModel(Model):
 
 
 class MechanismModel(Model):
-    default: Mechanism = "dp"
-    norm: Norm = "l2"
-    faithfulness: Faithfulness = "level"
+    default: Mechanism = Field(
+        "dp",
+        description="The post-processing unless --mechanism says otherwise: dp (integer, family by family), relaxed (the whole tree's convex relaxation, rounded), relaxed_families (the same per family) or cumulative (cumulative noise).",
+    )
+    norm: Norm = Field("l2", description="The objective of dp and cumulative: l2 or l1.")
+    faithfulness: Faithfulness = Field(
+        "level",
+        description="level: every level sums to the public number of groups G; node: every node sums to its own G^r (which makes each public).",
+    )
 
 
 class PgsrModel(Model):
-    run: RunModel = RunModel()
-    geography: GeographyModel
-    groups: GroupsModel
-    input: InputModel | None = None
-    budget: BudgetModel
-    mechanism: MechanismModel = MechanismModel()
+    run: RunModel = Field(RunModel(), description="The run: its name, folders and secret.")
+    geography: GeographyModel = Field(description="The hierarchy's levels and the spine.")
+    groups: GroupsModel = Field(description="The sizes counted.")
+    input: InputModel | None = Field(
+        None,
+        description="The confidential input. Without it the config can only be checked and budgeted.",
+    )
+    budget: BudgetModel = Field(description="epsilon and its split over levels.")
+    mechanism: MechanismModel = Field(
+        MechanismModel(), description="The post-processing and its objective."
+    )
 
 
 def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = None) -> PgsrConfig:

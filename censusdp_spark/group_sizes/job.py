@@ -1,4 +1,4 @@
-"""The group-size release job (PGSR), shared by ``censusdp pgsr`` and ``spark-submit jobs/pgsr.py``.
+"""The group-size release job (PGSR), shared by ``censusdp group-sizes`` and ``spark-submit jobs/pgsr.py``.
 
 For every node of the hierarchy and every size s = 1..N: the number of groups (households) of
 size s, ε-DP, consistent, valid and faithful (see ``censusdp_spark.group_sizes.spark`` for the
@@ -38,7 +38,6 @@ and never inside it (internal) -> the manifest, last.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from importlib.metadata import version
@@ -52,12 +51,10 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
 from censusdp_spark.engine.progress import reporting_progress
-from censusdp_spark.engine.session import add_remote_flag, default_parallelism
+from censusdp_spark.engine.session import default_parallelism
 from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import (
-    MECHANISMS,
     PgsrConfig,
-    load_pgsr_config,
     with_epsilon,
 )
 from censusdp_spark.group_sizes.memory import check_memory
@@ -65,13 +62,12 @@ from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.solvers.cost_tables import WindowTooNarrow
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
 from censusdp_spark.io import delta
-from censusdp_spark.model.errors import ConfigError, GuaranteeViolation
+from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.model.geography import Level
 from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
     Clock,
     ReleaseRun,
-    add_release_flags,
     input_fingerprint,
     measurement_fingerprint,
     with_command_line,
@@ -557,53 +553,3 @@ def _run_pgsr(
     nodes.unpersist()
     noisy.unpersist()
     return summary
-
-
-def add_pgsr_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``pgsr`` to the CLI's subparsers."""
-    parser = subparsers.add_parser("pgsr", help="run the group-size release (PGSR)")
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument(
-        "--mechanism", choices=MECHANISMS, help="post-processing (default: the config's)"
-    )
-    parser.add_argument("--input", type=Path, help="override [input].path")
-    parser.add_argument(
-        "--epsilon",
-        help="total epsilon, exact (e.g. 1/2); each level keeps its config share",
-    )
-    add_release_flags(parser)
-    parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
-    add_remote_flag(parser)
-    return parser
-
-
-def _exact_epsilon(config: PgsrConfig, text: str | None) -> Fraction | None:
-    if text is None:
-        return None
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        rule = f"--epsilon {text!r} is not an exact fraction like 1/2"
-        raise ConfigError(config.source, "budget.epsilon", rule) from None
-
-
-def run_pgsr_from_args(args: argparse.Namespace) -> int:
-    """``censusdp pgsr``: user errors propagate to the CLI, which prints one line and exits 2."""
-    from censusdp_spark.engine.session import spark_session
-
-    config = load_pgsr_config(args.config)
-    options = PgsrOptions(
-        args.mechanism,
-        args.input,
-        args.output,
-        args.secret_file,
-        args.evaluate,
-        args.overwrite,
-        args.reuse_secret,
-        args.evaluation_output,
-        _exact_epsilon(config, args.epsilon),
-    )
-    spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
-    summary = run_pgsr(spark, config, options)
-    print(summary.text())
-    return 0

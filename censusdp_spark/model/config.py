@@ -76,14 +76,20 @@ def _delta(value: Any) -> float:
     return float(exact)
 
 
-Exact = Annotated[Fraction, PlainValidator(_exact)]
-Budget = Annotated[Fraction, PlainValidator(partial(_exact, bounds=True))]
+Exact = Annotated[Fraction, PlainValidator(_exact, json_schema_input_type=str | int)]
+Budget = Annotated[
+    Fraction, PlainValidator(partial(_exact, bounds=True), json_schema_input_type=str | int)
+]
 """An exact ρ or ε, within [``MIN_BUDGET``, ``MAX_BUDGET``] if positive (> 0 is checked with
 the rest of the accounting)."""
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 PathText = Annotated[Name, BeforeValidator(lambda v: str(v) if isinstance(v, PurePath) else v)]
 Columns = Annotated[
-    list[Name], BeforeValidator(lambda v: [v] if isinstance(v, str) else v), Field(min_length=1)
+    list[Name],
+    BeforeValidator(
+        lambda v: [v] if isinstance(v, str) else v, json_schema_input_type=str | list[str]
+    ),
+    Field(min_length=1),
 ]
 """A name or a non-empty list of them (columns are concatenated, in order, into a geocode)."""
 PositiveInt = Annotated[int, Field(ge=1), Strict()]
@@ -151,12 +157,30 @@ class RunOptions:
 
 
 class RunModel(Model):
-    name: Name | None = None
-    output: PathText | None = None
-    private_dir: PathText | None = None
-    secret_file: PathText | None = None
-    secret_env: str | None = None
-    delta: Annotated[float, PlainValidator(_delta)] = 1e-10
+    name: Name | None = Field(
+        None,
+        description="The run's name, in the manifest and the default folders. Default: the config file's stem.",
+    )
+    output: PathText | None = Field(
+        None,
+        description="The release folder: its Delta tables and manifest.json. Default: output/<name>.",
+    )
+    private_dir: PathText | None = Field(
+        None,
+        description="The run's private folder (a generated secret, resume checkpoints), owner-only and never released. Default: runs/<name>.",
+    )
+    secret_file: PathText | None = Field(
+        None,
+        description="A file holding the 64-hex-character run secret (mode 0600). Default: a secret generated into private_dir.",
+    )
+    secret_env: str | None = Field(
+        None,
+        description="An environment variable holding the run secret (64 hex characters), used before secret_file when it is set.",
+    )
+    delta: Annotated[float, PlainValidator(_delta, json_schema_input_type=float | str)] = Field(
+        1e-10,
+        description="The delta in (0, 1) at which the zCDP budget is also reported as (epsilon, delta)-DP; the noise does not depend on it.",
+    )
 
     def options(self, base: Path, default_name: str) -> RunOptions:
         name = self.name or default_name
@@ -170,12 +194,18 @@ class SpineModel(Model):
     """A block-level table named by path, format and geocode columns (the spine, or a table
     keyed by its blocks)."""
 
-    path: PathText
-    format: SpineFormat = "csv"
-    geocode: Columns
-    relative_to: Literal["config", "input"] = "config"
-    """``"input"``: ``path`` is relative to the input's path (a spine written beside its input,
-    found there whatever ``--input`` names); ``"config"``: relative to the config file."""
+    path: PathText = Field(description="The table's file or folder.")
+    format: SpineFormat = Field(
+        "csv", description="csv, parquet, delta, or pipe ('|'-delimited text with a header)."
+    )
+    geocode: Columns = Field(
+        description="The block geocode column, or a list of columns concatenated in order."
+    )
+    relative_to: Literal["config", "input"] = Field(
+        "config",
+        description="'input': path is relative to the input's path (a spine written beside its "
+        "input follows --input); 'config': relative to the config file.",
+    )
 
     def spec(self, base: Path) -> SpineSpec:
         beside = self.path if self.relative_to == "input" else None
@@ -183,13 +213,20 @@ class SpineModel(Model):
 
 
 class LevelModel(Model):
-    name: Name
-    digits: Annotated[int, Field(ge=0)]
+    name: Name = Field(description="The level's name, e.g. county.")
+    digits: Annotated[int, Field(ge=0)] = Field(
+        description="How many leading digits of a leaf geocode name this level's node: 0 at the root, strictly increasing down to the leaves."
+    )
 
 
 class GeographyModel(Model):
-    levels: list[LevelModel]
-    spine: SpineModel | None = None
+    levels: list[LevelModel] = Field(
+        description="The hierarchy's levels, root first and leaf (block) last: [{ name, digits }, ...]."
+    )
+    spine: SpineModel | None = Field(
+        None,
+        description="The public list of leaves, fixed before any response is read: a record off it is refused and a leaf without records is a node of zero counts. Required for record-level inputs. Default: the leaves of the input.",
+    )
 
     def hierarchy(self, fail: Fail) -> Hierarchy:
         try:

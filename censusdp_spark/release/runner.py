@@ -38,7 +38,6 @@ an exclusive lock on its private folder from start to end, taken before anything
 
 from __future__ import annotations
 
-import argparse
 import copy
 import fcntl
 import hashlib
@@ -189,32 +188,6 @@ def measurement_fingerprint(
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def add_release_flags(parser: argparse.ArgumentParser) -> None:
-    """The options every release's command shares: output, secret, evaluation, overwrite and
-    ``--reuse-secret`` (the one way past the secret binding, for experiments only)."""
-    parser.add_argument("--output", type=Path, help="override [run].output")
-    parser.add_argument(
-        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
-    )
-    parser.add_argument(
-        "--evaluate",
-        action="store_true",
-        help="also write error against the truth (internal, beside the release, never in it)",
-    )
-    parser.add_argument(
-        "--evaluation-output",
-        type=Path,
-        help="where --evaluate writes (default: <output>.evaluation beside the release)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    parser.add_argument(
-        "--reuse-secret",
-        action="store_true",
-        help="allow a secret already bound to another release (experiments comparing runs on"
-        " identical noise; the output is marked not for release)",
-    )
-
-
 def private_dir_for(output: Path) -> Path:
     """The private folder of a run writing to ``output``: beside it, never inside it."""
     return output.parent / f"{output.name}.private"
@@ -232,7 +205,7 @@ def with_command_line(run: RunOptions, output: Path | None, secret_file: Path | 
 
 
 class ReleaseFlags(Protocol):
-    """The command-line choices every release's runner reads (``add_release_flags``)."""
+    """The command-line choices every release's runner reads (``release.flags.add_release_flags``)."""
 
     @property
     def overwrite(self) -> bool: ...

@@ -7,11 +7,8 @@ Pure numpy, no Spark. Layers, each importing only those above it:
 * ``workloads`` — Q_G, Q_I, Q_R and size workloads and their vectorised answers on data;
 * ``product`` — mixtures of product distributions and their expected answers and gradients;
 * ``adaptive`` — Adaptive Measurements: budget split, exponential and Gaussian mechanisms, rounds;
-* ``mwem``, ``hpd`` (HPD-Fixed, HPD-Gen), ``independent`` — the methods;
+* ``mwem``, ``hpd`` (HPD-Fixed, HPD-Gen), ``independent`` — the methods (named in ``methods``);
 * ``sampling`` — synthetic households from a fitted model; ``evaluation`` — errors vs the truth;
-* ``synthesise`` — one run of a method, from true answers to synthetic households.
+* ``synthesise`` — one run of a method, from true answers to synthetic households;
+* ``spark``, ``job`` and ``cli`` — the Spark part and the ``censusdp synth`` command.
 """
-
-from censusdp_spark.synth.synthesise import SynthResult, synthesise, training_workloads
-
-__all__ = ["SynthResult", "synthesise", "training_workloads"]

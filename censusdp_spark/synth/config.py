@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, PlainValidator
 
@@ -36,8 +36,6 @@ from censusdp_spark.model.config import (
 )
 from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Roles
 
-Method = Literal["mwem", "hpd_fixed", "hpd_gen", "independent"]
-METHODS: tuple[str, ...] = get_args(Method)
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 
 
@@ -74,28 +72,52 @@ class SynthBudget:
 @dataclass(frozen=True)
 class MwemOptions:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
-    passes: PositiveInt = 10  # multiplicative-weights passes over all measurements each round
-    step: PositiveFloat = 1.0  # η of the multiplicative update
-    max_domain: PositiveInt = 2_000_000
+    passes: Annotated[
+        PositiveInt,
+        Field(description="Multiplicative-weights passes over all measurements each round."),
+    ] = 10
+    step: Annotated[
+        PositiveFloat, Field(description="The step size (eta) of the multiplicative update.")
+    ] = 1.0
+    max_domain: Annotated[
+        PositiveInt,
+        Field(
+            description="The most possible households MWEM enumerates; a larger domain is refused (use the reduced config or an HPD method)."
+        ),
+    ] = 2_000_000
 
 
 @dataclass(frozen=True)
 class HpdFixedOptions:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
-    components: PositiveInt = 128  # K: product distributions in the mixture
-    steps_per_round: PositiveInt = 50  # Adam steps after each measurement
-    learning_rate: PositiveFloat = 0.05
-    init_scale: PositiveFloat = 0.5  # standard deviation of the initial logits
+    components: Annotated[
+        PositiveInt, Field(description="K: product distributions in the mixture.")
+    ] = 128
+    steps_per_round: Annotated[
+        PositiveInt, Field(description="Adam steps after each measurement.")
+    ] = 50
+    learning_rate: Annotated[PositiveFloat, Field(description="Adam's learning rate.")] = 0.05
+    init_scale: Annotated[
+        PositiveFloat, Field(description="The standard deviation of the initial logits.")
+    ] = 0.5
 
 
 @dataclass(frozen=True)
 class HpdGenOptions:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
-    components: PositiveInt = 128  # latent draws per step (the mixture's K)
-    steps_per_round: PositiveInt = 50
-    learning_rate: PositiveFloat = 0.003
-    hidden: PositiveInt = 128  # width of the two hidden layers
-    latent: PositiveInt = 32  # dimension of the Gaussian input
+    components: Annotated[
+        PositiveInt, Field(description="Latent draws per step (the mixture's K).")
+    ] = 128
+    steps_per_round: Annotated[
+        PositiveInt, Field(description="Adam steps after each measurement.")
+    ] = 50
+    learning_rate: Annotated[PositiveFloat, Field(description="Adam's learning rate.")] = 0.003
+    hidden: Annotated[
+        PositiveInt, Field(description="The width of the generator's two hidden layers.")
+    ] = 128
+    latent: Annotated[
+        PositiveInt, Field(description="The dimension of the generator's Gaussian input.")
+    ] = 32
 
 
 @dataclass(frozen=True)
@@ -119,28 +141,64 @@ def _raw(value: Any) -> int | str:
 
 
 class InputModel(Model):
-    households: PathText
-    persons: PathText
-    format: InputFormat = "csv"
-    household_id: Name
-    member_order: Name
-    max_members: Annotated[PositiveInt, Field(le=MAX_MEMBERS)]
-    larger_households: Literal["refuse", "drop"] = "refuse"
+    households: PathText = Field(
+        description="The household table (one row per household, with its [[group]] columns)."
+    )
+    persons: PathText = Field(
+        description="The person table (one row per person, with its [[individual]] columns)."
+    )
+    format: InputFormat = Field("csv", description="csv, parquet or delta (both tables).")
+    household_id: Name = Field(
+        description="The household key column, in both tables: it links persons to their household."
+    )
+    member_order: Name = Field(
+        description="The person table's column ordering the members within a household."
+    )
+    max_members: Annotated[PositiveInt, Field(le=MAX_MEMBERS)] = Field(
+        description="M: the most persons a household holds (at most 10)."
+    )
+    larger_households: Literal["refuse", "drop"] = Field(
+        "refuse",
+        description="A household of more than max_members persons: refuse (an input error) or drop (left out, counted in the manifest).",
+    )
 
 
 class BudgetModel(Model):
-    rho: Budget
-    rounds: PositiveInt
-    rounds_at_rho: Budget | None = None
-    select_share: Exact = Fraction(1, 2)
+    rho: Budget = Field(
+        description='The total rho (zCDP), an exact fraction such as "1/10"; --rho or --epsilon replace it.'
+    )
+    rounds: PositiveInt = Field(
+        description="T: rounds of selecting and measuring a workload (at rounds_at_rho, if given)."
+    )
+    rounds_at_rho: Budget | None = Field(
+        None,
+        description="The rho at which T = rounds; at another rho, T scales as its square root. Default: T = rounds at every rho.",
+    )
+    select_share: Exact = Field(
+        Fraction(1, 2),
+        description="Each round's share of its rho spent selecting the workload (exponential mechanism); the rest measures it.",
+    )
 
 
 class AttributeModel(Model):
-    name: Name
-    column: Name
-    levels: dict[str, list[Annotated[int | str, PlainValidator(_raw)]]] | None = None
-    ranges: dict[str, list[float]] | None = None  # [low, high), or [] for the blanks' level
-    missing: Name | None = None
+    name: Name = Field(description="The attribute's name, the column it is released in.")
+    column: Name = Field(description="The input column it is read from.")
+    levels: (
+        dict[
+            str, list[Annotated[int | str, PlainValidator(_raw, json_schema_input_type=int | str)]]
+        ]
+        | None
+    ) = Field(
+        None,
+        description="Level -> the raw values (integers or strings) in it. Give exactly one of levels and ranges.",
+    )
+    ranges: dict[str, list[float]] | None = Field(
+        None,
+        description="Level -> its numeric range [low, high), or [] for the level of blank values.",
+    )
+    missing: Name | None = Field(
+        None, description="The level blank values fall in; the only level that may be empty."
+    )
 
     def attribute(self, fail: Fail, key: str) -> Attribute:
         if (self.levels is None) == (self.ranges is None):
@@ -179,11 +237,16 @@ class AttributeModel(Model):
 
 
 class RelationshipsModel(Model):
-    attribute: Name
-    head: Name
-    spouse: Columns  # a level or a list of levels
-    child: Columns
-    max_members: PositiveInt | None = None  # default: input.max_members
+    attribute: Name = Field(
+        description="The [[individual]] attribute giving each member's relationship to the household's head."
+    )
+    head: Name = Field(description="Its level of the head (exactly one per household).")
+    spouse: Columns = Field(description="Its level, or list of levels, of a spouse or partner.")
+    child: Columns = Field(description="Its level, or list of levels, of a child.")
+    max_members: PositiveInt | None = Field(
+        None,
+        description="The most members the relationship workloads cover. Default: input.max_members.",
+    )
 
     def roles(self, fail: Fail, individual: tuple[Attribute, ...], max_members: int) -> Roles:
         names = [a.name for a in individual]
@@ -211,20 +274,32 @@ class RelationshipsModel(Model):
 
 
 class WorkloadModel(Model):
-    degree: PositiveInt | None = None  # default: 3, or the number of attributes if fewer
+    degree: PositiveInt | None = Field(
+        None,
+        description="|S|: the number of attributes in each marginal of the workloads. Default: 3, or the number of attributes if fewer.",
+    )
 
 
 class SynthModel(Model):
-    run: RunModel = RunModel()
-    input: InputModel
-    budget: BudgetModel
-    workload: WorkloadModel = WorkloadModel()
-    relationships: RelationshipsModel | None = None
-    group: Annotated[list[AttributeModel], Field(min_length=1)]
-    individual: Annotated[list[AttributeModel], Field(min_length=1)]
-    mwem: MwemOptions = MwemOptions()
-    hpd_fixed: HpdFixedOptions = HpdFixedOptions()
-    hpd_gen: HpdGenOptions = HpdGenOptions()
+    run: RunModel = Field(RunModel(), description="The run: its name, folders, secret and delta.")
+    input: InputModel = Field(description="The two confidential tables and their keys.")
+    budget: BudgetModel = Field(description="rho, the rounds and their split.")
+    workload: WorkloadModel = Field(WorkloadModel(), description="The marginals measured.")
+    relationships: RelationshipsModel | None = Field(
+        None,
+        description="Relationship roles (head, spouse, child), for the relationship workloads.",
+    )
+    group: Annotated[list[AttributeModel], Field(min_length=1)] = Field(
+        description="The household attributes, one [[group]] table each."
+    )
+    individual: Annotated[list[AttributeModel], Field(min_length=1)] = Field(
+        description="The person attributes, one [[individual]] table each."
+    )
+    mwem: MwemOptions = Field(MwemOptions(), description="MWEM's hyperparameters.")
+    hpd_fixed: HpdFixedOptions = Field(
+        HpdFixedOptions(), description="HPD-Fixed's hyperparameters."
+    )
+    hpd_gen: HpdGenOptions = Field(HpdGenOptions(), description="HPD-Gen's hyperparameters.")
 
 
 def load_synth_config(

@@ -1,4 +1,4 @@
-"""The synthetic-data job, shared by ``censusdp synth`` and ``spark-submit jobs/synth.py``.
+"""The synthetic-data job, shared by ``censusdp synth`` (``synth.cli``) and ``spark-submit jobs/synth.py``.
 
 Stages:
 1. validate the config and options; refuse an existing output without ``--overwrite``;
@@ -20,9 +20,7 @@ N_G, N_I and M public.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -31,23 +29,21 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from censusdp_spark.engine.progress import reporting_progress
-from censusdp_spark.model.errors import ConfigError, InputError
+from censusdp_spark.model.errors import InputError
 from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
 from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
-    OutputExistsError,
     ReleaseRun,
-    SecretError,
-    add_release_flags,
     input_fingerprint,
     measurement_fingerprint,
     with_command_line,
 )
-from censusdp_spark.synth.config import METHODS, SynthConfig, load_synth_config
+from censusdp_spark.synth.config import SynthConfig
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
+from censusdp_spark.synth.methods import METHODS
 from censusdp_spark.synth.synthesise import MethodOptions, synthesise, training_workloads
 from censusdp_spark.synth.workloads import (
     answers,
@@ -302,69 +298,3 @@ def _run_synth(
         },
     )
     return summary
-
-
-def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``synth`` to the CLI's subparsers."""
-    from censusdp_spark.engine.session import add_remote_flag  # pyspark only when a CLI is built
-
-    p = subparsers.add_parser("synth", help="hierarchical synthetic households and persons (zCDP)")
-    p.add_argument("--config", required=True, type=Path)
-    p.add_argument("--method", required=True, choices=METHODS)
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--rho", type=Fraction, help="total rho as an exact fraction, e.g. 1/10")
-    budget.add_argument(
-        "--epsilon", type=float, help="total epsilon at --delta (converted to rho, rounded down)"
-    )
-    p.add_argument("--delta", type=float, help="with --epsilon (default [run].delta)")
-    p.add_argument(
-        "--rounds", type=int, help="fixed number of rounds T (default: [budget], scaled with rho)"
-    )
-    add_release_flags(p)
-    p.add_argument("--master", help="Spark master for a local launch (default local[*])")
-    add_remote_flag(p)
-    return p
-
-
-def run_synth_from_args(args: argparse.Namespace) -> int:
-    """Run ``censusdp synth``; a user error is one line on stderr and exit code 2."""
-    from censusdp_spark.engine.session import spark_session
-
-    try:
-        if args.rounds is not None and args.rounds < 1:
-            raise ValueError(f"--rounds {args.rounds} must be >= 1")
-        config = load_synth_config(args.config)
-        options = SynthOptions(
-            args.method,
-            args.rho,
-            args.epsilon,
-            args.delta,
-            args.rounds,
-            args.output,
-            args.secret_file,
-            args.evaluate,
-            args.overwrite,
-            args.reuse_secret,
-            args.evaluation_output,
-        )
-        spark = spark_session(f"censusdp-synth-{config.run.name}", args.master, args.remote)
-        summary = run_synth(spark, config, options)
-    except (
-        ConfigError,
-        InputError,
-        BudgetError,
-        OutputExistsError,
-        SecretError,
-        ValueError,
-    ) as err:
-        print(f"censusdp: error: {err}", file=sys.stderr)
-        return 2
-    print(summary.text())
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry until ``synth`` is wired into ``censusdp_spark.cli``."""
-    parser = argparse.ArgumentParser(prog="censusdp")
-    add_synth_parser(parser.add_subparsers(dest="command", required=True))
-    return run_synth_from_args(parser.parse_args(argv))

@@ -18,10 +18,11 @@ import numpy as np
 
 from censusdp_spark.privacy import keyed_rng
 from censusdp_spark.synth.adaptive import adaptive_measurements, plan_budget
-from censusdp_spark.synth.config import METHODS, HpdFixedOptions, HpdGenOptions, MwemOptions
+from censusdp_spark.synth.config import HpdFixedOptions, HpdGenOptions, MwemOptions
 from censusdp_spark.synth.domain import HouseholdDomain, Households
 from censusdp_spark.synth.hpd import FixedModel, GenModel, HpdSynthesiser, Layout
 from censusdp_spark.synth.independent import independent_marginals, one_way_workloads
+from censusdp_spark.synth.methods import METHODS
 from censusdp_spark.synth.mwem import MwemSynthesiser
 from censusdp_spark.synth.product import expected_answers
 from censusdp_spark.synth.sampling import sample_product_mixture

@@ -238,55 +238,123 @@ def _level_range(value: Any) -> Any:
 
 
 class AttributeModel(Model):
-    name: Name
-    levels: Annotated[list[Name], BeforeValidator(_level_range), Field(min_length=1)]
+    name: Name = Field(
+        description="The attribute's name: a query name and the column it is released in."
+    )
+    levels: Annotated[
+        list[Name],
+        BeforeValidator(_level_range, json_schema_input_type=list[str] | dict[str, int]),
+        Field(min_length=1),
+    ] = Field(
+        description="The attribute's levels (labels), in order; or { from, to, width }: the integers from..to, zero-padded to width digits."
+    )
 
 
 class RecodeModel(Model):
-    attribute: Name
-    groups: dict[str, list[str]]
+    attribute: Name = Field(description="The attribute whose levels it groups.")
+    groups: dict[str, list[str]] = Field(
+        description="Group name -> the attribute's levels in that group; every level in exactly one group."
+    )
 
 
 class SchemaModel(Model):
-    attributes: Annotated[list[AttributeModel], Field(min_length=1)]
-    recodes: dict[str, RecodeModel] = {}
+    attributes: Annotated[list[AttributeModel], Field(min_length=1)] = Field(
+        description="The histogram's attributes: a cell is one level of each, numbered row-major (the last attribute varies fastest)."
+    )
+    recodes: dict[str, RecodeModel] = Field(
+        {},
+        description="Named groupings of one attribute's levels ([schema.recodes.<name>]), usable in queries like an attribute.",
+    )
 
 
 class LevelBudgetModel(Model):
-    share: Exact | None = None  # mode = "shares" only
-    queries: dict[str, Budget]  # query shares, or with mode = "per_query_rho" each query's rho
+    share: Exact | None = Field(
+        None,
+        description="This level's share of rho, an exact fraction; the levels' shares sum to 1. Only with mode = \"shares\".",
+    )
+    queries: dict[str, Budget] = Field(
+        description='Query -> its share of the level\'s rho (the shares sum to 1), or with mode = "per_query_rho" its rho. A query is "total", "detailed" (every cell), an attribute or recode, or a product such as "votingage * hisprace".'
+    )
 
 
 class BudgetModel(Model):
-    rho: Budget | None = None
-    mode: Literal["shares", "per_query_rho"] = "shares"
-    bypass_single_child: bool = False
+    rho: Budget | None = Field(
+        None,
+        description='The total rho (zCDP), an exact fraction such as "293764/114921". Required with mode = "shares".',
+    )
+    mode: Literal["shares", "per_query_rho"] = Field(
+        "shares",
+        description="shares: rho split by each level's share, then by its queries' shares; per_query_rho: each query's rho given, the total their sum.",
+    )
+    bypass_single_child: bool = Field(
+        False,
+        description="Census bypassing: a parent with exactly one child is not measured; its rho moves to the child (down a chain of single-child parents), whose released value it shares. Which nodes are bypassed depends on the spine alone.",
+    )
     """Census "bypassing" (spine paper, Algorithm 3 under zCDP): a parent with exactly one child
     in the geography is not measured; its share of rho moves to the child (down a chain of
     single-child parents to its lowest node, measured with its own level's queries at the
     chain's summed rho, ``ZcdpAllocation.node_budget``), and its released value is that node's.
     Which nodes are bypassed depends on the spine alone. Default off."""
-    levels: dict[str, LevelBudgetModel]
+    levels: dict[str, LevelBudgetModel] = Field(
+        description="One table per geography level, [budget.levels.<level>]: its share and its queries."
+    )
 
 
 class AttributeColumnModel(Model):
-    column: Name
-    map: dict[str, Name] | None = None  # raw value -> level; default: the levels themselves
+    column: Name = Field(description="The input column holding the attribute's value.")
+    map: dict[str, Name] | None = Field(
+        None, description="Raw value -> level. Default: the raw values are the level labels."
+    )
 
 
 class InputModel(Model):
-    path: PathText
-    format: TopDownInputFormat = "csv"
-    layout: InputLayout | None = None  # required, except with format = "pl94_legacy"
-    geocode: Columns | None = None  # required, except with format = "pl94_legacy"
-    cells: list[dict[str, Name]] | None = None  # block_counts: {<attribute> = <level>, expr}
-    attributes: dict[str, AttributeColumnModel] | None = None  # microdata, pl94_legacy
-    ignore: list[Name] | None = None
-    total: Name | None = None
-    state: str | None = None  # pl94_legacy: the lower-case USPS code of the files' names
-    vintage: Name | None = None  # pl94_legacy: the files' name suffix, default "2020"
-    table: Name | None = None  # pl94_legacy: a derived table of io.pl94_layout.TABLES
-    summary_levels: list[Name] | None = None  # pl94_legacy: default every one of SUMMARY_LEVELS
+    path: PathText = Field(
+        description="The input file or folder (pl94_legacy: the folder of the state's files); relative to the current directory."
+    )
+    format: TopDownInputFormat = Field(
+        "csv",
+        description="csv, parquet, delta, or pl94_legacy (a state's P.L. 94-171 files as the Census publishes them).",
+    )
+    layout: InputLayout | None = Field(
+        None,
+        description='block_counts: one row per block, count columns mapped to cells by input.cells; microdata: one row per person, attributes read by input.attributes (needs [geography] spine). Required except with format = "pl94_legacy".',
+    )
+    geocode: Columns | None = Field(
+        None,
+        description='The block geocode column, or columns concatenated in order. Required except with format = "pl94_legacy".',
+    )
+    cells: list[dict[str, Name]] | None = Field(
+        None,
+        description='block_counts: one entry per cell not structurally zero, { <attribute> = "<level>", ..., expr = "<columns added and subtracted>" }, e.g. expr = "pop_white - vap_white".',
+    )
+    attributes: dict[str, AttributeColumnModel] | None = Field(
+        None,
+        description="microdata and pl94_legacy: each schema attribute's input column and value map, [input.attributes.<attribute>].",
+    )
+    ignore: list[Name] | None = Field(
+        None,
+        description="Columns present in the input but deliberately unused; any other unused column is an error.",
+    )
+    total: Name | None = Field(
+        None,
+        description="block_counts: a column every row's mapped cells must sum to (checked on reading).",
+    )
+    state: str | None = Field(
+        None,
+        description="pl94_legacy: the state's lower-case USPS code, as in the files' names (\"ri\").",
+    )
+    vintage: Name | None = Field(
+        None,
+        description='pl94_legacy: the files\' name suffix (rigeo<vintage>.pl). Default: "2020".',
+    )
+    table: Name | None = Field(
+        None,
+        description="pl94_legacy: the table derived from the files: persons, group_quarters or units.",
+    )
+    summary_levels: list[Name] | None = Field(
+        None,
+        description="pl94_legacy: the summary levels whose records are checked against the sums of their blocks. Default: all four.",
+    )
 
     @field_validator("state")
     @classmethod
@@ -299,20 +367,51 @@ class InputModel(Model):
 
 
 class OccupancyModel(Model):
-    where: str  # an expression over input columns, as input.cells' expr
-    cells: dict[str, list[str]] = {}  # the group's cells, as structural_zeros (default: all)
-    at_least: str | None = None  # a block's lower bound on the group's persons (BoundExpression)
-    at_most: str | None = None  # and its cap
+    where: str = Field(
+        description="An expression over a block's input columns (as input.cells' expr), e.g. \"H0010001 + P0050001\": the group may hold persons in a block only where it is positive."
+    )
+    cells: dict[str, list[str]] = Field(
+        {},
+        description="The group's cells, { <attribute> = [levels] } as in structural_zeros. Default: every cell.",
+    )
+    at_least: str | None = Field(
+        None,
+        description="A block's lower bound on the group's persons: a sum of integer multiples of input or dwellings columns or of \"(COLUMN > 0)\" indicators.",
+    )
+    at_most: str | None = Field(
+        None, description="A block's cap on the group's persons, in the same form as at_least."
+    )
 
 
 class EstimationModel(Model):
-    invariants: list[Name] = []
-    structural_zeros: list[dict[str, list[str]]] = []
-    occupancy: list[OccupancyModel] = []
-    dwellings: SpineModel | None = None  # a block table: path, format, geocode (as the spine)
-    method: EstimationMethod = "topdown"
-    passes: list[str] | dict[str, list[str]] = list(ONE_PASS)  # every level, or per level
-    fallback: Literal["topdown"] | None = None  # run "topdown" where full_information cannot
+    invariants: list[Name] = Field(
+        [],
+        description='Levels whose node totals are released exact (invariant), and so every level above, e.g. ["state"].',
+    )
+    structural_zeros: list[dict[str, list[str]]] = Field(
+        [],
+        description="Cells zero by definition, released as 0 and not read from the input: each entry { <attribute> = [levels], ... } names the cells matching all of its attributes.",
+    )
+    occupancy: list[OccupancyModel] = Field(
+        [],
+        description="Where persons may live: [[estimation.occupancy]] groups of cells, each held at 0 in a block where its expression is not positive, within optional bounds.",
+    )
+    dwellings: SpineModel | None = Field(
+        None,
+        description="A block table (path, format, geocode, as the spine) whose columns the occupancy bounds may read.",
+    )
+    method: EstimationMethod = Field(
+        "topdown",
+        description="topdown: the Census's estimation, each family fitted to its own noisy answers; full_information: each node first estimated from its own and all its descendants' measurements, then fitted top-down.",
+    )
+    passes: list[str] | dict[str, list[str]] = Field(
+        list[str](ONE_PASS),
+        description='The estimation passes: ["all"] (one) or ["total", "all"] (the 2020 production\'s two: totals first); a table gives them per level, e.g. { county = ["total", "all"] }.',
+    )
+    fallback: Literal["topdown"] | None = Field(
+        None,
+        description="\"topdown\": run TopDown's estimation when full_information cannot hold the config's queries or zeros (the manifest says so); unset: such a config is refused.",
+    )
 
     @field_validator("method", mode="before")
     @classmethod
@@ -338,27 +437,45 @@ class EstimationModel(Model):
 
 
 class CensusVariableModel(Model):
-    attribute: Name
-    map: dict[str, Name] | None = None  # code -> level; default: the codes are the levels
+    attribute: Name = Field(description="The schema attribute that gives this census variable.")
+    map: dict[str, Name] | None = Field(
+        None, description="Census code -> the attribute's level. Default: the codes are the levels."
+    )
 
 
 class Pl94TablesModel(Model):
-    tables: Annotated[list[Name], Field(min_length=1)]  # of io.pl94_tables.CENSUS_TABLES
-    variables: dict[str, CensusVariableModel] | None = None  # not with format = "pl94_legacy"
+    tables: Annotated[list[Name], Field(min_length=1)] = Field(
+        description="The P.L. 94-171 tables to write from the released counts: P1, P2, P3, P4, P5, H1."
+    )
+    variables: dict[str, CensusVariableModel] | None = Field(
+        None,
+        description='Census variable -> the schema attribute giving it, [output.pl94_tables.variables.<variable>]. Not with format = "pl94_legacy", whose variables are known.',
+    )
 
 
 class OutputModel(Model):
-    pl94_tables: Pl94TablesModel | None = None
+    pl94_tables: Pl94TablesModel | None = Field(
+        None,
+        description="Also write the released counts as P.L. 94-171 tables: the Delta table pl94_tables and a CSV per level.",
+    )
 
 
 class TopDownModel(Model):
-    run: RunModel = RunModel()
-    schema_: SchemaModel = Field(alias="schema")
-    geography: GeographyModel
-    budget: BudgetModel
-    input: InputModel | None = None
-    estimation: EstimationModel = EstimationModel()
-    output: OutputModel = OutputModel()
+    run: RunModel = Field(RunModel(), description="The run: its name, folders, secret and delta.")
+    schema_: SchemaModel = Field(
+        alias="schema", description="The histogram: attributes and recodes."
+    )
+    geography: GeographyModel = Field(description="The hierarchy's levels and the spine.")
+    budget: BudgetModel = Field(description="rho and its split over levels and queries.")
+    input: InputModel | None = Field(
+        None,
+        description="The confidential input. Without it the config can only be checked and budgeted.",
+    )
+    estimation: EstimationModel = Field(
+        EstimationModel(),
+        description="How the noisy measurements become consistent integer counts.",
+    )
+    output: OutputModel = Field(OutputModel(), description="Extra tables to write.")
 
 
 def _schema(fail: Fail, model: SchemaModel) -> Schema:

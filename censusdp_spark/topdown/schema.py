@@ -85,6 +85,14 @@ class Schema:
         shape = np.array(self.shape, dtype=np.int64)
         return (cells[:, None] // self.strides()[None, :]) % shape[None, :]
 
+    def labels_of(self, cells: np.ndarray) -> dict[str, np.ndarray]:
+        """Each attribute's level label of every cell in ``cells``, by attribute name."""
+        levels = self.levels_of(cells)
+        return {
+            attr.name: np.asarray(attr.levels, dtype=object)[levels[:, pos]]
+            for pos, attr in enumerate(self.attributes)
+        }
+
     def cells_matching(self, selection: dict[str, frozenset[str]]) -> np.ndarray:
         """Sorted cell indices whose level is in ``selection[attr]`` for every named attribute."""
         keep = np.ones(self.n_cells, dtype=bool)

@@ -9,9 +9,9 @@ What it checks, in the order a release would meet them:
    readable, owner-only, 64 hex characters. It is never printed.
 
 It prints the number of input blocks and of nodes per level (the public spine) and the budget
-totals; no count of people. The lead's ``censusdp_spark.cli`` adds the parser with
-:func:`add_validate_parser` and dispatches ``validate`` to :func:`run_validate_from_args`; until
-then ``spark-submit censusdp_spark/topdown/validate.py --config CONF`` runs it as well.
+totals; no count of people. ``censusdp validate`` dispatches a TopDown config to
+:func:`run_validate_from_args`; ``spark-submit censusdp_spark/topdown/validate.py --config CONF``
+runs it as well.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 from pyspark.sql import SparkSession
 
 from censusdp_spark.engine.hierarchy import nodes_per_level
-from censusdp_spark.engine.session import add_remote_flag
 from censusdp_spark.privacy import zcdp_to_approx_dp
+from censusdp_spark.release.flags import CommandParser, add_validate_flags
 from censusdp_spark.release.runner import check_secret
 from censusdp_spark.topdown.config import RunConfig, load_config
 from censusdp_spark.topdown.readers import read_blocks
@@ -99,25 +98,6 @@ def validate_release(
     )
 
 
-def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``validate --config CONF [--input PATH] [--secret-file PATH] [--master M]``."""
-    parser = subparsers.add_parser(
-        "validate", help="check any release's config, its input and secret; writes nothing"
-    )
-    _add_arguments(parser)
-    return parser
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--input", type=Path, help="override [input].path")
-    parser.add_argument(
-        "--secret-file", type=Path, help="file with the 64-hex-char run secret (mode 0600)"
-    )
-    parser.add_argument("--master", help="Spark master for a local launch (default local[*])")
-    add_remote_flag(parser)
-
-
 def run_validate_from_args(args: argparse.Namespace) -> int:
     """``censusdp validate``: user errors propagate to the CLI, which prints one line, exit 2."""
     from censusdp_spark.engine.session import spark_session
@@ -132,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point (``spark-submit censusdp_spark/topdown/validate.py ...``)."""
     from censusdp_spark.model.errors import ConfigError, InputError
 
-    parser = argparse.ArgumentParser(prog="censusdp validate", description=__doc__.splitlines()[0])
-    _add_arguments(parser)
+    parser = CommandParser(prog="censusdp validate", description=__doc__.splitlines()[0])
+    add_validate_flags(parser)
     try:
         return run_validate_from_args(parser.parse_args(argv))
     except (ConfigError, InputError, ValueError) as err:

@@ -1,0 +1,90 @@
+"""``censusdp group-sizes`` (alias ``pgsr``): the group-size release's command.
+
+Building the parser imports no Spark; running it imports the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+from fractions import Fraction
+from typing import Any
+
+from censusdp_spark.group_sizes.config import MECHANISMS
+from censusdp_spark.release.flags import (
+    add_config_flag,
+    add_input_flag,
+    add_release_flags,
+    add_spark_flags,
+)
+
+DESCRIPTION = """\
+Release the number of groups (households) of each size 1..N in every node of
+the geography under pure epsilon-DP, as non-negative integers consistent with
+the parent's. Writes the Delta tables group_sizes and noisy_measurements and
+a manifest.json to [run].output."""
+
+
+def add_group_sizes_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``group-sizes`` (and its alias ``pgsr``) to the CLI's subparsers."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "group-sizes",
+        aliases=["pgsr"],
+        help="run the group-size release (households of each size per region; alias: pgsr)",
+        description=DESCRIPTION,
+    )
+    add_config_flag(parser)
+    parser.add_argument(
+        "--mechanism",
+        choices=MECHANISMS,
+        metavar="MECHANISM",
+        help="post-processing: dp (integer, family by family), relaxed (the whole tree's"
+        " convex relaxation, rounded), relaxed_families (the same per family) or cumulative"
+        " (cumulative noise) (default: the config's [mechanism] default)",
+    )
+    add_input_flag(parser)
+    parser.add_argument(
+        "--epsilon",
+        metavar="FRACTION",
+        help="total epsilon, exact (e.g. 1/2); each level keeps its config share",
+    )
+    add_release_flags(parser)
+    add_spark_flags(parser)
+    parser.set_defaults(run=run_group_sizes_from_args)
+    return parser
+
+
+def _exact_epsilon(source: str, text: str | None) -> Fraction | None:
+    from censusdp_spark.model.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        rule = f"--epsilon {text!r} is not an exact fraction like 1/2"
+        raise ConfigError(source, "budget.epsilon", rule) from None
+
+
+def run_group_sizes_from_args(args: argparse.Namespace) -> int:
+    """``censusdp group-sizes``: user errors propagate to the CLI, which prints one line and
+    exits 2."""
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.group_sizes.config import load_pgsr_config
+    from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
+
+    config = load_pgsr_config(args.config)
+    options = PgsrOptions(
+        args.mechanism,
+        args.input,
+        args.output,
+        args.secret_file,
+        args.evaluate,
+        args.overwrite,
+        args.reuse_secret,
+        args.evaluation_output,
+        _exact_epsilon(config.source, args.epsilon),
+    )
+    spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
+    summary = run_pgsr(spark, config, options)
+    print(summary.text())
+    return 0

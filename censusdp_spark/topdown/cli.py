@@ -1,0 +1,79 @@
+"""``censusdp topdown``: the TopDown release's command.
+
+Building the parser imports no Spark; running it imports the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from censusdp_spark.release.flags import (
+    add_config_flag,
+    add_input_flag,
+    add_release_flags,
+    add_spark_flags,
+)
+
+DESCRIPTION = """\
+Release counts of the config's schema in every node of the geography under
+rho-zCDP (the Census TopDown Algorithm): measure every level's queries with
+Gaussian noise, then estimate consistent non-negative integers top-down.
+Writes Delta tables (noisy_measurements, estimates, microdata, ...) and a
+manifest.json, which lists them, to [run].output."""
+
+
+def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``topdown`` to the CLI's subparsers."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "topdown",
+        help="run the TopDown release (counts per geography, zCDP)",
+        description=DESCRIPTION,
+    )
+    add_config_flag(parser)
+    add_input_flag(parser)
+    add_release_flags(parser)
+    parser.add_argument(
+        "--resume", action="store_true", help="continue a killed run from its last complete step"
+    )
+    parser.add_argument(
+        "--variances",
+        action="store_true",
+        help="also write total_variances: the bottom-up variance of every node's total"
+        ' (needs [estimation] method = "full_information")',
+    )
+    add_spark_flags(parser)
+    parser.set_defaults(run=run_topdown_from_args)
+    return parser
+
+
+def run_topdown_from_args(args: argparse.Namespace) -> int:
+    """``censusdp topdown``: user errors propagate to the CLI, which prints one line and
+    exits 2."""
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.model.errors import ConfigError
+    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.job import TopDownOptions, run_topdown
+
+    config = load_config(args.config)
+    if args.variances and config.estimation_method != "full_information":
+        raise ConfigError(
+            str(args.config),
+            "estimation.method",
+            f'--variances needs "full_information", not {config.estimation_method!r}',
+        )
+    options = TopDownOptions(
+        args.input,
+        args.output,
+        args.secret_file,
+        args.evaluate,
+        args.overwrite,
+        args.resume,
+        args.reuse_secret,
+        args.variances,
+        args.evaluation_output,
+    )
+    spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
+    summary = run_topdown(spark, config, options)
+    print(summary.text())
+    return 0
