@@ -225,15 +225,18 @@ def test_an_output_that_is_a_file_is_refused_in_one_line(spark, kind, tract_csv,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("problem", ["missing", "group_readable"])
+@pytest.mark.parametrize("problem", ["missing", "group_readable", "a_directory"])
 def test_an_unusable_secret_file_is_one_line_and_writes_nothing(
     spark, kind, problem, tract_csv, tmp_path, capsys
 ):
     secret = make_secret(tmp_path / "s", "6f")
     if problem == "missing":
         secret.unlink()
-    else:
+    elif problem == "group_readable":
         secret.chmod(0o640)
+    else:
+        secret.unlink()
+        secret.mkdir(mode=0o700)
     out = tmp_path / "out"
     assert run(kind, tract_csv, out, "--secret-file", str(secret)) == 2
     err = error_lines(capsys.readouterr().err)
