@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from tests.conftest import with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDown input
@@ -288,3 +289,33 @@ def test_an_evaluation_folder_censusdp_did_not_write_is_never_touched(
     err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "did not write" in err[0], err
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"] and not out.exists()
+
+
+def listing(folder: Path) -> dict[str, list[str]]:
+    """Every entry under ``folder`` (symbolic links not followed), with its contents' names."""
+    return {
+        str(p.relative_to(folder)): sorted(c.name for c in p.iterdir())
+        if p.is_dir() and not p.is_symlink()
+        else []
+        for p in [folder, *folder.rglob("*")]
+    }
+
+
+def test_resume_refuses_another_estimation_method_naming_the_key(
+    spark, tract_csv, tmp_path, capsys
+):
+    """The estimation method is post-processing (a user secret may estimate the same noisy
+    measurements again), but a resumed run is one release: it must not finish another's."""
+    out = tmp_path / "out"
+    assert run("topdown", tract_csv, out, "--variances") == 0
+    config = tmp_path / "topdown.toml"
+    demo = (ROOT / "conf" / "ri_2010_demo.toml").read_text()
+    config.write_text(with_method(demo.replace('"data/', f'"{ROOT}/data/'), "topdown"))
+    before = listing(tmp_path)
+    capsys.readouterr()
+    args = ["topdown", "--config", str(config), "--input", str(tract_csv), "--output", str(out)]
+    assert main([*args, "--resume"]) == 2
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "estimation.method" in err[0] and "tables" in err[0], err
+    assert "fresh run" in err[0]
+    assert listing(tmp_path) == before
