@@ -216,7 +216,7 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
         estimation={"--mechanism": config.mechanism},
     )
     streams = f"{GROUP_SIZES}/{noise}"
-    return ReleaseRun.of(GROUP_SIZES, config.run, contents, options, streams)
+    return ReleaseRun.of(GROUP_SIZES, config.run, contents, options, inputs, streams)
 
 
 def _root_release(

@@ -38,8 +38,11 @@ folder) records every part and the secret's fingerprint, and ``--resume`` contin
 same release, naming every key that changed; the manifest lists the same tables, and a release
 folder holds no Delta table its manifest does not list.
 
-A run holds an exclusive lock on its private folder from start to end, taken before anything
-is written.
+Every check that can refuse a run (the output, the evaluation folder, the lock, the run state)
+runs before a secret is read or made, and a refused run leaves nothing behind. An output must be
+a folder of its own: not a symbolic link (``--overwrite`` would replace what it points to), not
+an input, not inside one and not holding one. A run holds an exclusive lock on its private
+folder from start to end, taken before anything is written.
 """
 
 from __future__ import annotations
@@ -363,9 +366,11 @@ class SecretSource:
 class ReleaseRun:
     """One release's run: use as a context manager around the whole job.
 
-    On entry it takes the lock on the private folder and checks the output (refused when it
-    holds anything and neither ``overwrite`` nor ``resume`` is set) and, for ``resume``, the run
-    state against ``contents``. The secret is read or made only by :meth:`secret`, to be called once the
+    On entry it checks the output (refused when it is a symbolic link or a file, is one of the
+    ``inputs``, holds one or lies inside one, holds anything and neither ``overwrite`` nor
+    ``resume`` is set, or holds files censusdp did not write and ``overwrite`` is set), takes
+    the lock on the private folder and, for ``resume``, checks the run state against
+    ``contents``. The secret is read or made only by :meth:`secret`, to be called once the
     input has passed validation; :meth:`prepare_output` empties the output just before the first
     write, and :meth:`write_manifest` ends the release.
 
@@ -384,6 +389,7 @@ class ReleaseRun:
         secret_source: SecretSource,
         contents: ReleaseContents,
         *,
+        inputs: Sequence[Path] = (),
         overwrite: bool = False,
         resume: bool = False,
         reuse_secret: bool = False,
@@ -398,6 +404,7 @@ class ReleaseRun:
         self.secret_source = secret_source
         self.contents = contents
         self.measurement_sha256 = contents.measurement_sha256
+        self.inputs = tuple(inputs)
         self.overwrite = overwrite
         self.resume = resume
         self.reuse_secret = reuse_secret
@@ -416,16 +423,18 @@ class ReleaseRun:
         run: RunOptions,
         contents: ReleaseContents,
         flags: ReleaseFlags,
+        inputs: Sequence[Path],
         streams: str | None = None,
     ) -> ReleaseRun:
-        """The runner of a release of ``run`` (command line applied) with ``flags``; a release
-        without ``--resume`` has no ``resume`` flag."""
+        """The runner of a release of ``run`` (command line applied) with ``flags``, reading
+        ``inputs``; a release without ``--resume`` has no ``resume`` flag."""
         return cls(
             release,
             run.output,
             run.private_dir,
             SecretSource(run.secret_file, run.secret_env),
             contents,
+            inputs=inputs,
             overwrite=flags.overwrite,
             resume=bool(getattr(flags, "resume", False)),
             reuse_secret=flags.reuse_secret,
@@ -442,10 +451,6 @@ class ReleaseRun:
         try:
             if self.resume:
                 self.state = self._resumable_state()
-            elif _holds_anything(self.output) and not self.overwrite:
-                raise OutputExistsError(
-                    f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
-                )
         except BaseException as error:
             self.__exit__(type(error), error, error.__traceback__)
             raise
@@ -537,11 +542,8 @@ class ReleaseRun:
         if self.state is not None:
             return self.state
         if _holds_anything(self.output):
-            if not _written_by_censusdp(self.output):
-                raise OutputExistsError(
-                    f"{self.output}: --overwrite replaces only a folder written by censusdp"
-                    " (no manifest.json or marker here); choose another --output"
-                )
+            if not _written_by_censusdp(self.output):  # checked on entry; raced since
+                raise OutputExistsError(self._foreign_output())
             shutil.rmtree(self.output)
         self._drop_stale_evaluation()
         self.output.mkdir(parents=True, exist_ok=True)
@@ -575,6 +577,8 @@ class ReleaseRun:
         return folder
 
     def _check_evaluation_folder(self) -> None:
+        if self.evaluation_dir.is_symlink():
+            raise OutputExistsError(self._symlink(self.evaluation_dir, "--evaluation-output"))
         folder, output = self.evaluation_dir.resolve(), self.output.resolve()
         if folder == output or output in folder.parents:
             raise OutputExistsError(
@@ -668,11 +672,54 @@ class ReleaseRun:
         write_manifest(self.output / "manifest.json", {**content, **common})
 
     def _check_output_folder(self) -> None:
+        """Every refusal the output can meet, before anything is written or a secret made."""
+        if self.output.is_symlink():
+            raise OutputExistsError(self._symlink(self.output, "--output"))
         if self.output.exists() and not self.output.is_dir():
             raise OutputExistsError(f"{self.output}: --output is a file, not a folder")
+        self._check_apart_from_inputs()
         parent = next((p for p in [self.output, *self.output.parents] if p.exists()), None)
         if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
             raise OutputExistsError(f"{parent}: not writable; choose another --output")
+        if self.resume or not _holds_anything(self.output):
+            return
+        if not self.overwrite:
+            raise OutputExistsError(
+                f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
+            )
+        if not _written_by_censusdp(self.output):
+            raise OutputExistsError(self._foreign_output())
+
+    def _check_apart_from_inputs(self) -> None:
+        """An output that is an input or holds one (``--overwrite`` would delete it), or lies
+        inside an input folder (every later read of that folder would meet the release)."""
+        output = self.output.resolve()
+        for read in self.inputs:
+            where = read.resolve()
+            if output == where:
+                rule = f"is the input {read}"
+            elif output in where.parents:
+                rule = f"the input {read} is inside it"
+            elif where in output.parents:
+                rule = f"is inside the input folder {read}"
+            else:
+                continue
+            raise OutputExistsError(
+                f"{self.output}: {rule}; choose an --output apart from every input"
+            )
+
+    def _foreign_output(self) -> str:
+        return (
+            f"{self.output}: --overwrite replaces only a folder written by censusdp"
+            " (no manifest.json or marker here); choose another --output"
+        )
+
+    @staticmethod
+    def _symlink(folder: Path, option: str) -> str:
+        return (
+            f"{folder}: {option} is a symbolic link; give the folder it points to"
+            f" ({folder.resolve()}) or another {option}"
+        )
 
     def _take_lock(self) -> None:
         self._made_private_dir = not self.private_dir.exists()

@@ -154,7 +154,7 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
         settings={"method": options.method, "rho": str(rho), "rounds": rounds},
     )
     streams = f"{SYNTH}/{options.method}"
-    release = ReleaseRun.of(SYNTH, run_options, contents, options, streams)
+    release = ReleaseRun.of(SYNTH, run_options, contents, options, inputs, streams)
     with release, reporting_progress(spark):
         return _run_synth(spark, config, options, release, rho, delta_, rounds)
 

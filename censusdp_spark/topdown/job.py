@@ -193,7 +193,11 @@ def topdown_contents(config: RunConfig, variances: bool) -> ReleaseContents:
 def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     """The runner of a TopDown run of ``config`` (options applied)."""
     assert config.input is not None
-    return ReleaseRun.of(TOPDOWN, config.run, topdown_contents(config, options.variances), options)
+    contents = topdown_contents(config, options.variances)
+    spine = [config.spine.path] if config.spine else []
+    dwellings = [config.dwellings.path] if config.dwellings else []
+    inputs = [config.input.path, *spine, *dwellings]
+    return ReleaseRun.of(TOPDOWN, config.run, contents, options, inputs)
 
 
 def _driver_fault(after_level: str) -> None:

@@ -319,3 +319,59 @@ def test_resume_refuses_another_estimation_method_naming_the_key(
     assert len(err) == 1 and "estimation.method" in err[0] and "tables" in err[0], err
     assert "fresh run" in err[0]
     assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_symlinked_output_is_refused_before_anything_is_written(
+    spark, kind, tract_csv, tmp_path, capsys
+):
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / ".censusdp-release").write_text(f"{kind}\n")
+    (tmp_path / "release.private").mkdir(mode=0o700)
+    (tmp_path / "release.private" / "run_secret").write_text("cd" * 32 + "\n")
+    link = tmp_path / "link"
+    link.symlink_to(release)
+    before = listing(tmp_path)
+    assert run(kind, tract_csv, link, "--overwrite") == 2
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and str(link) in err[0] and "symbolic link" in err[0], err
+    assert listing(tmp_path) == before
+    assert (tmp_path / "release.private" / "run_secret").read_text() == "cd" * 32 + "\n"
+
+
+@pytest.mark.parametrize("kind", ["topdown", "pgsr"])
+@pytest.mark.parametrize("problem", ["not_written_by_censusdp", "output_holds_the_input"])
+def test_a_refused_overwrite_leaves_the_parent_folder_as_it_was(
+    spark, kind, problem, tract_csv, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    if problem == "output_holds_the_input":  # an earlier release's folder, the input put in it
+        (out / ".censusdp-release").write_text(f"{kind}\n")
+        data = out / "input.csv"
+    else:
+        (out / "thesis.tex").write_text("keep me")
+        data = tmp_path / "input.csv"
+    data.write_text(default_input(kind, tract_csv).read_text())
+    before = listing(tmp_path)
+    assert run(kind, tract_csv, out, "--overwrite", input=data) == 2
+    err = error_lines(capsys.readouterr().err)
+    rule = "written by censusdp" if problem == "not_written_by_censusdp" else "the input"
+    assert len(err) == 1 and str(out) in err[0] and rule in err[0], err
+    assert listing(tmp_path) == before
+
+
+def test_an_output_inside_the_input_folder_is_refused_in_one_line(spark, tmp_path, capsys):
+    from tests.io.test_pl94 import copy_of_sample
+
+    folder = tmp_path / "pl94"
+    folder.mkdir()
+    copy_of_sample(folder)
+    before = listing(tmp_path)
+    for out in (folder / "release", tmp_path):  # the output inside the input, the input in it
+        args = ["topdown", "--config", str(ROOT / "conf" / "pl94_e2e_providence.toml")]
+        code = main([*args, "--input", str(folder), "--output", str(out), "--overwrite"])
+        err = error_lines(capsys.readouterr().err)
+        assert code == 2 and len(err) == 1 and "inside" in err[0] and str(folder) in err[0], err
+        assert listing(tmp_path) == before
