@@ -179,15 +179,19 @@ def past_int64(lines: list[str]) -> list[str]:
     return [*lines[:2], ",".join(fields), *lines[3:]]
 
 
+LEGACY = "pl94"  # the folder of a case's legacy files
+
+
 def pl94(edit: Callable[[LegacyFiles], None]) -> Callable[[Path, Path], list[str]]:
     """TopDown on an edited copy of the shipped P.L. 94-171 legacy files."""
 
     def make(folder: Path, output: Path) -> list[str]:
-        files = copy_of_sample(folder)
+        (folder / LEGACY).mkdir()  # beside the output: never inside an input folder
+        files = copy_of_sample(folder / LEGACY)
         edit(files)
         return [
             *("topdown", "--config", str(ROOT / "conf" / "pl94_e2e_providence.toml")),
-            *("--input", str(folder), "--output", str(output)),
+            *("--input", str(folder / LEGACY), "--output", str(output)),
             *("--secret-file", str(secret(folder)), "--master", "local[1]"),
         ]
 
@@ -290,12 +294,12 @@ CASES = {
                 1, 3, dict.fromkeys(("P0020001", "P0020003", "P0020004", "P0020005"), plus(1))
             )
         ),
-        in_folder("ri000012018_2020Style.pl"),
+        in_folder(f"{LEGACY}/ri000012018_2020Style.pl"),
         "line 3, column P0020001: the total of P2 must equal that of P1 (P0010001)",
     ),
     "pl94-segment-record-not-in-the-geoheader": Case(
         pl94(legacy_edit(3, 10, {"LOGRECNO": to("100")})),
-        in_folder("ri000032018_2020Style.pl"),
+        in_folder(f"{LEGACY}/ri000032018_2020Style.pl"),
         "line 10, column LOGRECNO: logical record 100 is not in the geoheader",
     ),
     "input-total-above-max-count": Case(
@@ -305,7 +309,7 @@ CASES = {
     ),
     "pl94-blocks-total-above-max-count": Case(
         pl94(pl94_total_above_max_count),
-        in_folder("ri000012018_2020Style.pl"),
+        in_folder(f"{LEGACY}/ri000012018_2020Style.pl"),
         "column P0010001: the blocks' total above MAX_COUNT = 1_000_000_000",
     ),
     "missing-secret-file": Case(without_secret, in_folder("secret.hex"), "secret file not found"),
@@ -373,8 +377,8 @@ def confidential_twin(folder: Path) -> None:
         sex = header.index("SEX")
         fields[sex] = "1" if fields[sex] == "2" else "2"
         path.write_text("\n".join([*rows[:-1], ",".join(fields)]) + "\n")
-    elif any(folder.glob("*.pl")):
-        files = LegacyFiles(folder, SAMPLE.state, SAMPLE.vintage)
+    elif (folder / LEGACY).is_dir():
+        files = LegacyFiles(folder / LEGACY, SAMPLE.state, SAMPLE.vintage)
         add_white_adults(files, block_lines(files)[-1], 1)
 
 
