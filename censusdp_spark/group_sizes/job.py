@@ -64,12 +64,11 @@ from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.model.geography import Level
-from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
     Clock,
     ReleaseRun,
     input_fingerprint,
-    measurement_fingerprint,
+    release_contents,
     with_command_line,
 )
 
@@ -196,7 +195,7 @@ def _privacy(config: PgsrConfig) -> dict[str, Any]:
     }
 
 
-POST_PROCESSING_KEYS = (("mechanism",),)
+ESTIMATION_KEYS = (("mechanism",),)
 """The config table that chooses the post-processing only (the noise kind is a setting)."""
 
 
@@ -204,15 +203,18 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
     """The runner of a group-size run of ``config`` (options applied)."""
     assert config.input is not None
     noise = "cumulative" if config.mechanism == "cumulative" else "histogram"
-    measured = measurement_fingerprint(
+    inputs = [config.input.path, *([config.spine.path] if config.spine else [])]
+    contents = release_contents(
         GROUP_SIZES,
         config.document.doc,
-        input_fingerprint([config.input.path, *([config.spine.path] if config.spine else [])]),
-        POST_PROCESSING_KEYS,
-        {"noise": noise, "epsilon": str(config.budget.total_epsilon)},
+        input_fingerprint(inputs),
+        tables=[delta.NOISY_MEASUREMENTS, GROUP_SIZES],
+        estimation_keys=ESTIMATION_KEYS,
+        settings={"noise": noise, "epsilon": str(config.budget.total_epsilon)},
+        estimation={"--mechanism": config.mechanism},
     )
     streams = f"{GROUP_SIZES}/{noise}"
-    return ReleaseRun.of(GROUP_SIZES, config.run, measured, options, streams)
+    return ReleaseRun.of(GROUP_SIZES, config.run, contents, options, inputs, streams)
 
 
 def _root_release(
@@ -467,7 +469,6 @@ def _run_pgsr(
     run.commit("measure")
     clock.lap("measure")
 
-    tables = [delta.NOISY_MEASUREMENTS, GROUP_SIZES]
     noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS).persist(
         StorageLevel.MEMORY_AND_DISK
     )
@@ -524,11 +525,7 @@ def _run_pgsr(
         for_release=run.for_release,
         evaluation_dir=eval_dir,
     )
-    common = run.manifest_fields()
-    if config.mechanism in RELAXED:
-        common["versions"]["clarabel"] = version("clarabel")
-    write_manifest(
-        output / "manifest.json",
+    run.write_manifest(
         {
             "run": config.run.name,
             "release": "group sizes (PGSR)",
@@ -545,9 +542,8 @@ def _run_pgsr(
             "guarantee_checks": checks,
             "optimality": optimality,
             **({"relaxed": relaxed} if relaxed else {}),
-            **common,
-            "tables": tables,
         },
+        {"clarabel": version("clarabel")} if config.mechanism in RELAXED else {},
     )
     leaves.unpersist()
     nodes.unpersist()

@@ -234,8 +234,8 @@ def _check_blocks(blocks: DataFrame, files: LegacyFiles) -> None:
             raise InputError(
                 str(files.file(file_of(column))),
                 f"column {column}",
-                f"the blocks total {found[column]}, above MAX_COUNT = {MAX_COUNT:_} (the largest"
-                " every stage of the release holds exactly)",
+                f"the blocks' total above MAX_COUNT = {MAX_COUNT:_} (the largest every stage"
+                " of the release holds exactly)",
             )
 
 

@@ -227,8 +227,8 @@ def enforce_rules(
         raise InputError(
             source,
             "rows",
-            f"the counts total {counts['total']}, above MAX_COUNT = {MAX_COUNT:_}"
-            " (the largest every stage of the release holds exactly)",
+            f"the counts total above MAX_COUNT = {MAX_COUNT:_} (the largest every stage of the"
+            " release holds exactly)",
         )
 
 

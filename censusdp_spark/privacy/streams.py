@@ -102,7 +102,12 @@ def _parse_hex(text: str, source: str) -> bytes:
 
 
 def _read_secret_file(path: Path) -> bytes:
-    mode = stat.S_IMODE(path.stat().st_mode)
+    status = path.stat()
+    if stat.S_ISDIR(status.st_mode):
+        raise ValueError(f"secret file {path} is a directory, not a file")
+    if not stat.S_ISREG(status.st_mode):
+        raise ValueError(f"secret file {path} is not a regular file")
+    mode = stat.S_IMODE(status.st_mode)
     if mode & 0o077:
         raise PermissionError(
             f"refusing to read the run secret {path}: its mode {mode:#o} lets group or others "

@@ -31,9 +31,18 @@ release (``<output>.evaluation/`` or ``--evaluation-output``), never inside it, 
 which travels with the release, does not list it. The folder carries a marker naming the release
 it evaluates; only a folder with that marker is ever replaced.
 
-The run state (``state.json`` in the private folder) records the input and measurement
-fingerprints and the secret's fingerprint; ``--resume`` continues only the same run. A run holds
-an exclusive lock on its private folder from start to end, taken before anything is written.
+What a release is made of is one list, :class:`ReleaseContents`: its input, its measurement, its
+estimation and its outputs (the tables its folder holds), each part fingerprinted key by key.
+The secret binding reads the first two only; the run state (``state.json`` in the private
+folder) records every part and the secret's fingerprint, and ``--resume`` continues only the
+same release, naming every key that changed; the manifest lists the same tables, and a release
+folder holds no Delta table its manifest does not list.
+
+Every check that can refuse a run (the output, the evaluation folder, the lock, the run state)
+runs before a secret is read or made, and a refused run leaves nothing behind. An output must be
+a folder of its own: not a symbolic link (``--overwrite`` would replace what it points to), not
+an input, not inside one and not holding one. A run holds an exclusive lock on its private
+folder from start to end, taken before anything is written.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from typing import IO, Any, Protocol
 from censusdp_spark.model.config import RunOptions
 from censusdp_spark.privacy import load_or_create_secret, secret_fingerprint
 from censusdp_spark.privacy.streams import SECRET_FILE_NAME
-from censusdp_spark.release.manifest import versions
+from censusdp_spark.release.manifest import versions, write_manifest
 
 log = logging.getLogger("censusdp")
 
@@ -92,13 +101,113 @@ class RunLockedError(RuntimeError):
     """Another run holds the lock on this run's private folder."""
 
 
+PARTS = ("input", "measurement", "estimation", "outputs")
+"""The parts of a release, in the order a run makes them."""
+MEASURED_PARTS = ("input", "measurement")
+"""The parts that reach the noise: all the secret binding reads."""
+
+
+@dataclass(frozen=True)
+class ReleaseContents:
+    """What a release is made of, part by part (``PARTS``), each a map from a key (a config key
+    such as ``estimation.method``, or a command-line setting) to its value:
+
+    * ``input``: the content of the files measured (not their path);
+    * ``measurement``: every config table and setting that reaches the noise;
+    * ``estimation``: how the noisy measurements become the release (post-processing);
+    * ``outputs``: what is computed from the estimates, and ``tables``, the Delta tables the
+      release folder holds.
+
+    ``measurement_sha256`` is what the secret binding records: the measured parts alone, so a
+    secret may post-process the same measurements again. A resumed run must match every part."""
+
+    release: str
+    parts: Mapping[str, Mapping[str, Any]]
+    measurement_sha256: str
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self.parts["outputs"]["tables"])
+
+    def fingerprints(self) -> dict[str, dict[str, str]]:
+        """Per part, the SHA-256 of each key's value (what the run state records)."""
+        return {part: {k: _sha256(v) for k, v in keys.items()} for part, keys in self.parts.items()}
+
+    def changed(self, recorded: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str]]:
+        """``(part, key)`` of every key whose value is not the one ``recorded`` fingerprints."""
+        now = self.fingerprints()
+        return [
+            (part, key)
+            for part in PARTS
+            for key in sorted({*now.get(part, {}), *recorded.get(part, {})})
+            if now.get(part, {}).get(key) != recorded.get(part, {}).get(key)
+        ]
+
+
+def release_contents(
+    release: str,
+    config: Mapping[str, Any] | str,
+    input_sha256: str,
+    *,
+    tables: Sequence[str],
+    estimation_keys: Iterable[tuple[str, ...]] = (),
+    output_keys: Iterable[tuple[str, ...]] = (),
+    settings: Mapping[str, Any] | None = None,
+    estimation: Mapping[str, Any] | None = None,
+) -> ReleaseContents:
+    """The contents of a release of kind ``release``. ``config`` is the TOML document (as the
+    loaders keep it, so a config given as a mapping fingerprints as the file it mirrors) or its
+    text; without ``[run]`` and the input's path, its ``estimation_keys`` make the estimation
+    part, its ``output_keys`` the outputs part with ``tables``, and the rest the measurement
+    part with the measurement ``settings`` (command-line choices that change what is measured).
+    ``estimation`` adds post-processing settings (files read only to estimate, command-line
+    choices). A table left empty by taking out the keys counts as absent (adding
+    ``[output.pl94_tables]`` to a config keeps its measurement)."""
+    doc = tomllib.loads(config) if isinstance(config, str) else copy.deepcopy(dict(config))
+    doc.pop("run", None)
+    if isinstance(doc.get("input"), dict):
+        doc["input"].pop("path", None)
+    chosen = {".".join(key): _take(doc, key) for key in estimation_keys}
+    outputs = {".".join(key): _take(doc, key) for key in output_keys}
+    measured = dict(settings or {})
+    canonical = {"release": release, "input": input_sha256, "config": doc, "settings": measured}
+    return ReleaseContents(
+        release,
+        {
+            "input": {"input": input_sha256},
+            "measurement": {**doc, **measured},
+            "estimation": {**chosen, **(estimation or {})},
+            "outputs": {**outputs, "tables": list(tables)},
+        },
+        _sha256(canonical),
+    )
+
+
+def _take(doc: dict[str, Any], key: tuple[str, ...]) -> Any:
+    """Remove ``key`` from ``doc`` and return its value (None if absent); a table it leaves
+    empty is removed too, as if the config had never had it."""
+    path: list[Any] = [doc]  # the tables from the document down to the key's
+    for part in key[:-1]:
+        path.append(path[-1].get(part, {}) if isinstance(path[-1], dict) else {})
+    value = path[-1].pop(key[-1], None) if isinstance(path[-1], dict) else None
+    for parent, part, table in reversed(list(zip(path, key, path[1:], strict=False))):
+        if table == {}:
+            parent.pop(part, None)
+    return value
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
 @dataclass
 class RunState:
-    """What a resumed run must match and which steps are committed (no confidential value)."""
+    """What a resumed run must match and which steps are committed (no confidential value):
+    ``parts``, the fingerprints of every key of the release's contents."""
 
     release: str
     output: str
-    measurement_sha256: str
+    parts: dict[str, dict[str, str]]
     secret_fingerprint: str
     measured: bool = False
     steps_done: list[str] = field(default_factory=list)
@@ -125,9 +234,14 @@ class RunState:
             raise ResumeError(
                 f"{target}: unreadable run state ({err}); start a fresh run"
             ) from None
-        text = (state.release, state.output, state.measurement_sha256, state.secret_fingerprint)
+        text = (state.release, state.output, state.secret_fingerprint)
         if (
             not all(isinstance(v, str) for v in text)
+            or not isinstance(state.parts, dict)
+            or not all(
+                isinstance(keys, dict) and all(isinstance(v, str) for v in keys.values())
+                for keys in state.parts.values()
+            )
             or not isinstance(state.measured, bool)
             or not isinstance(state.steps_done, list)
             or not all(isinstance(v, str) for v in state.steps_done)
@@ -152,40 +266,6 @@ def input_fingerprint(paths: Sequence[Path]) -> str:
         else:
             digest.update(str(f.stat().st_mtime_ns).encode())
     return digest.hexdigest()
-
-
-def measurement_fingerprint(
-    release: str,
-    config: Mapping[str, Any] | str,
-    input_sha256: str,
-    post_processing_keys: Iterable[tuple[str, ...]] = (),
-    settings: Mapping[str, Any] | None = None,
-) -> str:
-    """SHA-256 of what reaches the noise: the release kind, the input's content, the config
-    without ``[run]``, the input's path and the ``post_processing_keys``, and the run's
-    measurement ``settings`` (command-line choices that change what is measured). ``config`` is
-    the TOML document (as the loaders keep it, so a config given as a mapping fingerprints as
-    the file it mirrors) or its text. A table left empty by removing the post-processing keys
-    counts as absent (adding ``[output.pl94_tables]`` to a config keeps its fingerprint)."""
-    doc = tomllib.loads(config) if isinstance(config, str) else copy.deepcopy(dict(config))
-    doc.pop("run", None)
-    if isinstance(doc.get("input"), dict):
-        doc["input"].pop("path", None)
-    for key in post_processing_keys:
-        path: list[Any] = [doc]  # the tables from the document down to the key's
-        for part in key[:-1]:
-            path.append(path[-1].get(part, {}) if isinstance(path[-1], dict) else {})
-        if isinstance(path[-1], dict):
-            path[-1].pop(key[-1], None)
-        for parent, part, table in reversed(list(zip(path, key, path[1:], strict=False))):
-            if table == {}:  # emptied by the pop: as if the config had never had it
-                parent.pop(part, None)
-    canonical = json.dumps(
-        {"release": release, "input": input_sha256, "config": doc, "settings": settings or {}},
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def private_dir_for(output: Path) -> Path:
@@ -259,10 +339,13 @@ class SecretSource:
 class ReleaseRun:
     """One release's run: use as a context manager around the whole job.
 
-    On entry it takes the lock on the private folder and checks the output (refused when it
-    holds anything and neither ``overwrite`` nor ``resume`` is set) and, for ``resume``, the run
-    state. The secret is read or made only by :meth:`secret`, to be called once the input has
-    passed validation; :meth:`prepare_output` empties the output just before the first write.
+    On entry it checks the output (refused when it is a symbolic link or a file, is one of the
+    ``inputs``, holds one or lies inside one, holds anything and neither ``overwrite`` nor
+    ``resume`` is set, or holds files censusdp did not write and ``overwrite`` is set), takes
+    the lock on the private folder and, for ``resume``, checks the run state against
+    ``contents``. The secret is read or made only by :meth:`secret`, to be called once the
+    input has passed validation; :meth:`prepare_output` empties the output just before the first
+    write, and :meth:`write_manifest` ends the release.
 
     ``streams`` names the family of noise streams the release draws from (default: the release
     kind); a secret is bound once per family, since distinct families share no stream.
@@ -277,8 +360,9 @@ class ReleaseRun:
         output: Path,
         private_dir: Path,
         secret_source: SecretSource,
-        measurement_sha256: str,
+        contents: ReleaseContents,
         *,
+        inputs: Sequence[Path] = (),
         overwrite: bool = False,
         resume: bool = False,
         reuse_secret: bool = False,
@@ -291,7 +375,9 @@ class ReleaseRun:
         self.output = output
         self.private_dir = private_dir
         self.secret_source = secret_source
-        self.measurement_sha256 = measurement_sha256
+        self.contents = contents
+        self.measurement_sha256 = contents.measurement_sha256
+        self.inputs = tuple(inputs)
         self.overwrite = overwrite
         self.resume = resume
         self.reuse_secret = reuse_secret
@@ -308,18 +394,20 @@ class ReleaseRun:
         cls,
         release: str,
         run: RunOptions,
-        measurement_sha256: str,
+        contents: ReleaseContents,
         flags: ReleaseFlags,
+        inputs: Sequence[Path],
         streams: str | None = None,
     ) -> ReleaseRun:
-        """The runner of a release of ``run`` (command line applied) with ``flags``; a release
-        without ``--resume`` has no ``resume`` flag."""
+        """The runner of a release of ``run`` (command line applied) with ``flags``, reading
+        ``inputs``; a release without ``--resume`` has no ``resume`` flag."""
         return cls(
             release,
             run.output,
             run.private_dir,
             SecretSource(run.secret_file, run.secret_env),
-            measurement_sha256,
+            contents,
+            inputs=inputs,
             overwrite=flags.overwrite,
             resume=bool(getattr(flags, "resume", False)),
             reuse_secret=flags.reuse_secret,
@@ -336,10 +424,6 @@ class ReleaseRun:
         try:
             if self.resume:
                 self.state = self._resumable_state()
-            elif _holds_anything(self.output) and not self.overwrite:
-                raise OutputExistsError(
-                    f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
-                )
         except BaseException as error:
             self.__exit__(type(error), error, error.__traceback__)
             raise
@@ -431,14 +515,8 @@ class ReleaseRun:
         if self.state is not None:
             return self.state
         if _holds_anything(self.output):
-            if (
-                not (self.output / RELEASE_MARKER).exists()
-                and not (self.output / "manifest.json").exists()
-            ):
-                raise OutputExistsError(
-                    f"{self.output}: --overwrite replaces only a folder written by censusdp"
-                    " (no manifest.json or marker here); choose another --output"
-                )
+            if not _written_by_censusdp(self.output):  # checked on entry; raced since
+                raise OutputExistsError(self._foreign_output())
             shutil.rmtree(self.output)
         self._drop_stale_evaluation()
         self.output.mkdir(parents=True, exist_ok=True)
@@ -446,7 +524,7 @@ class ReleaseRun:
         self.state = RunState(
             self.release,
             str(self.output),
-            self.measurement_sha256,
+            self.contents.fingerprints(),
             secret_fingerprint(self.secret()),
         )
         self.state.save(self.private_dir)
@@ -472,6 +550,8 @@ class ReleaseRun:
         return folder
 
     def _check_evaluation_folder(self) -> None:
+        if self.evaluation_dir.is_symlink():
+            raise OutputExistsError(self._symlink(self.evaluation_dir, "--evaluation-output"))
         folder, output = self.evaluation_dir.resolve(), self.output.resolve()
         if folder == output or output in folder.parents:
             raise OutputExistsError(
@@ -537,23 +617,82 @@ class ReleaseRun:
         )
 
     def manifest_fields(self) -> dict[str, Any]:
-        """The fields every release's manifest carries."""
+        """The fields every release's manifest carries, its tables among them."""
         return {
             "release_kind": self.release,
             "for_release": self.for_release,
             "secret_fingerprint": secret_fingerprint(self.secret()),
             "measurement_sha256": self.measurement_sha256,
+            "contents_sha256": {p: _sha256(keys) for p, keys in self.contents.parts.items()},
             "timings_s": self.clock.timings,
             "elapsed_s": self.clock.elapsed(),
             "versions": versions(),
+            "tables": self.contents.tables,
         }
 
+    def write_manifest(
+        self, content: Mapping[str, Any], more_versions: Mapping[str, str] | None = None
+    ) -> None:
+        """End the release: drop any Delta table of the output its manifest does not list (a
+        folder holds exactly its manifest's tables), then write the manifest: ``content``, then
+        :meth:`manifest_fields` with ``more_versions`` (packages this release used)."""
+        for entry in sorted(self.output.iterdir()):
+            if (entry / "_delta_log").is_dir() and entry.name not in self.contents.tables:
+                log.info("%s: not a table of this release; removed", entry.name)
+                shutil.rmtree(entry)
+        common = self.manifest_fields()
+        common["versions"].update(more_versions or {})
+        write_manifest(self.output / "manifest.json", {**content, **common})
+
     def _check_output_folder(self) -> None:
+        """Every refusal the output can meet, before anything is written or a secret made."""
+        if self.output.is_symlink():
+            raise OutputExistsError(self._symlink(self.output, "--output"))
         if self.output.exists() and not self.output.is_dir():
             raise OutputExistsError(f"{self.output}: --output is a file, not a folder")
+        self._check_apart_from_inputs()
         parent = next((p for p in [self.output, *self.output.parents] if p.exists()), None)
         if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
             raise OutputExistsError(f"{parent}: not writable; choose another --output")
+        if self.resume or not _holds_anything(self.output):
+            return
+        if not self.overwrite:
+            raise OutputExistsError(
+                f"{self.output}: output exists; pass --overwrite to replace it (or --resume)"
+            )
+        if not _written_by_censusdp(self.output):
+            raise OutputExistsError(self._foreign_output())
+
+    def _check_apart_from_inputs(self) -> None:
+        """An output that is an input or holds one (``--overwrite`` would delete it), or lies
+        inside an input folder (every later read of that folder would meet the release)."""
+        output = self.output.resolve()
+        for read in self.inputs:
+            where = read.resolve()
+            if output == where:
+                rule = f"is the input {read}"
+            elif output in where.parents:
+                rule = f"the input {read} is inside it"
+            elif where in output.parents:
+                rule = f"is inside the input folder {read}"
+            else:
+                continue
+            raise OutputExistsError(
+                f"{self.output}: {rule}; choose an --output apart from every input"
+            )
+
+    def _foreign_output(self) -> str:
+        return (
+            f"{self.output}: --overwrite replaces only a folder written by censusdp"
+            " (no manifest.json or marker here); choose another --output"
+        )
+
+    @staticmethod
+    def _symlink(folder: Path, option: str) -> str:
+        return (
+            f"{folder}: {option} is a symbolic link; give the folder it points to"
+            f" ({folder.resolve()}) or another {option}"
+        )
 
     def _take_lock(self) -> None:
         self._made_private_dir = not self.private_dir.exists()
@@ -575,16 +714,29 @@ class ReleaseRun:
             raise ResumeError(f"{where}: no run state to resume from")
         if state.release != self.release or state.output != str(self.output):
             raise ResumeError(f"{where}: the run was started for another release or output")
-        if state.measurement_sha256 != self.measurement_sha256:
+        changed = self.contents.changed(state.parts)
+        keys = ", ".join(key for _, key in changed)
+        if any(part in MEASURED_PARTS for part, _ in changed):
             raise ResumeError(
-                f"{where}: the input or config changed since the run started; resuming would"
-                " mix noise of the old data with the new: start a fresh run with a new secret"
+                f"{where}: the input or config changed since the run started ({keys}); resuming"
+                " would mix noise of the old data with the new: start a fresh run with a new"
+                " secret"
+            )
+        if changed:
+            raise ResumeError(
+                f"{where}: the release changed since the run started ({keys}); resuming would"
+                " mix two releases in one folder: resume with the run's own config and options,"
+                " or start a fresh run"
             )
         return state
 
 
 def _holds_anything(folder: Path) -> bool:
     return folder.is_dir() and any(folder.iterdir())
+
+
+def _written_by_censusdp(folder: Path) -> bool:
+    return (folder / RELEASE_MARKER).exists() or (folder / "manifest.json").exists()
 
 
 def _env_set(env: str | None) -> bool:

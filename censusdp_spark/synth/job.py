@@ -33,11 +33,10 @@ from censusdp_spark.model.errors import InputError
 from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
-from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
     ReleaseRun,
     input_fingerprint,
-    measurement_fingerprint,
+    release_contents,
     with_command_line,
 )
 from censusdp_spark.synth.config import SynthConfig
@@ -142,13 +141,16 @@ def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -
     run_options = with_command_line(config.run, options.output, options.secret_file)
     config = replace(config, run=run_options)
     rounds = options.rounds or config.budget.rounds_for(rho)
-    measured = measurement_fingerprint(
+    inputs = [config.input.households, config.input.persons]
+    contents = release_contents(
         SYNTH,
         config.document.doc,
-        input_fingerprint([config.input.households, config.input.persons]),
+        input_fingerprint(inputs),
+        tables=[SYNTHETIC_HOUSEHOLDS, SYNTHETIC_PERSONS, NOISY_MEASUREMENTS],
         settings={"method": options.method, "rho": str(rho), "rounds": rounds},
     )
-    release = ReleaseRun.of(SYNTH, run_options, measured, options, f"{SYNTH}/{options.method}")
+    streams = f"{SYNTH}/{options.method}"
+    release = ReleaseRun.of(SYNTH, run_options, contents, options, inputs, streams)
     with release, reporting_progress(spark):
         return _run_synth(spark, config, options, release, rho, delta_, rounds)
 
@@ -260,8 +262,7 @@ def _run_synth(
         release.for_release,
         eval_dir,
     )
-    write_manifest(
-        output / "manifest.json",
+    release.write_manifest(
         {
             "run": run.name,
             "method": options.method,
@@ -293,8 +294,6 @@ def _run_synth(
                 "households_dropped_over_max_members": counted.dropped_oversize,
             },
             "hyperparameters": result.hyperparameters,
-            **release.manifest_fields(),
-            "tables": [SYNTHETIC_HOUSEHOLDS, SYNTHETIC_PERSONS, NOISY_MEASUREMENTS],
         },
     )
     return summary

@@ -17,7 +17,14 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import BeforeValidator, Field, field_validator
 
-from censusdp_spark.io.pl94_layout import BLOCK_DIGITS, CELLS, SUMMARY_LEVELS, TABLES, LegacyFiles
+from censusdp_spark.io.pl94_layout import (
+    BLOCK_DIGITS,
+    CELLS,
+    SUMMARY_LEVELS,
+    TABLES,
+    LegacyFiles,
+    table_cells,
+)
 from censusdp_spark.io.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.model.config import (
     INPUT_FORMATS,
@@ -923,7 +930,8 @@ def _occupancy(
 ) -> tuple[OccupancyGroup, ...]:
     """The occupancy groups: disjoint sets of cells, each with its expression over a block's
     dwelling counts: the legacy files' table cells (whose blocks carry housing-unit and
-    group-quarters counts beside the persons), or else the columns of ``dwellings``."""
+    group-quarters counts beside the persons; only the public ones, ``_check_public``), or else
+    the columns of ``dwellings``, a table the config declares public."""
     if not groups:
         if dwellings is not None:
             raise fail("estimation.dwellings", "is read only by [[estimation.occupancy]] groups")
@@ -952,6 +960,9 @@ def _occupancy(
         plus, minus = _expression(fail, f"{key}.where", group.where)
         if legacy and (unknown := [c for c in (*plus, *minus) if c not in CELLS]):
             raise fail(f"{key}.where", f"{unknown} are not cells of the legacy files' tables")
+        if legacy:  # only positivity is read: added facility populations say "occupied"
+            _check_public(fail, f"{key}.where", [(c, True) for c in plus], "where")
+            _check_public(fail, f"{key}.where", [(c, False) for c in minus], "where")
         bounds = {
             name: _bound_expression(fail, f"{key}.{name}", text, legacy)
             for name, text in (("at_least", group.at_least), ("at_most", group.at_most))
@@ -995,7 +1006,31 @@ def _bound_expression(fail: Fail, key: str, text: str, legacy: bool) -> BoundExp
     bound = BoundExpression(tuple(terms), " ".join(text.split()))
     if legacy and (unknown := [c for c in bound.columns if c not in CELLS]):
         raise fail(key, f"{unknown} are not cells of the legacy files' tables")
+    if legacy:
+        _check_public(fail, key, [(c, indicator) for _, c, indicator in bound.terms], "a bound")
     return bound
+
+
+PUBLIC_COUNTS = ("H0010001",)
+"""Legacy-file cells public as counts: a block's housing units (a 2020 invariant)."""
+FACILITY_CELLS = table_cells("P005", 10)
+"""Legacy-file cells public only as ``(CELL > 0)``: persons of a group-quarters type, whose
+positivity is an occupied facility (the files count no facilities; the 2020 invariants
+include them)."""
+
+
+def _check_public(fail: Fail, key: str, terms: list[tuple[str, bool]], what: str) -> None:
+    """Refuse a term ``(column, positivity only)`` of the legacy files that is not public:
+    ``where`` and the bounds are published without noise (a refusal names a bound's value)."""
+    for column, indicator in terms:
+        if column in PUBLIC_COUNTS or (indicator and column in FACILITY_CELLS):
+            continue
+        raise fail(
+            key,
+            f"{column} is not public: only housing units (H0010001) and occupied facilities"
+            f" ((P0050003 > 0), ...: a type's persons, added only in where) may be named, since"
+            f" {what} is published without noise",
+        )
 
 
 def load_config(config: Source | RunConfig, project_root: Path | None = None) -> RunConfig:

@@ -32,11 +32,11 @@ from censusdp_spark.engine.hierarchy import node_histograms, node_totals
 from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
-from censusdp_spark.release.manifest import write_manifest
 from censusdp_spark.release.runner import (
+    ReleaseContents,
     ReleaseRun,
     input_fingerprint,
-    measurement_fingerprint,
+    release_contents,
     with_command_line,
 )
 from censusdp_spark.topdown.bottom_up import (
@@ -153,28 +153,54 @@ def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
     return replace(config, run=run, input=spec, spine=spine)
 
 
-POST_PROCESSING_KEYS = (
+ESTIMATION_KEYS = (
     ("estimation", "method"),
     ("estimation", "passes"),
     ("estimation", "fallback"),
     ("estimation", "occupancy"),
     ("estimation", "dwellings"),
-    ("output", "pl94_tables"),
 )
-"""Config keys that change only the estimation from the noisy measurements, or what is computed
-from the estimates, not the noise."""
+"""Config keys that change only the estimation from the noisy measurements, not the noise."""
+OUTPUT_KEYS = (("output", "pl94_tables"),)
+"""Config keys that change only what is computed from the estimates."""
+DWELLINGS_TABLE = "estimation.dwellings table"
+"""The estimation key of the dwelling counts' content (read to estimate, never measured)."""
+
+
+def release_tables(config: RunConfig, variances: bool) -> list[str]:
+    """The Delta tables of a TopDown release of ``config``, as its manifest lists them."""
+    return (
+        [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
+        + ([BOTTOM_UP] if config.estimation_method == "full_information" else [])
+        + ([TOTAL_VARIANCES] if variances else [])
+        + ([PL94_TABLES] if config.pl94_tables else [])
+    )
+
+
+def topdown_contents(config: RunConfig, variances: bool) -> ReleaseContents:
+    """What a TopDown release of ``config`` is made of (``release_contents``)."""
+    assert config.input is not None
+    spine = [config.spine.path] if config.spine else []
+    dwellings = config.dwellings
+    return release_contents(
+        TOPDOWN,
+        config.document.doc,
+        input_fingerprint([*config.input.files(), *spine]),
+        tables=release_tables(config, variances),
+        estimation_keys=ESTIMATION_KEYS,
+        output_keys=OUTPUT_KEYS,
+        estimation={DWELLINGS_TABLE: input_fingerprint([dwellings.path])} if dwellings else {},
+    )
 
 
 def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     """The runner of a TopDown run of ``config`` (options applied)."""
     assert config.input is not None
-    measured = measurement_fingerprint(
-        TOPDOWN,
-        config.document.doc,
-        input_fingerprint([*config.input.files(), *([config.spine.path] if config.spine else [])]),
-        POST_PROCESSING_KEYS,
-    )
-    return ReleaseRun.of(TOPDOWN, config.run, measured, options)
+    contents = topdown_contents(config, options.variances)
+    spine = [config.spine.path] if config.spine else []
+    dwellings = [config.dwellings.path] if config.dwellings else []
+    inputs = [config.input.path, *spine, *dwellings]
+    return ReleaseRun.of(TOPDOWN, config.run, contents, options, inputs)
 
 
 def _driver_fault(after_level: str) -> None:
@@ -375,13 +401,9 @@ def _run_topdown(
         method=config.estimation_method,
         method_fallback=config.method_fallback,
         bypass=bypass.text() if bypass else "",
-        tables=[delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
-        + ([BOTTOM_UP] if full_information else [])
-        + ([TOTAL_VARIANCES] if options.variances else [])
-        + ([PL94_TABLES] if config.pl94_tables else []),
+        tables=run.contents.tables,
     )
-    write_manifest(
-        output / "manifest.json",
+    run.write_manifest(
         {
             "run": config.run.name,
             "config_file": config.source,
@@ -397,8 +419,6 @@ def _run_topdown(
             "bypass": bypass.manifest() if bypass else {"bypass_single_child": False},
             "nodes": summary.nodes,
             "guarantee_checks": checks,
-            **run.manifest_fields(),
-            "tables": summary.tables,
             **(
                 {"pl94_tables": {"tables": list(config.pl94_tables.tables), "csv": csv_files}}
                 if config.pl94_tables

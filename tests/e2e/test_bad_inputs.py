@@ -11,6 +11,7 @@ test_readers.py``, ``test_pgsr_job.py``, ``test_synth_job.py``) check the rules 
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from censusdp_spark.io.pl94_layout import LegacyFiles
+from censusdp_spark.io.pl94_layout import SEGMENTS, LegacyFiles
 from tests.e2e.test_faults import censusdp
 from tests.e2e.test_secret_policy import error_lines
 from tests.e2e.test_synth_job import _duplicate_person, real_tables
-from tests.io.test_pl94 import copy_of_sample, edit_line, plus, to
-from tests.topdown.test_readers import GOOD, HEADER, bad_row
+from tests.io.test_pl94 import copy_of_sample, edit_line, field, lines, plus, to
+from tests.io.test_pl94_layout import SAMPLE
+from tests.topdown.test_readers import GOOD, HEADER, adults, bad_row
 
 ROOT = Path(__file__).resolve().parents[2]
 CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
@@ -177,15 +179,19 @@ def past_int64(lines: list[str]) -> list[str]:
     return [*lines[:2], ",".join(fields), *lines[3:]]
 
 
+LEGACY = "pl94"  # the folder of a case's legacy files
+
+
 def pl94(edit: Callable[[LegacyFiles], None]) -> Callable[[Path, Path], list[str]]:
     """TopDown on an edited copy of the shipped P.L. 94-171 legacy files."""
 
     def make(folder: Path, output: Path) -> list[str]:
-        files = copy_of_sample(folder)
+        (folder / LEGACY).mkdir()  # beside the output: never inside an input folder
+        files = copy_of_sample(folder / LEGACY)
         edit(files)
         return [
             *("topdown", "--config", str(ROOT / "conf" / "pl94_e2e_providence.toml")),
-            *("--input", str(folder), "--output", str(output)),
+            *("--input", str(folder / LEGACY), "--output", str(output)),
             *("--secret-file", str(secret(folder)), "--master", "local[1]"),
         ]
 
@@ -196,6 +202,38 @@ def legacy_edit(
     n: int, line: int, changes: dict[str, Callable[[str], str]]
 ) -> Callable[[LegacyFiles], None]:
     return lambda files: edit_line(n, line, changes)(files, files.folder)
+
+
+WHITE_ADULT = (
+    *("P0010001", "P0010002", "P0010003", "P0020001", "P0020003", "P0020004", "P0020005"),
+    *("P0030001", "P0030002", "P0030003", "P0040001", "P0040003", "P0040004", "P0040005"),
+)
+"""The cells of P1-P4 that count a white, non-Hispanic adult."""
+
+
+def block_lines(files: LegacyFiles) -> list[int]:
+    """The lines (1-based) of the blocks with housing units and no group quarters."""
+    header = [ln.split("|") for ln in lines(files.geoheader)]
+    units = [ln.split("|")[field(2, "H0010001")] for ln in lines(files.file(2))]
+    gq = [ln.split("|")[field(3, "P0050001")] for ln in lines(files.file(3))]
+    return [
+        i + 1
+        for i, fields in enumerate(header)
+        if fields[field(0, "SUMLEV")] == "750" and int(units[i]) > 0 and int(gq[i]) == 0
+    ]
+
+
+def add_white_adults(files: LegacyFiles, line: int, n: int) -> None:
+    """``n`` more white non-Hispanic adults in the block on ``line``, every table kept whole."""
+    edit_line(0, line, {"POP100": plus(n)})(files, files.folder)
+    for segment in (1, 2):
+        cells = {c: plus(n) for c in WHITE_ADULT if c in SEGMENTS[segment - 1]}
+        edit_line(segment, line, cells)(files, files.folder)
+
+
+def pl94_total_above_max_count(files: LegacyFiles) -> None:
+    for line in block_lines(files)[:2]:
+        add_white_adults(files, line, 600_000_000)
 
 
 BLOCKS = in_folder("blocks.csv")
@@ -256,13 +294,23 @@ CASES = {
                 1, 3, dict.fromkeys(("P0020001", "P0020003", "P0020004", "P0020005"), plus(1))
             )
         ),
-        in_folder("ri000012018_2020Style.pl"),
+        in_folder(f"{LEGACY}/ri000012018_2020Style.pl"),
         "line 3, column P0020001: the total of P2 must equal that of P1 (P0010001)",
     ),
     "pl94-segment-record-not-in-the-geoheader": Case(
         pl94(legacy_edit(3, 10, {"LOGRECNO": to("100")})),
-        in_folder("ri000032018_2020Style.pl"),
+        in_folder(f"{LEGACY}/ri000032018_2020Style.pl"),
         "line 10, column LOGRECNO: logical record 100 is not in the geoheader",
+    ),
+    "input-total-above-max-count": Case(
+        topdown([adults(GOOD[0], 600_000_000), adults(GOOD[1], 600_000_000), GOOD[2]]),
+        BLOCKS,
+        "rows: the counts total above MAX_COUNT = 1_000_000_000",
+    ),
+    "pl94-blocks-total-above-max-count": Case(
+        pl94(pl94_total_above_max_count),
+        in_folder(f"{LEGACY}/ri000012018_2020Style.pl"),
+        "column P0010001: the blocks' total above MAX_COUNT = 1_000_000_000",
     ),
     "missing-secret-file": Case(without_secret, in_folder("secret.hex"), "secret file not found"),
     "output-is-a-file": Case(onto_a_file, in_folder("out"), "is a file"),
@@ -300,3 +348,54 @@ def test_the_installed_command_refuses_it_the_same_way(name, tmp_path):
     """The same promise from the installed ``censusdp`` entry point, in its own process."""
     run = censusdp(*CASES[name].make(tmp_path, tmp_path / "out"))
     check_refusal(name, tmp_path, run.returncode, run.stderr)
+
+
+def confidential_twin(folder: Path) -> None:
+    """The case's input with other confidential counts: the same blocks, housing units and
+    facilities (and for group sizes the same households), one person more in a block (or a
+    household of one grown to two, or a person of the other sex)."""
+    if (folder / "blocks.csv").exists():
+        path = folder / "blocks.csv"
+        rows = lines(path)
+        if len(rows) > 1 and all(f.isdigit() for f in rows[-1].split(",")[4:]):
+            rows[-1] = adults(rows[-1], 1)
+        path.write_text("\n".join(rows) + "\n")
+    elif (folder / "sizes.csv").exists():
+        path = folder / "sizes.csv"
+        rows = lines(path)
+        fields = rows[1].split(",")
+        fields[4], fields[5] = str(int(fields[4]) - 1), str(int(fields[5]) + 1)
+        path.write_text("\n".join([rows[0], ",".join(fields), *rows[2:]]) + "\n")
+    elif (folder / "households.csv").exists():
+        path = folder / "households.csv"
+        path.write_text(path.read_text().replace("01,a,2", "01,a,3"))
+    elif (folder / "persons.csv").exists():
+        path = folder / "persons.csv"
+        rows = lines(path)
+        header = rows[0].split(",")
+        fields = rows[-1].split(",")
+        sex = header.index("SEX")
+        fields[sex] = "1" if fields[sex] == "2" else "2"
+        path.write_text("\n".join([*rows[:-1], ",".join(fields)]) + "\n")
+    elif (folder / LEGACY).is_dir():
+        files = LegacyFiles(folder / LEGACY, SAMPLE.state, SAMPLE.vintage)
+        add_white_adults(files, block_lines(files)[-1], 1)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_refusal_says_the_same_whatever_the_confidential_counts(name, spark, tmp_path, capsys):
+    """Every message is a function of the public facts alone: the case on its input and on a
+    twin with other confidential counts (same geography, housing units and facilities) is
+    refused in the same words, so no refusal can carry a count of people."""
+    folder = tmp_path / "case"
+    said = []
+    for twin in (False, True):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        args = CASES[name].make(folder, folder / "out")
+        if twin:
+            confidential_twin(folder)
+        main(args)
+        said.append([ln for ln in error_lines(capsys.readouterr().err) if not SPARK_LOG.match(ln)])
+    assert said[0] == said[1]
+    assert len(said[0]) == 1, said

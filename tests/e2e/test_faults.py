@@ -173,7 +173,7 @@ def test_a_garbled_run_state_is_one_line_naming_the_file(
             {
                 "release": "topdown",
                 "output": str(out),
-                "measurement_sha256": "0" * 64,
+                "parts": {"input": {"input": "0" * 64}},
                 "secret_fingerprint": "f",
                 "measured": "yes",
                 "steps_done": "tract",

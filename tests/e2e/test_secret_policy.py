@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from tests.conftest import with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDown input
@@ -225,15 +226,18 @@ def test_an_output_that_is_a_file_is_refused_in_one_line(spark, kind, tract_csv,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("problem", ["missing", "group_readable"])
+@pytest.mark.parametrize("problem", ["missing", "group_readable", "a_directory"])
 def test_an_unusable_secret_file_is_one_line_and_writes_nothing(
     spark, kind, problem, tract_csv, tmp_path, capsys
 ):
     secret = make_secret(tmp_path / "s", "6f")
     if problem == "missing":
         secret.unlink()
-    else:
+    elif problem == "group_readable":
         secret.chmod(0o640)
+    else:
+        secret.unlink()
+        secret.mkdir(mode=0o700)
     out = tmp_path / "out"
     assert run(kind, tract_csv, out, "--secret-file", str(secret)) == 2
     err = error_lines(capsys.readouterr().err)
@@ -285,3 +289,89 @@ def test_an_evaluation_folder_censusdp_did_not_write_is_never_touched(
     err = error_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1 and "did not write" in err[0], err
     assert [p.name for p in theirs.iterdir()] == ["notes.txt"] and not out.exists()
+
+
+def listing(folder: Path) -> dict[str, list[str]]:
+    """Every entry under ``folder`` (symbolic links not followed), with its contents' names."""
+    return {
+        str(p.relative_to(folder)): sorted(c.name for c in p.iterdir())
+        if p.is_dir() and not p.is_symlink()
+        else []
+        for p in [folder, *folder.rglob("*")]
+    }
+
+
+def test_resume_refuses_another_estimation_method_naming_the_key(
+    spark, tract_csv, tmp_path, capsys
+):
+    """The estimation method is post-processing (a user secret may estimate the same noisy
+    measurements again), but a resumed run is one release: it must not finish another's."""
+    out = tmp_path / "out"
+    assert run("topdown", tract_csv, out, "--variances") == 0
+    config = tmp_path / "topdown.toml"
+    demo = (ROOT / "conf" / "ri_2010_demo.toml").read_text()
+    config.write_text(with_method(demo.replace('"data/', f'"{ROOT}/data/'), "topdown"))
+    before = listing(tmp_path)
+    capsys.readouterr()
+    args = ["topdown", "--config", str(config), "--input", str(tract_csv), "--output", str(out)]
+    assert main([*args, "--resume"]) == 2
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and "estimation.method" in err[0] and "tables" in err[0], err
+    assert "fresh run" in err[0]
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_symlinked_output_is_refused_before_anything_is_written(
+    spark, kind, tract_csv, tmp_path, capsys
+):
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / ".censusdp-release").write_text(f"{kind}\n")
+    (tmp_path / "release.private").mkdir(mode=0o700)
+    (tmp_path / "release.private" / "run_secret").write_text("cd" * 32 + "\n")
+    link = tmp_path / "link"
+    link.symlink_to(release)
+    before = listing(tmp_path)
+    assert run(kind, tract_csv, link, "--overwrite") == 2
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and str(link) in err[0] and "symbolic link" in err[0], err
+    assert listing(tmp_path) == before
+    assert (tmp_path / "release.private" / "run_secret").read_text() == "cd" * 32 + "\n"
+
+
+@pytest.mark.parametrize("kind", ["topdown", "pgsr"])
+@pytest.mark.parametrize("problem", ["not_written_by_censusdp", "output_holds_the_input"])
+def test_a_refused_overwrite_leaves_the_parent_folder_as_it_was(
+    spark, kind, problem, tract_csv, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    if problem == "output_holds_the_input":  # an earlier release's folder, the input put in it
+        (out / ".censusdp-release").write_text(f"{kind}\n")
+        data = out / "input.csv"
+    else:
+        (out / "thesis.tex").write_text("keep me")
+        data = tmp_path / "input.csv"
+    data.write_text(default_input(kind, tract_csv).read_text())
+    before = listing(tmp_path)
+    assert run(kind, tract_csv, out, "--overwrite", input=data) == 2
+    err = error_lines(capsys.readouterr().err)
+    rule = "written by censusdp" if problem == "not_written_by_censusdp" else "the input"
+    assert len(err) == 1 and str(out) in err[0] and rule in err[0], err
+    assert listing(tmp_path) == before
+
+
+def test_an_output_inside_the_input_folder_is_refused_in_one_line(spark, tmp_path, capsys):
+    from tests.io.test_pl94 import copy_of_sample
+
+    folder = tmp_path / "pl94"
+    folder.mkdir()
+    copy_of_sample(folder)
+    before = listing(tmp_path)
+    for out in (folder / "release", tmp_path):  # the output inside the input, the input in it
+        args = ["topdown", "--config", str(ROOT / "conf" / "pl94_e2e_providence.toml")]
+        code = main([*args, "--input", str(folder), "--output", str(out), "--overwrite"])
+        err = error_lines(capsys.readouterr().err)
+        assert code == 2 and len(err) == 1 and "inside" in err[0] and str(folder) in err[0], err
+        assert listing(tmp_path) == before

@@ -95,3 +95,14 @@ def test_validate_refuses_a_config_whose_n_exceeds_worker_memory_as_the_run_does
     assert err.startswith(f"censusdp: error: {config}: [groups] max_size = 100,000,000: the dp ")
     assert "more than CENSUSDP_WORKER_MEMORY = 4.0 GiB" in err and "top-code" in err
     assert not (tmp_path / "private").exists()
+
+
+def test_validate_refuses_a_secret_file_that_is_a_directory_in_one_line(
+    spark, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    secret = tmp_path / "secret.hex"
+    secret.mkdir(mode=0o700)
+    code = main(["validate", "--config", "conf/ri_2010_demo.toml", "--secret-file", str(secret)])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("[censusdp]")]
+    assert code == 2 and len(err) == 1 and str(secret) in err[0] and "not a file" in err[0], err

@@ -14,7 +14,7 @@ import pytest
 from censusdp_spark.group_sizes.config import load_pgsr_config
 from censusdp_spark.model.config import release_kind
 from censusdp_spark.model.errors import ConfigError
-from censusdp_spark.release.runner import measurement_fingerprint
+from censusdp_spark.release.runner import release_contents
 from censusdp_spark.synth.config import load_synth_config
 from censusdp_spark.topdown.config import load_config
 
@@ -63,8 +63,8 @@ def test_a_config_built_in_python_loads_as_the_file_it_mirrors(path):
 def test_a_config_built_in_python_fingerprints_as_the_file_it_mirrors():
     from_file = load_config(DEMO, ROOT)
     from_dict = load_config(tomllib.loads(DEMO.read_text()), ROOT)
-    assert measurement_fingerprint("topdown", from_dict.document.doc, "x") == (
-        measurement_fingerprint("topdown", DEMO.read_text(), "x")
+    assert release_contents("topdown", from_dict.document.doc, "x", tables=[]) == (
+        release_contents("topdown", DEMO.read_text(), "x", tables=[])
     )
     assert from_file.document.text == DEMO.read_text()
 

@@ -256,19 +256,24 @@ def test_the_spark_tables_hold_every_node_in_delta_and_one_csv_per_level(spark, 
     assert not (tmp_path / "pl94_tables" / "part-leftover.parquet").exists()
 
 
-def test_asking_for_tables_leaves_the_measurement_fingerprint_unchanged():
-    """The tables are post-processing: a run resumed with ``[output.pl94_tables]`` added (or
-    changed) continues from the same noisy measurements."""
-    from censusdp_spark.release.runner import measurement_fingerprint
-    from censusdp_spark.topdown.job import POST_PROCESSING_KEYS
+def test_asking_for_tables_changes_the_outputs_not_the_measurement():
+    """The tables are post-processing: a secret bound to a release without them may make one
+    with them from the same noisy measurements; but they change what the release is, so a run
+    started without them does not resume with them."""
+    from censusdp_spark.release.runner import release_contents
+    from censusdp_spark.topdown.job import ESTIMATION_KEYS, OUTPUT_KEYS
+
+    def contents(doc: dict, tables: list[str]):
+        keys = {"estimation_keys": ESTIMATION_KEYS, "output_keys": OUTPUT_KEYS}
+        return release_contents("topdown", doc, "input", tables=tables, **keys)
 
     doc = tomllib.loads(PERSONS.read_text())
     without = {k: v for k, v in doc.items() if k != "output"}
-    fingerprints = {
-        measurement_fingerprint("topdown", d, "input", POST_PROCESSING_KEYS) for d in (doc, without)
-    }
-    assert len(fingerprints) == 1
+    asked, not_asked = contents(doc, ["pl94_tables"]), contents(without, [])
+    assert asked.measurement_sha256 == not_asked.measurement_sha256
+    assert [key for _, key in asked.changed(not_asked.fingerprints())] == [
+        "output.pl94_tables",
+        "tables",
+    ]
     changed = {**doc, "estimation": {"invariants": ["county"]}}
-    assert measurement_fingerprint("topdown", changed, "input", POST_PROCESSING_KEYS) not in (
-        fingerprints
-    )
+    assert contents(changed, []).measurement_sha256 != asked.measurement_sha256

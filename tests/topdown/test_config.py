@@ -446,17 +446,46 @@ def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key
     assert rule in message and "\n" not in message
 
 
+PERSONS_CELL = "is not public: only housing units (H0010001) and occupied facilities"
+
+
+@pytest.mark.parametrize(
+    ("group", "key"),
+    [
+        ({"where": "H0010001", "at_most": "P0030001"}, ".at_most"),
+        ({"where": "H0010001", "at_least": "P0010001 + (P0050003 > 0)"}, ".at_least"),
+        ({"where": "H0010001", "at_most": "P0050001"}, ".at_most"),
+        ({"where": "H0010001", "at_most": "99 * H0010002"}, ".at_most"),
+        ({"where": "P0010001"}, ".where"),
+        ({"where": "H0010001 - P0050001"}, ".where"),
+    ],
+)
+def test_an_occupancy_group_naming_persons_is_refused_at_config_time(group, key):
+    """Bounds and ``where`` are published without noise: they may name only what the 2020
+    policy makes public, a block's housing units and its occupied group-quarters facilities
+    (a type with persons counts as one: ``(P0050003 > 0)``; ``where`` tests positivity, so a
+    type's persons may be added there). A persons count would leak through the bound and the
+    refusal that names it."""
+    doc = tomllib.loads(E2E.read_text())
+    doc["estimation"]["occupancy"] = [group]
+    with pytest.raises(ConfigError) as caught:
+        load_config(doc, ROOT)
+    message = str(caught.value)
+    assert f"[estimation.occupancy[0]{key}]" in message and PERSONS_CELL in message, message
+    assert "\n" not in message
+
+
 def test_occupancy_bounds_are_integer_multiples_of_counts_and_indicators():
     doc = tomllib.loads(E2E.read_text())
     doc["estimation"]["occupancy"] = [
         {"where": "H0010001 + P0050001", "at_least": "(P0050003 > 0) + (P0050004>0)",
-         "at_most": "99 * H0010001 + 99999 * (P0050003 > 0) - P0050004"}
+         "at_most": "99 * H0010001 + 99999 * (P0050003 > 0) - (P0050004 > 0)"}
     ]  # fmt: skip
     (group,) = load_config(doc, ROOT).occupancy
     assert group.at_least is not None and group.at_most is not None
     assert group.at_least.terms == ((1, "P0050003", True), (1, "P0050004", True))
     assert group.at_most.terms == (
-        (99, "H0010001", False), (99999, "P0050003", True), (-1, "P0050004", False)
+        (99, "H0010001", False), (99999, "P0050003", True), (-1, "P0050004", True)
     )  # fmt: skip
     assert group.at_most.columns == ("H0010001", "P0050003", "P0050004")
 
