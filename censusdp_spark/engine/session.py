@@ -146,6 +146,9 @@ def _with_release_conf(builder: SparkSession.Builder) -> SparkSession.Builder:
         .config("spark.sql.adaptive.enabled", "true")
         # Let adaptive execution size shuffles by the data, also under persisted DataFrames.
         .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+        # ... but not below one partition per core: its 1 MB floor made the noise pass of a
+        # state (a few MB of sparse histograms, seconds of sampling per family) one task.
+        .config("spark.sql.adaptive.coalescePartitions.minPartitionSize", "1KB")
         # Tables are partitioned by level and a task holds few levels: write each level's file
         # as its rows come instead of sorting the task's rows by level first.
         .config("spark.sql.maxConcurrentOutputFileWriters", "16")
