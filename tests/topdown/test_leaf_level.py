@@ -117,8 +117,11 @@ def test_full_information_at_the_leaves_is_topdowns_fit(config_name, seeds, exac
             np.testing.assert_array_equal(rounded.sum(axis=0), parent_active)
             if totals is not None:
                 np.testing.assert_array_equal(rounded.sum(axis=1), totals)
+        # Each rounding is optimal at its own fit; measured at x_answers, two such roundings'
+        # costs differ by at most twice the fits' own deviation from each other (round-off).
+        drift = query_deviation(from_answers, x_bottom_up, x_answers)
         assert query_deviation(from_answers, rounded_answers, x_answers) == pytest.approx(
-            query_deviation(from_answers, rounded_bottom_up, x_answers), abs=1e-6
+            query_deviation(from_answers, rounded_bottom_up, x_answers), abs=2 * drift + 1e-9
         )
 
 
