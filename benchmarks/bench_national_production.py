@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 from bench_national import method_config, run_job  # benchmarks/ is the script's folder
 
+from censusdp_spark.topdown.capacity import noised_cells
 from censusdp_spark.topdown.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,11 +71,6 @@ def table_bytes(release: Path) -> dict[str, int]:
     return {d.name: folder_bytes(d) for d in sorted(release.iterdir()) if d.is_dir()}
 
 
-def noised_cells(config: Path, nodes: dict[str, int]) -> int:
-    queries = load_config(config).queries
-    return sum(n * sum(q.size for q in queries[level]) for level, n in nodes.items())
-
-
 def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> dict:
     if schema == "production":
         config, data = PRODUCTION, folder / "persons"
@@ -90,7 +86,7 @@ def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> 
         "states": len(meta["states"]),
         "blocks": result["nodes"]["block"],
         "persons": meta["tallies"]["generated"]["population"],
-        "cells": noised_cells(config, result["nodes"]),
+        "cells": noised_cells(load_config(config), result["nodes"]),
         "tables": table_bytes(release),
         "input_bytes": folder_bytes(data),
         **result,
