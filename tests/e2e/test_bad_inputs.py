@@ -71,7 +71,7 @@ def topdown(rows: list[str], header: str = HEADER) -> Callable[[Path, Path], lis
 def secret(folder: Path) -> Path:
     path = folder / "secret.hex"
     if not path.exists():
-        path.write_text("7a" * 32 + "\n")
+        path.write_text("e4" * 32 + "\n")
         path.chmod(0o600)
     return path
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,7 @@ def test_the_production_schema_on_a_cluster_is_identical_to_local(spark, tmp_pat
 
     persons = small_production_input(tmp_path)
     secret = tmp_path / "secret.hex"  # its own: a secret makes one release of one input
-    secret.write_text("7a" * 32 + "\n")
+    secret.write_text(secrets.token_hex(32) + "\n")
     secret.chmod(0o600)
     args = ["--config", "conf/national_production.toml", "--input", str(persons)]
     args += ["--secret-file", str(secret)]
