@@ -56,6 +56,7 @@ from censusdp_spark.engine.families import (
     _children_with_parents,
     _one_by_one,
     _streamed,
+    level_shapes,
 )
 from censusdp_spark.group_sizes import memory
 from censusdp_spark.group_sizes import spark as gs
@@ -636,7 +637,7 @@ def end_to_end(spec: str) -> dict:
         leaves = read_leaf_histograms(
             spark, run.input, run.groups, run.hierarchy.leaf.digits, run.spine
         )
-        shapes = gs.level_shapes(gs.leaf_nodes(leaves, run.hierarchy), run.hierarchy)
+        shapes = level_shapes(gs.leaf_nodes(leaves, run.hierarchy), run.hierarchy)
         estimate = memory.estimate_memory(run, shapes, gs.arrow_batch_rows(spark))
         manifest = (folder / "out" / "manifest.json").read_text() if code == 0 else "{}"
     optimality = json.loads(manifest).get("optimality", {})

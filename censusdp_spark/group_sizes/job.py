@@ -49,6 +49,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.families import level_shapes
 from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
 from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.engine.session import default_parallelism
@@ -452,7 +453,7 @@ def _run_pgsr(
         .coalesce(parallelism)
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    shapes = gs.level_shapes(nodes, hierarchy)  # the public geography's: no count is read
+    shapes = level_shapes(nodes, hierarchy)  # the public geography's: no count is read
     node_counts = {s.name: s.nodes for s in shapes}
     clock.lap("read_and_validate")
     check_memory(config, shapes, gs.arrow_batch_rows(spark))  # before any noise is drawn

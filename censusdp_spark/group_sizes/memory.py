@@ -50,7 +50,6 @@ the cells only.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +57,8 @@ from censusdp_spark.group_sizes.config import PgsrConfig
 from censusdp_spark.group_sizes.solvers.cost_tables import WINDOW_WIDENING, first_window
 from censusdp_spark.group_sizes.solvers.relaxed import RelaxedTooLarge, check_relaxed_size
 from censusdp_spark.model.errors import ConfigError
+from censusdp_spark.model.geography import LevelShape
+from censusdp_spark.model.memory import parse_memory, size_text
 
 WORKER_MEMORY_ENV = "CENSUSDP_WORKER_MEMORY"
 DEFAULT_WORKER_MEMORY = "4g"
@@ -83,32 +84,10 @@ DP_CELL_BYTES = 184  # 163-183: leaves' splits, which list no table
 DP_UNIT_BYTES = 56  # up to 55 per unit, beyond the cells' share
 
 
-_SUFFIXES = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-
-
-def parse_memory(text: str) -> int:
-    """Bytes of a memory setting like Spark's (``512m``, ``4g``; ``4GiB`` and ``4gb`` too)."""
-    found = _MEMORY.match(text)
-    if found is None or float(found.group(1)) <= 0:
-        raise ValueError(f"{WORKER_MEMORY_ENV}={text!r}: a memory size like 512m or 4g is expected")
-    return int(float(found.group(1)) * _SUFFIXES[found.group(2).lower()])
-
-
 def worker_memory() -> int:
     """The budget of one worker's call, bytes (``$CENSUSDP_WORKER_MEMORY``, default 4g)."""
-    return parse_memory(os.environ.get(WORKER_MEMORY_ENV) or DEFAULT_WORKER_MEMORY)
-
-
-@dataclass(frozen=True)
-class LevelShape:
-    """A level of the public geography: its nodes, the most children one node of the level
-    above has among them (1 at the root), the most of them one noise group holds."""
-
-    name: str
-    nodes: int
-    largest_family: int
-    largest_noise_group: int
+    text = os.environ.get(WORKER_MEMORY_ENV) or DEFAULT_WORKER_MEMORY
+    return parse_memory(text, WORKER_MEMORY_ENV)
 
 
 @dataclass(frozen=True)
@@ -119,11 +98,7 @@ class MemoryEstimate:
     call: str  # which call, in words
 
     def text(self) -> str:
-        return f"~{gib(self.bytes)} for {self.call}"
-
-
-def gib(size: float) -> str:
-    return f"{size / 2**30:.1f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.0f} MiB"
+        return f"~{size_text(self.bytes)} for {self.call}"
 
 
 def _rows(nodes: int, carried: int, batch_rows: int) -> int:
@@ -225,7 +200,7 @@ def check_memory(
     if found.bytes > limit:
         rule = (
             f"max_size = {sizes:,}: the {config.mechanism} mechanism would need {found.text()} "
-            f"in one Spark Python worker, more than {WORKER_MEMORY_ENV} = {gib(limit)}; use "
+            f"in one Spark Python worker, more than {WORKER_MEMORY_ENV} = {size_text(limit)}; use "
             f"fewer sizes (top-code: a smaller max_size with topcode = true) or raise "
             f"{WORKER_MEMORY_ENV}"
         )

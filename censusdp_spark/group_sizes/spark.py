@@ -63,7 +63,6 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import (
-    NOISE_GROUP_DEPTH,
     FamilySolver,
     family_starts,
     map_children,
@@ -72,7 +71,7 @@ from censusdp_spark.engine.families import (
 )
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.group_sizes.config import PgsrConfig
-from censusdp_spark.group_sizes.memory import ARROW_BATCH_ROWS, LevelShape
+from censusdp_spark.group_sizes.memory import ARROW_BATCH_ROWS
 from censusdp_spark.group_sizes.solvers.batch import (
     LeafFamilies,
     TableFamilies,
@@ -204,40 +203,6 @@ def measure(nodes: DataFrame, plan: NoisePlan, secret: bytes, hierarchy: Hierarc
 
 
 # --- the geography's shape (public), for the memory check at the door ------------------------
-
-
-def level_shapes(nodes: DataFrame, hierarchy: Hierarchy) -> list[LevelShape]:
-    """Per level (root first), from the ``level, geocode`` of every node alone (the public
-    geography; no count is read): its nodes, the most children of one parent, the most nodes of
-    one noise group. One Spark job."""
-    depth, parent, group = F.lit(0), F.lit(""), F.lit("")
-    for i, level in enumerate(hierarchy.levels):
-        here = F.col("level") == level.name
-        up = hierarchy.levels[max(i - 1, 0)]
-        noise = hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)]
-        depth = F.when(here, F.lit(i)).otherwise(depth)
-        parent = F.when(here, geocode_prefix(up.digits)).otherwise(parent)
-        group = F.when(here, geocode_prefix(noise.digits)).otherwise(group)
-    per_parent = (
-        nodes.select(depth.alias("depth"), group.alias("group"), parent.alias("parent"))
-        .groupBy("depth", "group", "parent")
-        .count()
-    )
-    per_group = per_parent.groupBy("depth", "group").agg(
-        F.sum("count").alias("nodes"), F.max("count").alias("family")
-    )
-    rows = per_group.groupBy("depth").agg(
-        F.sum("nodes").alias("nodes"),
-        F.max("family").alias("family"),
-        F.max("nodes").alias("group"),
-    )
-    found = {int(r["depth"]): r for r in rows.collect()}
-    return [
-        LevelShape(lv.name, int(found[i]["nodes"]), int(found[i]["family"]), int(found[i]["group"]))
-        if i in found
-        else LevelShape(lv.name, 0, 0, 0)
-        for i, lv in enumerate(hierarchy.levels)
-    ]
 
 
 def leaf_nodes(leaves: DataFrame, hierarchy: Hierarchy) -> DataFrame:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from censusdp_spark.engine.families import level_shapes
 from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import PgsrConfig
-from censusdp_spark.group_sizes.memory import WORKER_MEMORY_ENV, check_memory, gib, worker_memory
+from censusdp_spark.group_sizes.memory import WORKER_MEMORY_ENV, check_memory, worker_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
+from censusdp_spark.model.memory import size_text
 from censusdp_spark.release.runner import check_secret
 
 
@@ -34,7 +36,7 @@ def validate_group_sizes(
     spine = config.spine.for_input(spec.path) if config.spine else None
     secret = check_secret(config.run, secret_file)
     leaves = read_leaf_histograms(spark, spec, config.groups, config.hierarchy.leaf.digits, spine)
-    shapes = gs.level_shapes(gs.leaf_nodes(leaves, config.hierarchy), config.hierarchy)
+    shapes = level_shapes(gs.leaf_nodes(leaves, config.hierarchy), config.hierarchy)
     memory = check_memory(config, shapes, gs.arrow_batch_rows(spark))
     nodes = {s.name: s.nodes for s in shapes}
     origin = f"from the spine {spine.path}" if spine else "those of the input"
@@ -47,7 +49,7 @@ def validate_group_sizes(
             f"  sizes: 1..{config.groups.max_size}"
             + (f" ({config.groups.max_size} = or more)" if config.groups.topcode else ""),
             f"  memory: {config.mechanism} needs {memory.text()} (limit {WORKER_MEMORY_ENV} = "
-            f"{gib(worker_memory())})",
+            f"{size_text(worker_memory())})",
             f"  budget: epsilon = {config.budget.total_epsilon} (pure DP)",
             f"  secret: {secret}",
         ]

@@ -56,3 +56,14 @@ class Hierarchy:
     def parent_of(self, name: str) -> Level | None:
         i = self.index(name)
         return self.levels[i - 1] if i > 0 else None
+
+
+@dataclass(frozen=True)
+class LevelShape:
+    """A level of the public geography: its nodes, the most children one node of the level
+    above has among them (1 at the root), the most of them one noise group holds."""
+
+    name: str
+    nodes: int
+    largest_family: int
+    largest_noise_group: int

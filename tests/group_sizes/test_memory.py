@@ -11,18 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from censusdp_spark.engine.families import NOISE_GROUP_DEPTH
+from censusdp_spark.engine.families import NOISE_GROUP_DEPTH, level_shapes
 from censusdp_spark.group_sizes import memory
 from censusdp_spark.group_sizes.config import GroupSizes, PgsrConfig, load_pgsr_config
 from censusdp_spark.group_sizes.memory import (
-    LevelShape,
     check_memory,
     estimate_memory,
-    parse_memory,
     worker_memory,
 )
 from censusdp_spark.model.errors import ConfigError
-from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.geography import Hierarchy, LevelShape
+from censusdp_spark.model.memory import parse_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 CALM = load_pgsr_config(ROOT / "conf" / "pgsr_calm.toml", ROOT)
@@ -157,13 +156,15 @@ def test_a_larger_arrow_batch_holds_more_cells_in_one_call():
 
 
 def test_memory_settings_parse_like_spark_and_a_bad_one_names_the_setting():
-    assert parse_memory("512m") == 512 * 2**20
-    assert parse_memory("4g") == parse_memory("4GiB") == parse_memory("4gb") == 4 * 2**30
-    assert parse_memory("1.5t") == int(1.5 * 2**40)
-    assert parse_memory("123") == 123
+    setting = "CENSUSDP_WORKER_MEMORY"
+    assert parse_memory("512m", setting) == 512 * 2**20
+    assert parse_memory("4g", setting) == parse_memory("4GiB", setting) == 4 * 2**30
+    assert parse_memory("4gb", setting) == 4 * 2**30
+    assert parse_memory("1.5t", setting) == int(1.5 * 2**40)
+    assert parse_memory("123", setting) == 123
     for bad in ("lots", "0g", "-1g", "4 gigabytes"):
         with pytest.raises(ValueError, match="CENSUSDP_WORKER_MEMORY"):
-            parse_memory(bad)
+            parse_memory(bad, setting)
     assert worker_memory() == 4 * 2**30  # the default
 
 
@@ -171,6 +172,6 @@ def test_the_spark_shape_of_the_calm_geography_is_the_public_one(spark):
     from censusdp_spark.group_sizes import spark as gs
 
     leaves = spark.createDataFrame(pd.DataFrame({"geocode": calm_leaves()}))
-    assert gs.level_shapes(gs.leaf_nodes(leaves, CALM.hierarchy), CALM.hierarchy) == CALM_SHAPES
+    assert level_shapes(gs.leaf_nodes(leaves, CALM.hierarchy), CALM.hierarchy) == CALM_SHAPES
     assert [s.nodes for s in CALM_SHAPES] == [1, 3, 35, 114, 930]
     assert gs.arrow_batch_rows(spark) == memory.ARROW_BATCH_ROWS
