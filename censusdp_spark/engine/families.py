@@ -41,10 +41,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, DataType, NumericType, StringType
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
-from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.geography import Hierarchy, LevelShape
 
 NOISE_GROUP_DEPTH = 3
 """Nodes sharing their ancestor this many levels up share one keyed noise stream."""
+
+OUTPUT_BATCH_ROWS = 10_000
+"""The most rows of one Arrow batch a Python call hands back (Spark's own
+``spark.sql.execution.arrow.maxRecordsPerBatch`` default for the batches it hands in)."""
 
 FamilySolver = Callable[[pd.DataFrame], pd.DataFrame | None]
 """Rows (one family, or whole families) -> result rows, or None for none."""
@@ -84,7 +88,9 @@ def _arrow_schema(rows: DataFrame, schema: str) -> pa.Schema:
 def _through_pandas(
     task: Callable[[Iterable[pd.DataFrame]], Iterable[pd.DataFrame]], schema: pa.Schema
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
-    """``task`` over Arrow batches: each batch in as pandas, each result out as Arrow.
+    """``task`` over Arrow batches: each batch in as pandas, each result out as Arrow, in
+    batches of at most ``OUTPUT_BATCH_ROWS`` rows (a noise group's result can be millions of
+    cells: converted whole, its Arrow copy would double the call's memory).
 
     ``mapInPandas`` would do the same conversions, but it turns every array of an array
     column into a Python list before Arrow reads it back, which is about half the time of the
@@ -92,7 +98,9 @@ def _through_pandas(
 
     def arrow_task(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
         for frame in task(batch.to_pandas() for batch in batches):
-            yield pa.RecordBatch.from_pandas(frame, schema=schema, preserve_index=False)
+            for start in range(0, len(frame), OUTPUT_BATCH_ROWS):
+                rows = frame.iloc[start : start + OUTPUT_BATCH_ROWS]
+                yield pa.RecordBatch.from_pandas(rows, schema=schema, preserve_index=False)
 
     return arrow_task
 
@@ -185,6 +193,40 @@ def noise_group(hierarchy: Hierarchy) -> Column:
         prefix = geocode_prefix(ancestor.digits)
         group = F.when(F.col("level") == level.name, prefix).otherwise(group)
     return group
+
+
+def level_shapes(nodes: DataFrame, hierarchy: Hierarchy) -> list[LevelShape]:
+    """Per level (root first), from the ``level, geocode`` of every node alone (the public
+    geography; no count is read): its nodes, the most children of one parent, the most nodes of
+    one noise group. One Spark job."""
+    depth, parent, group = F.lit(0), F.lit(""), F.lit("")
+    for i, level in enumerate(hierarchy.levels):
+        here = F.col("level") == level.name
+        up = hierarchy.levels[max(i - 1, 0)]
+        noise = hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)]
+        depth = F.when(here, F.lit(i)).otherwise(depth)
+        parent = F.when(here, geocode_prefix(up.digits)).otherwise(parent)
+        group = F.when(here, geocode_prefix(noise.digits)).otherwise(group)
+    per_parent = (
+        nodes.select(depth.alias("depth"), group.alias("group"), parent.alias("parent"))
+        .groupBy("depth", "group", "parent")
+        .count()
+    )
+    per_group = per_parent.groupBy("depth", "group").agg(
+        F.sum("count").alias("nodes"), F.max("count").alias("family")
+    )
+    rows = per_group.groupBy("depth").agg(
+        F.sum("nodes").alias("nodes"),
+        F.max("family").alias("family"),
+        F.max("nodes").alias("group"),
+    )
+    found = {int(r["depth"]): r for r in rows.collect()}
+    return [
+        LevelShape(lv.name, int(found[i]["nodes"]), int(found[i]["family"]), int(found[i]["group"]))
+        if i in found
+        else LevelShape(lv.name, 0, 0, 0)
+        for i, lv in enumerate(hierarchy.levels)
+    ]
 
 
 def _streamed(

@@ -111,13 +111,18 @@ _DENSE_TABLE_LIMIT = 1 << 16
 
 _INT64_LIMIT = 1 << 63
 
+_BATCH_DRAWS = 1 << 20
+"""The most draws one batch of trials aims at. A trial's working memory is about 100 bytes, so
+this bounds a call's beyond its output (8 bytes a draw) whatever its size; calls of up to this
+many draws run exactly as without the bound."""
+
 
 def discrete_gaussian(sigma2: Fraction | int, size: int, rng: np.random.Generator) -> np.ndarray:
     """Draw ``size`` independent values of N_Z(0, sigma2) exactly (CKS20 Algorithm 3), as int64."""
     variance = _exact_positive(sigma2, "sigma2")
     _check_size(size)
     t = math.isqrt(variance.numerator // variance.denominator) + 1
-    words = _Words(rng, 16 * size)
+    words = _Words(rng, 16 * min(size, _BATCH_DRAWS))
     return _fill(
         size,
         lambda trials: _gaussian_batch(variance, t, trials, words)[0],
@@ -138,7 +143,7 @@ def discrete_gaussian_rows(
     variance = _exact_positive(sigma2, "sigma2")
     _check_size(size)
     t = math.isqrt(variance.numerator // variance.denominator) + 1
-    words = _RowWords(rngs, 16 * size)
+    words = _RowWords(rngs, 16 * min(size, _BATCH_DRAWS))
     return _fill_rows(
         len(rngs),
         size,
@@ -152,7 +157,7 @@ def discrete_laplace(scale: Fraction | int, size: int, rng: np.random.Generator)
     exact_scale = _exact_positive(scale, "scale")
     _check_size(size)
     t, s = exact_scale.numerator, exact_scale.denominator
-    words = _Words(rng, 8 * size)
+    words = _Words(rng, 8 * min(size, _BATCH_DRAWS))
     return _fill(
         size,
         lambda trials: _signed(_laplace_magnitudes(t, s, trials, words)[0], words)[0],
@@ -416,12 +421,13 @@ def _fill(size: int, draw_batch: Callable[[int], np.ndarray], rate: float) -> np
     Keeping the first accepted draws of a batch selects by position, not value, so the kept draws
     are still independent with the target law. ``rate``, the expected fraction of trials
     accepted, only sizes the batches (four standard deviations of margin, so one batch almost
-    always suffices); it decides nothing about any draw.
+    always suffices); it decides nothing about any draw. A batch aims at ``_BATCH_DRAWS`` draws
+    at most.
     """
     out = np.empty(size, dtype=np.int64)
     filled = 0
     while filled < size:
-        wanted = size - filled
+        wanted = min(size - filled, _BATCH_DRAWS)
         batch = draw_batch(math.ceil((wanted + 4 * math.sqrt(wanted) + 4) / rate))
         take = min(batch.size, wanted)
         out[filled : filled + take] = batch[:take]
@@ -442,7 +448,7 @@ def _fill_rows(
     filled = np.zeros(n, dtype=np.int64)
     pending = np.arange(n) if size else np.arange(0)
     while pending.size:
-        wanted = size - filled[pending]
+        wanted = np.minimum(size - filled[pending], _BATCH_DRAWS)
         distinct, which = np.unique(wanted, return_inverse=True)
         trials = np.array(
             [math.ceil((w + 4 * math.sqrt(w) + 4) / rate) for w in distinct.tolist()]
@@ -450,9 +456,10 @@ def _fill_rows(
         draws, rows = draw_batch(np.repeat(pending, trials))
         assert rows is not None
         owners, accepted, rank = _runs(rows)
-        keep = (rank < (size - filled)[rows]).nonzero()[0]
+        room = np.minimum(size - filled, _BATCH_DRAWS)
+        keep = (rank < room[rows]).nonzero()[0]
         out[rows[keep], filled[rows[keep]] + rank[keep]] = draws[keep]
-        filled[owners] += np.minimum(accepted, size - filled[owners])
+        filled[owners] += np.minimum(accepted, room[owners])
         pending = pending[filled[pending] < size]
     return out
 

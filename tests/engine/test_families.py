@@ -6,10 +6,17 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from censusdp_spark.engine.families import family_starts, map_children, map_families
+from censusdp_spark.engine.families import (
+    OUTPUT_BATCH_ROWS,
+    _through_pandas,
+    family_starts,
+    map_children,
+    map_families,
+)
 from censusdp_spark.topdown.measure import QueryNoise, exact_marginals, noisy_group
 
 SECRET = bytes(range(32))
@@ -162,6 +169,24 @@ def test_family_starts_marks_key_changes():
     assert list(family_starts(batch, ["a"])) == [0, 2]
     assert list(family_starts(batch, ["a", "b"])) == [0, 1, 2, 4]
     assert list(family_starts(batch.iloc[:0], ["a"])) == [0]
+
+
+def test_a_large_result_goes_back_to_arrow_in_bounded_batches():
+    """One call's result (a noise group's, millions of cells) is converted a slice at a time."""
+    schema = pa.schema([("row", pa.int64()), ("cells", pa.list_(pa.int64()))])
+    n = 2 * OUTPUT_BATCH_ROWS + 17
+
+    def task(frames):
+        for frame in frames:
+            yield pd.DataFrame({"row": np.arange(n), "cells": [np.arange(3)] * n})
+            yield frame.iloc[:0]  # an empty result yields nothing
+
+    one = pa.RecordBatch.from_pydict({"row": [0]}, schema=pa.schema([("row", pa.int64())]))
+    out = list(_through_pandas(task, schema)(iter([one])))
+    assert [b.num_rows for b in out] == [OUTPUT_BATCH_ROWS, OUTPUT_BATCH_ROWS, 17]
+    table = pa.Table.from_batches(out)
+    assert table.column("row").to_pylist() == list(range(n))
+    assert table.column("cells").to_pylist()[-1] == [0, 1, 2]
 
 
 QUERIES = (

@@ -93,6 +93,25 @@ def test_many_streams_stay_exact_when_rows_need_more_batches(monkeypatch):
         assert_rows_are_the_one_stream_draws(sigma2, size, 100, "batches")
 
 
+def test_many_streams_stay_exact_when_a_call_spans_several_bounded_batches(monkeypatch):
+    """Calls of more than ``_BATCH_DRAWS`` draws run in batches of at most that many, the same
+    for one stream and for many."""
+    monkeypatch.setattr(samplers, "_BATCH_DRAWS", 7)
+    for sigma2, size in ROWS_CASES[:4]:
+        assert_rows_are_the_one_stream_draws(sigma2, size, 100, "bounded batches")
+
+
+def test_calls_within_the_batch_bound_draw_as_without_it(monkeypatch):
+    size = 1000
+    unbounded = discrete_gaussian(BASELINE_SIGMA2, size, rng_for("bound"))
+    monkeypatch.setattr(samplers, "_BATCH_DRAWS", size)
+    np.testing.assert_array_equal(
+        discrete_gaussian(BASELINE_SIGMA2, size, rng_for("bound")), unbounded
+    )
+    monkeypatch.setattr(samplers, "_BATCH_DRAWS", size - 1)
+    assert (discrete_gaussian(BASELINE_SIGMA2, size, rng_for("bound")) != unbounded).any()
+
+
 def test_no_rows_or_no_draws():
     assert discrete_gaussian_rows(BASELINE_SIGMA2, 16, []).shape == (0, 16)
     assert discrete_gaussian_rows(BASELINE_SIGMA2, 0, [rng_for("empty")] * 3).shape == (3, 0)

@@ -185,6 +185,19 @@ def test_distinct_values_path_is_exact_for_small_sigma(monkeypatch):
         assert_fits(draws, gaussian_law(sigma2))
 
 
+def test_samplers_stay_exact_in_bounded_batches(monkeypatch):
+    """A call of more draws than ``_BATCH_DRAWS`` concatenates batches of at most that many."""
+    monkeypatch.setattr(samplers, "_BATCH_DRAWS", 997)
+    for sigma2 in (Fraction(101, 10), PRODUCTION_STATE_TOTAL):
+        draws = discrete_gaussian(sigma2, 50_000, rng_for("bounded", str(sigma2)))
+        assert_fits(draws, gaussian_law(sigma2))
+        assert_variance_matches(draws, gaussian_law(sigma2))
+    draws = discrete_laplace(Fraction(5, 2), 50_000, rng_for("bounded laplace"))
+    assert_fits(draws, laplace_law(Fraction(5, 2)))
+    wrong = discrete_gaussian(Fraction(101, 10) * TOO_LARGE, 50_000, rng_for("bounded power"))
+    assert_rejects(wrong, gaussian_law(Fraction(101, 10)))
+
+
 @pytest.mark.parametrize("digit_bits", [2, 4])
 def test_samplers_stay_exact_when_most_draws_tie_on_the_first_digit(monkeypatch, digit_bits):
     """With 2- or 4-bit digits, ties (settled with Python integers) decide much of each draw."""

@@ -1,0 +1,152 @@
+"""TopDown: peak memory of one Spark Python call of the noise pass, per noised cell, the figure
+behind ``censusdp_spark/topdown/capacity.py``'s memory estimate (a run whose largest noise
+group would not fit a Python worker is refused before any noise).
+
+    .venv/bin/python benchmarks/bench_topdown_memory.py [--nodes 1000 4000 16000]
+
+The noise pass hands each noise group (the nodes sharing their ancestor three levels up: the
+blocks of a county, the block groups of a state, the tracts of the nation) to one call, whole,
+however large: it is the call whose memory grows with the geography. Each case runs, in a fresh
+forked process, what a Spark Python worker runs on it: one Arrow batch of ``k`` block rows of
+``conf/national_production.toml`` (2,016 cells, 11 queries, 2,603 noised cells a node; each
+block holds 40 persons in 20 cells, sparse as the PPMF is) -> pandas -> ``engine.families``'
+plumbing and ``topdown.measure``'s noise -> Arrow, each output batch dropped once converted as
+the JVM's reader would. Peak = the process's peak resident memory (``VmHWM``, reset once the
+input is built) less its resident memory then, plus the input batch. Writes
+benchmarks/results/topdown_memory.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from censusdp_spark.engine.families import _one_by_one, _streamed, _through_pandas
+from censusdp_spark.topdown.capacity import NOISE_CELL_BYTES
+from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.measure import _noise_groups, noise_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "topdown_memory.md"
+CONFIG = ROOT / "conf" / "national_production.toml"
+PERSONS_PER_BLOCK = 40
+CELLS_PER_BLOCK = 20
+OUTPUT = pa.schema(
+    [
+        ("level", pa.string()),
+        ("geocode", pa.string()),
+        ("query", pa.string()),
+        ("noisy", pa.list_(pa.int64())),
+        ("sigma2", pa.string()),
+        ("budget_levels", pa.list_(pa.string())),
+    ]
+)
+
+
+def blocks_batch(k: int, n_cells: int) -> pa.RecordBatch:
+    """``k`` block rows of one noise group, sorted by geocode, as the noise pass gets them."""
+    rng = np.random.default_rng(k)
+    cells = [np.sort(rng.choice(n_cells, CELLS_PER_BLOCK, replace=False)) for _ in range(k)]
+    counts = [
+        rng.multinomial(PERSONS_PER_BLOCK, [1 / CELLS_PER_BLOCK] * CELLS_PER_BLOCK)
+        for _ in range(k)
+    ]
+    return pa.RecordBatch.from_pydict(
+        {
+            "level": ["block"] * k,
+            "geocode": [f"11001{i:010d}" for i in range(k)],
+            "cells": [c.astype(np.int32) for c in cells],
+            "counts": [c.astype(np.int64) for c in counts],
+            "budget_levels": [["block"]] * k,
+            "group": ["11001"] * k,
+        }
+    )
+
+
+def _status(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _measured(k: int) -> tuple[int, float, int]:
+    config = load_config(CONFIG)
+    batch = blocks_batch(k, config.schema.n_cells)
+    solve = _one_by_one(["level", "group"], _noise_groups(bytes(32), noise_plan(config)))
+    task = _through_pandas(_streamed(["level", "group"], solve, None), OUTPUT)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # peak resident memory starts afresh
+    before = _status("VmRSS:")
+    started = time.perf_counter()
+    cells = 0
+    for out in task(iter([batch])):
+        cells += len(out.column("noisy").flatten())
+        del out
+    seconds = time.perf_counter() - started
+    return _status("VmHWM:") - before + batch.nbytes, seconds, cells
+
+
+def _child(k: int, queue) -> None:
+    try:
+        queue.put(_measured(k))
+    except BaseException as error:  # reported by the parent, not lost with the child
+        queue.put(error)
+
+
+def measure(k: int) -> dict:
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child, args=(k, queue))
+    child.start()
+    result = queue.get()
+    child.join()
+    if isinstance(result, BaseException):
+        raise result
+    peak, seconds, cells = result
+    return {"nodes": k, "cells": cells, "peak": peak, "seconds": seconds}
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    lines = [
+        "## TopDown noise pass: peak memory of one Python call",
+        "",
+        f"Command: `{command}` ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}). One noise group of k SYNTHETIC production "
+        f"blocks ({PERSONS_PER_BLOCK} persons in {CELLS_PER_BLOCK} cells each) through "
+        "`engine.families` and `topdown.measure` in a forked process; peak = VmHWM growth plus "
+        f"the input batch. `capacity.NOISE_CELL_BYTES` = {NOISE_CELL_BYTES}.",
+        "",
+        "| nodes | noised cells | peak (MiB) | bytes per noised cell | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['nodes']:,} | {r['cells']:,} | {r['peak'] / 2**20:,.0f} | "
+            f"{r['peak'] / r['cells']:.1f} | {r['seconds']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 4000, 16000])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    rows = [measure(k) for k in args.nodes]
+    for r in rows:
+        print(r, flush=True)
+    command = "benchmarks/bench_topdown_memory.py --nodes " + " ".join(map(str, args.nodes))
+    args.results.write_text(markdown(rows, command))
+
+
+if __name__ == "__main__":
+    main()
