@@ -46,6 +46,7 @@ from censusdp_spark.topdown.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "national_demo.toml"
 PGSR_CONFIG = ROOT / "conf" / "pgsr_national.toml"
+MEMORY_ESTIMATE = re.compile(r"^\[censusdp\] memory estimate: ~([0-9.]+) (GiB|MiB)")
 STAGE = re.compile(r"^\[censusdp\] (\w+): ([0-9.]+) s(?: \((\d+) nodes\))?")
 
 
@@ -123,10 +124,14 @@ def run_job(
     sampler.start()
     stages: dict[str, float] = {}
     nodes: dict[str, int] = {}
+    estimate_gib = float("nan")
     tail: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:
         tail = [*tail[-40:], line]
+        estimate = MEMORY_ESTIMATE.match(line)
+        if estimate:
+            estimate_gib = float(estimate[1]) / (1 if estimate[2] == "GiB" else 1024)
         match = STAGE.match(line)
         if match:
             stages[match[1]] = float(match[2])
@@ -147,6 +152,7 @@ def run_job(
         "stages": stages,
         "nodes": nodes,
         "peak_gib": peak / 2**30,
+        "memory_estimate_gib": estimate_gib,
     }
 
 

@@ -198,9 +198,9 @@ def markdown(rows: list[dict], command: str) -> str:
         "",
         "| fraction | states | blocks | persons | production wall (s) | 16-cell wall (s) "
         "| production ms/block | 16-cell ms/block | cost per block, production / 16-cell "
-        "| peak RSS production / 16-cell (GiB) | noised cells | noised cells/s in measure "
+        "| peak RSS production / 16-cell (GiB) | production memory estimate (GiB) | noised cells | noised cells/s in measure "
         "| vs the exact sampler alone on 2 cores, same draws |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in prod:
         d = demo.get(r["fraction"])
@@ -210,7 +210,8 @@ def markdown(rows: list[dict], command: str) -> str:
             f"| {r['fraction']:g} | {r['states']} | {r['blocks']:,} | {r['persons']:,} | "
             f"{r['wall_s']:.0f} | {d['wall_s'] if d else float('nan'):.0f} | {per_block:.2f} | "
             f"{base:.2f} | {per_block / base:.1f}× | {r['peak_gib']:.1f} / "
-            f"{d['peak_gib'] if d else float('nan'):.1f} | {r['cells']:,} | "
+            f"{d['peak_gib'] if d else float('nan'):.1f} | "
+            f"{r.get('memory_estimate_gib', float('nan')):.1f} | {r['cells']:,} | "
             f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} | "
             f"{r['cells'] / r['stages'].get('measure', float('nan')) / (2 * r['sampler_rate']):.2f}× |"
         )

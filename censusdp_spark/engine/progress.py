@@ -20,6 +20,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from censusdp_spark.engine.session import is_connect
+
 log = logging.getLogger("censusdp")
 
 PROGRESS_ENV = "CENSUSDP_PROGRESS_SECONDS"
@@ -82,10 +84,6 @@ def _connect_stages(stages: Iterable[Any] | None) -> list[StageProgress]:
     ]
 
 
-def _is_connect(spark: SparkSession) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
 @contextmanager
 def reporting_progress(spark: SparkSession, interval: float | None = None) -> Iterator[None]:
     """Report the running stages' task counts while the block runs (see the module)."""
@@ -94,7 +92,7 @@ def reporting_progress(spark: SparkSession, interval: float | None = None) -> It
         yield
         return
     throttle = _Throttle(seconds)
-    if _is_connect(spark):
+    if is_connect(spark):
 
         def handler(stages: Any = None, **_: Any) -> None:
             throttle.offer(_connect_stages(stages))

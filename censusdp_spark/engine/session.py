@@ -19,10 +19,12 @@ README "Run over Spark Connect"). The releases use only the DataFrame API (no RD
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlparse
@@ -30,6 +32,7 @@ from urllib.parse import urlparse
 from pyspark.sql import SparkSession
 
 from censusdp_spark.model.errors import SetupError
+from censusdp_spark.model.memory import parse_memory
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONNECT_DEFAULT_PORT = 15002
@@ -43,6 +46,7 @@ PARALLELISM_PROBE_ROWS = 1 << 20
 UI_HOST_ENV = "CENSUSDP_UI_HOST"
 """The address a local-mode Spark UI listens on (default loopback; ``0.0.0.0``: every interface)."""
 LOOPBACK = "127.0.0.1"
+_LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
 # What a user with no jars must run; the image's Dockerfile runs the same script.
 NO_JARS_HINT = (
     "run scripts/setup.sh (in a container: build the project image, `docker compose build`,"
@@ -124,6 +128,40 @@ def _jvm_env(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@dataclass(frozen=True)
+class LocalMode:
+    """A classic local-mode session's share of this machine: its Python workers (one per core)
+    and its JVM's heap."""
+
+    cores: int
+    heap: int
+
+
+def local_mode(spark: SparkSession) -> LocalMode | None:
+    """The local-mode facts of ``spark``, or None for a cluster's or Spark Connect's session
+    (whose memory is another machine's)."""
+    if is_connect(spark):
+        return None
+    master = spark.conf.get("spark.master", "") or ""
+    found = _LOCAL_MASTER.match(master)
+    if found is None:
+        return None
+    cores = found.group(1)
+    if cores is None:
+        count = 1
+    elif cores == "*":
+        count = os.cpu_count() or 1
+    else:
+        count = int(cores)
+    heap = parse_memory(spark.conf.get("spark.driver.memory", "1g") or "1g", "spark.driver.memory")
+    return LocalMode(count, heap)
 
 
 def default_parallelism(spark: SparkSession) -> int:

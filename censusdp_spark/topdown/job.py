@@ -28,14 +28,17 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from censusdp_spark.engine.families import level_shapes
 from censusdp_spark.engine.hierarchy import node_histograms, node_totals
 from censusdp_spark.engine.progress import reporting_progress
+from censusdp_spark.engine.session import local_mode
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.release.runner import (
     ReleaseContents,
     ReleaseRun,
     input_fingerprint,
+    log,
     release_contents,
     with_command_line,
 )
@@ -49,7 +52,7 @@ from censusdp_spark.topdown.bottom_up import (
     write_bottom_up,
 )
 from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
-from censusdp_spark.topdown.capacity import check_disk
+from censusdp_spark.topdown.capacity import check_disk, check_memory
 from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import RunConfig
@@ -258,12 +261,16 @@ def _run_topdown(
         config.dwellings,
     ).persist(StorageLevel.MEMORY_AND_DISK)
     nodes = node_histograms(blocks, hierarchy).persist(StorageLevel.MEMORY_AND_DISK)
-    node_counts = {r["level"]: r["count"] for r in nodes.groupBy("level").count().collect()}
+    shapes = level_shapes(nodes, hierarchy)  # the public geography's: no count is read
+    node_counts = {s.name: s.nodes for s in shapes}
     plan, bypass = None, None
     if config.bypass_single_child:  # from the geocodes alone: public, fixed before any noise
         plan = measurement_plan(nodes, hierarchy)
         bypass = plan_summary(plan, config.budget, hierarchy)
-    check_disk(config, node_counts, output)  # before any secret, noise or write
+    disk = check_disk(config, node_counts, output)  # before any secret, noise or write
+    memory = check_memory(config, shapes, local_mode(spark))
+    log.info("disk estimate: %s", disk.text())
+    log.info("memory estimate: %s", memory.text() if memory else "not made (not local mode)")
     clock.lap("read_and_validate")
 
     secret = run.secret()  # only once the input has passed validation

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -22,6 +21,7 @@ from censusdp_spark.group_sizes.memory import (
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy, LevelShape
 from censusdp_spark.model.memory import parse_memory
+from tests.helpers.geography import national_shapes_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CALM = load_pgsr_config(ROOT / "conf" / "pgsr_calm.toml", ROOT)
@@ -52,38 +52,6 @@ def calm_leaves() -> pd.Series:
 
 
 CALM_SHAPES = shapes_of(calm_leaves(), CALM.hierarchy)
-
-
-def national_shapes_of() -> list[LevelShape]:
-    """The shape of the SYNTHETIC national input of ``conf/pgsr_national.toml`` (seed 2020),
-    from its generator's national layout, without generating the 8.1 M blocks."""
-    from censusdp_spark.generate.national import ModelParameters, draw_layout, load_spine
-
-    layout = draw_layout(load_spine(), 2020, ModelParameters())
-    spine = layout.spine
-    _, county = np.unique(spine.county, return_inverse=True)
-    _, state = np.unique(spine.state, return_inverse=True)
-    tract_bgs = np.bincount(layout.bg_tract, minlength=spine.code.size)
-    bg_county, bg_state = county[layout.bg_tract], state[layout.bg_tract]
-    counties_per_state = np.bincount(np.unique(np.stack([state, county]), axis=1)[0])
-    per = np.bincount
-    shapes = [
-        LevelShape("nation", 1, 1, 1),
-        LevelShape("state", state.max() + 1, state.max() + 1, state.max() + 1),
-        LevelShape("county", county.max() + 1, counties_per_state.max(), county.max() + 1),
-        LevelShape("tract", spine.code.size, per(county).max(), spine.code.size),
-        LevelShape("block_group", tract_bgs.sum(), tract_bgs.max(), per(bg_state).max()),
-        LevelShape(
-            "block",
-            layout.bg_blocks.sum(),
-            layout.bg_blocks.max(),
-            per(bg_county, layout.bg_blocks).astype(np.int64).max(),
-        ),
-    ]
-    return [
-        LevelShape(s.name, *(int(x) for x in (s.nodes, s.largest_family, s.largest_noise_group)))
-        for s in shapes
-    ]
 
 
 @pytest.fixture(scope="module")
