@@ -1,5 +1,5 @@
-"""The documents: every relative link resolves, and the recipes of "Reading a release" run as
-written on a real release."""
+"""The documents: every relative link resolves, every page is in the site's nav (built strictly
+by scripts/test.sh), and the recipes of "Reading a release" run as written on a real release."""
 
 from __future__ import annotations
 
@@ -21,6 +21,41 @@ def test_every_relative_link_resolves(document: Path):
     targets = [t for t in LINK.findall(document.read_text()) if "://" not in t]
     missing = [t for t in targets if not (document.parent / t).exists()]
     assert missing == []
+
+
+def _nav_pages(nav: object) -> list[str]:
+    """Every page a mkdocs ``nav`` names, at any depth."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _nav_pages(item)]
+    return []
+
+
+def _site_nav() -> list[str]:
+    text = (ROOT / "mkdocs.yml").read_text()
+    try:
+        import yaml
+    except ImportError:  # the pages named in nav entries, "- Title: page.md"
+        return re.findall(r"^\s*-\s*[^:\n]+:\s*(\S+\.md)\s*$", text, re.MULTILINE)
+    return _nav_pages(yaml.safe_load(text)["nav"])
+
+
+def test_every_page_is_in_the_site_nav():
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    nav = _site_nav()
+    assert sorted(pages - set(nav)) == []
+    assert sorted(set(nav) - pages) == []
+
+
+def test_the_docs_build_in_the_test_command_is_strict():
+    """``--quiet`` would silence the warnings strict mode counts: the build would pass anything."""
+    (build,) = [
+        ln for ln in (ROOT / "scripts" / "test.sh").read_text().splitlines() if "mkdocs build" in ln
+    ]
+    assert "--strict" in build and "--quiet" not in build and " -q" not in build
 
 
 def _recipes() -> list[str]:
