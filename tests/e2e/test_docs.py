@@ -1,19 +1,26 @@
-"""The documents: every relative link resolves, every page is in the site's nav (built strictly
-by scripts/test.sh), and the recipes of "Reading a release" run as written on a real release."""
+"""The documents: every relative link resolves, every page is in the site's nav, the transcripts
+of ``censusdp check`` and ``budget`` are what those commands print, and the recipes of "Reading
+a release" run as written on a real release."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 from pathlib import Path
 
 import pytest
+
+from censusdp_spark.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)#]+)(?:#[^)]*)?\)")
 RECIPE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 DEMO_OUTPUT = "output/ri_2010_demo"
+CONSOLE = re.compile(r"```console\n(.*?)```", re.DOTALL)
+# A command of a transcript that needs neither Spark nor data, and the lines it printed.
+TRANSCRIPT = re.compile(r"^\$ censusdp ((?:check|budget) .*)\n((?:(?!\$ ).*\n)*)", re.MULTILINE)
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
@@ -56,6 +63,23 @@ def test_the_docs_build_in_the_test_command_is_strict():
         ln for ln in (ROOT / "scripts" / "test.sh").read_text().splitlines() if "mkdocs build" in ln
     ]
     assert "--strict" in build and "--quiet" not in build and " -q" not in build
+
+
+def _transcripts() -> list:
+    """Every ``censusdp check``/``budget`` of the docs' console blocks, with what it printed."""
+    return [
+        pytest.param(command, printed, id=f"{page.name}: {command}")
+        for page in sorted((ROOT / "docs").glob("*.md"))
+        for block in CONSOLE.findall(page.read_text())
+        for command, printed in TRANSCRIPT.findall(block)
+    ]
+
+
+@pytest.mark.parametrize(("command", "printed"), _transcripts())
+def test_the_transcripts_are_what_the_commands_print(command, printed, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(shlex.split(command)) == 0
+    assert capsys.readouterr().out == printed, f"rerun: censusdp {command}"
 
 
 def _recipes() -> list[str]:
