@@ -56,10 +56,24 @@ if TYPE_CHECKING:
 class Release:
     """A finished release on disk: its manifest, its Delta tables, and readers for them.
 
-    Made by :func:`open_release` (any release folder) or returned by a ``run_*`` call, which
+    Made by ``open_release`` (any release folder) or returned by a ``run_*`` call, which
     also sets ``summary`` and ``evaluation``. ``output`` is the folder, ``manifest`` its
-    ``manifest.json`` as a dict; ``tables`` names the Delta tables, :meth:`to_pandas` and
-    :meth:`spark` read one.
+    ``manifest.json`` as a dict; ``tables`` names the Delta tables, ``to_pandas`` and
+    ``spark`` read one.
+
+    Example:
+        On the demo's release (``scripts/demo.sh`` writes it):
+
+        ```python
+        from censusdp_spark import open_release
+
+        release = open_release("output/ri_2010_demo")
+        release.kind                      # "topdown"
+        sorted(release.tables)            # ["bottom_up", "estimates", "microdata", "noisy_measurements"]
+        release.checks                    # every guarantee check, 0 violations each
+        release.budget["rho"]             # "293764/114921", an exact fraction as text
+        estimates = release.to_pandas("estimates")
+        ```
     """
 
     output: Path
@@ -108,7 +122,20 @@ class Release:
     def spark(self, name: str, spark: SparkSession | None = None) -> DataFrame:
         """Table ``name`` as a Spark DataFrame (``spark``, else the active or a new local
         session). A TopDown table with a ``cell`` column gains one column per attribute of
-        the schema, the cell's level label (as :meth:`to_pandas`)."""
+        the schema, the cell's level label (as ``to_pandas``).
+
+        Args:
+            name: One of the release's tables (a key of ``tables``), e.g. ``"estimates"``.
+            spark: The session to read with; default the active one, else a new local session
+                with Delta Lake (its jars as ``CENSUSDP_JARS`` says).
+
+        Returns:
+            The Delta table, decoded as above.
+
+        Raises:
+            KeyError: The release has no table ``name``; the message lists its tables.
+            SetupError: A new local session finds no Delta Lake jars.
+        """
         path = self._path(name)
         frame = _session(spark, "read").read.format("delta").load(str(path))
         schema = self._cell_schema(frame.columns)
@@ -122,7 +149,19 @@ class Release:
         """Table ``name`` as a pandas DataFrame, read with the ``deltalake`` package when it is
         installed (no Spark), else through Spark. A TopDown table with a ``cell`` column (the
         row-major index over the schema's attributes) gains one column per attribute, the
-        cell's level label; the ``cell`` column stays."""
+        cell's level label; the ``cell`` column stays.
+
+        Args:
+            name: One of the release's tables (a key of ``tables``), e.g. ``"estimates"``.
+            spark: The session to read with when ``deltalake`` is not installed (as for
+                ``spark``); unused otherwise.
+
+        Returns:
+            The whole table in memory: read a large one by level with ``spark`` instead.
+
+        Raises:
+            KeyError: The release has no table ``name``; the message lists its tables.
+        """
         try:
             from deltalake import DeltaTable
         except ImportError:
@@ -155,7 +194,24 @@ MANIFEST = "manifest.json"
 def open_release(path: str | Path) -> Release:
     """The release in folder ``path`` (any kind), read from its ``manifest.json``; a
     ``FileNotFoundError`` naming the folder when it holds none (a run not finished, or not a
-    release)."""
+    release).
+
+    Args:
+        path: A release folder, as a run wrote it (its ``[run] output`` or ``--output``).
+
+    Returns:
+        The release; reading it starts no Spark until ``spark`` (or ``to_pandas`` without the
+        ``deltalake`` package) is called.
+
+    Raises:
+        FileNotFoundError: ``path`` holds no ``manifest.json``.
+
+    Example:
+        >>> from censusdp_spark import open_release
+        >>> open_release("output/no_such_release")
+        Traceback (most recent call last):
+        FileNotFoundError: output/no_such_release: no manifest.json, so no finished release
+    """
     output = Path(path)
     manifest = output / MANIFEST
     if not manifest.is_file():
@@ -197,7 +253,24 @@ def load_any_config(
 def budget(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
     """How any release's config spends its budget (as ``censusdp budget``): TopDown's levels,
     queries, shares, ρ and σ; the group sizes' ε and noise scales per level; synth's ρ per
-    measurement and round. Each ends with the total and its ε."""
+    measurement and round. Each ends with the total and its ε.
+
+    Args:
+        config: A config file's path, a mapping shaped like its TOML, or a config loaded
+            before.
+
+    Returns:
+        The table ``censusdp budget`` prints, without its first line (the config's name).
+
+    Raises:
+        ConfigError: The config breaks a rule (a budget that does not add up included); the
+            message names the file, the key and the rule.
+
+    Example:
+        >>> from censusdp_spark import budget
+        >>> print(budget("conf/ri_2010_demo.toml").splitlines()[-1])
+        epsilon at delta=1e-10: 17.1436 (tight, CKS20 Cor. 13); 17.9002 (Bun-Steinke bound)
+    """
     from censusdp_spark.group_sizes.config import PgsrConfig
     from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
     from censusdp_spark.privacy.accounting import budget_table
@@ -214,7 +287,27 @@ def budget(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | Syn
 
 def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
     """Validate any release's config without Spark or data (as ``censusdp check``) and say
-    what it describes in one line; a ``ConfigError`` naming file, key and rule otherwise."""
+    what it describes in one line; a ``ConfigError`` naming file, key and rule otherwise.
+
+    Args:
+        config: A config file's path, a mapping shaped like its TOML (named ``<config>`` in
+            messages), or a config loaded before.
+
+    Returns:
+        One line: the file, the release it configures, its shape and its total budget.
+
+    Raises:
+        ConfigError: The config cannot be read or breaks a rule; the message names the file,
+            the key and the rule.
+
+    Example:
+        >>> from censusdp_spark import check
+        >>> print(check("conf/pgsr_calm.toml"))
+        conf/pgsr_calm.toml: a valid group-size config (pgsr_calm): levels region > county > tract > block_group > taz, sizes 1..4 (4 = 4 or more), mechanism dp; epsilon 1 (pure DP)
+        >>> check("conf/no_such_config.toml")
+        Traceback (most recent call last):
+        censusdp_spark.model.errors.ConfigError: conf/no_such_config.toml: [-] file not found
+    """
     from censusdp_spark.group_sizes.config import PgsrConfig
     from censusdp_spark.topdown.config import RunConfig
 
@@ -277,7 +370,50 @@ def run_topdown(
     reuse_secret: bool = False,
     evaluation_output: Path | None = None,
 ) -> Release:
-    """Run the TopDown release of ``config`` (as ``censusdp topdown``)."""
+    """Run the TopDown release of ``config`` (as ``censusdp topdown``).
+
+    Args:
+        config: A config file's path, a mapping shaped like its TOML (relative paths read
+            from the current directory), or a config loaded with
+            ``topdown.config.load_config``.
+        spark: The session to run in; default the active one, else a new local session.
+        input: Read this input instead of the config's ``[input] path`` (``--input``).
+        output: Write the release here instead of ``[run] output`` (``--output``).
+        secret_file: The run secret's file (64 hex characters, mode 0600); default the
+            config's, else a secret generated for this run into its private folder.
+        evaluate: Also write the errors against the true counts to ``evaluation_output``,
+            beside the release. For non-confidential data only: an evaluation reads the truth.
+        overwrite: Replace a release censusdp wrote at ``output``.
+        resume: Continue the interrupted run at ``output`` where it stopped.
+        reuse_secret: Allow a secret bound to another release; the release is then marked
+            not for release.
+        evaluation_output: Where ``evaluate`` writes; default ``<output>.evaluation``.
+
+    Returns:
+        The release written, with the run's ``summary`` (and ``evaluation`` folder).
+
+    Raises:
+        ConfigError: The config breaks a rule.
+        InputError: The input breaks a rule; the message names the file, the row or column
+            and the rule. Nothing is written.
+        OutputExistsError: The output holds a release and ``overwrite`` was not given.
+        SecretError: The secret cannot be used: readable by others, or bound to another
+            release.
+        RunLockedError: Another run holds this run's private folder.
+        SetupError: No Delta Lake jars for a new local session.
+        ResumeError: ``resume`` was asked for a run that cannot be resumed.
+        GuaranteeViolation: The released values break a guarantee the release promises; they
+            must not be published.
+
+    Example:
+        ```python
+        from censusdp_spark import run_topdown
+
+        release = run_topdown("conf/ri_2010_demo.toml", output="output/ri")
+        print(release.summary.text())     # what ``censusdp topdown`` prints
+        release.to_pandas("estimates")
+        ```
+    """
     from censusdp_spark.topdown.config import load_config
     from censusdp_spark.topdown.job import TopDownOptions
     from censusdp_spark.topdown.job import run_topdown as run
@@ -305,8 +441,51 @@ def run_group_sizes(
     evaluation_output: Path | None = None,
     epsilon: Fraction | str | None = None,
 ) -> Release:
-    """Run the group-size release (PGSR) of ``config`` (as ``censusdp pgsr``); ``epsilon``
-    (exact) replaces the config's total, each level keeping its share."""
+    """Run the group-size release (PGSR) of ``config`` (as ``censusdp group-sizes``);
+    ``epsilon`` (exact) replaces the config's total, each level keeping its share.
+
+    Args:
+        config: A config file's path, a mapping shaped like its TOML (relative paths read
+            from the current directory), or a config loaded with
+            ``group_sizes.config.load_pgsr_config``.
+        spark: The session to run in; default the active one, else a new local session.
+        mechanism: ``"dp"``, ``"relaxed"``, ``"relaxed_families"`` or ``"cumulative"``;
+            default the config's ``[mechanism]``.
+        input: Read this input instead of the config's ``[input] path`` (``--input``).
+        output: Write the release here instead of ``[run] output`` (``--output``).
+        secret_file: The run secret's file (64 hex characters, mode 0600); default the
+            config's, else a secret generated for this run into its private folder.
+        evaluate: Also write the errors against the true counts to ``evaluation_output``.
+            For non-confidential data only: an evaluation reads the truth.
+        overwrite: Replace a release censusdp wrote at ``output``.
+        reuse_secret: Allow a secret bound to another release; the release is then marked
+            not for release.
+        evaluation_output: Where ``evaluate`` writes; default ``<output>.evaluation``.
+        epsilon: The total ε (pure DP), exact: a ``Fraction`` or a string such as ``"1/2"``.
+
+    Returns:
+        The release written, with the run's ``summary`` (and ``evaluation`` folder).
+
+    Raises:
+        ConfigError: The config breaks a rule.
+        InputError: The input breaks a rule; the message names the file, the row or column
+            and the rule. Nothing is written.
+        OutputExistsError: The output holds a release and ``overwrite`` was not given.
+        SecretError: The secret cannot be used: readable by others, or bound to another
+            release.
+        RunLockedError: Another run holds this run's private folder.
+        SetupError: No Delta Lake jars for a new local session.
+        GuaranteeViolation: The released values break a guarantee the release promises; they
+            must not be published.
+
+    Example:
+        ```python
+        from censusdp_spark import run_group_sizes
+
+        release = run_group_sizes("conf/pgsr_calm.toml", mechanism="dp", output="output/calm")
+        release.to_pandas("group_sizes")  # level, geocode, size, count
+        ```
+    """
     from censusdp_spark.group_sizes.config import load_pgsr_config
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
@@ -335,7 +514,55 @@ def run_synth(
     reuse_secret: bool = False,
     evaluation_output: Path | None = None,
 ) -> Release:
-    """Run the hierarchical synthetic-data release of ``config`` (as ``censusdp synth``)."""
+    """Run the hierarchical synthetic-data release of ``config`` (as ``censusdp synth``).
+
+    Args:
+        config: A config file's path, a mapping shaped like its TOML (relative paths read
+            from the current directory), or a config loaded with
+            ``synth.config.load_synth_config``.
+        method: ``"mwem"``, ``"hpd_fixed"``, ``"hpd_gen"`` (Adaptive Measurements) or
+            ``"independent"`` (one-way marginals).
+        spark: The session to run in; default the active one, else a new local session.
+        rho: The total ρ, exact (a ``Fraction`` or a string such as ``"1/10"``); default the
+            config's ``[budget] rho``. Given, it wins over ``epsilon``.
+        epsilon: The total ε at ``delta``, converted to the largest ρ within it (rounded
+            down).
+        delta: The δ of ``epsilon``, only with it; default the config's ``[run] delta``.
+        rounds: A fixed number of rounds; default the config's ``[budget]``, scaled with ρ.
+        output: Write the release here instead of ``[run] output`` (``--output``).
+        secret_file: The run secret's file (64 hex characters, mode 0600); default the
+            config's, else a secret generated for this run into its private folder.
+        evaluate: Also write the errors against the input to ``evaluation_output``. For
+            non-confidential data only: an evaluation reads the truth.
+        overwrite: Replace a release censusdp wrote at ``output``.
+        reuse_secret: Allow a secret bound to another release; the release is then marked
+            not for release.
+        evaluation_output: Where ``evaluate`` writes; default ``<output>.evaluation``.
+
+    Returns:
+        The release written, with the run's ``summary`` (and ``evaluation`` folder).
+
+    Raises:
+        ConfigError: The config breaks a rule.
+        InputError: The input breaks a rule; the message names the file, the row or column
+            and the rule. Nothing is written.
+        OutputExistsError: The output holds a release and ``overwrite`` was not given.
+        SecretError: The secret cannot be used: readable by others, or bound to another
+            release.
+        RunLockedError: Another run holds this run's private folder.
+        SetupError: No Delta Lake jars for a new local session.
+        BudgetError: The measurements did not spend exactly the total ρ.
+        ValueError: ``method`` is unknown, ρ is not positive, or ``delta`` came without
+            ``epsilon``.
+
+    Example:
+        ```python
+        from censusdp_spark import run_synth
+
+        release = run_synth("conf/synth_pums.toml", method="independent", output="output/pums")
+        release.to_pandas("synthetic_households")
+        ```
+    """
     from censusdp_spark.synth.config import load_synth_config
     from censusdp_spark.synth.job import SynthOptions
     from censusdp_spark.synth.job import run_synth as run

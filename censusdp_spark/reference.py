@@ -59,11 +59,14 @@ KINDS = (
     ),
 )
 
-HEADER = """\
+# Each file linked, not the folder: the docs site (mkdocs, strict) refuses a link to a folder.
+SCHEMA_LINKS = ", ".join(f"[`{kind.name}`](schemas/{kind.name}.schema.json)" for kind in KINDS)
+
+HEADER = f"""\
 # Config reference
 
 Generated from the config models by `python -m censusdp_spark.reference`; do not edit by hand.
-JSON Schemas of the same models are in [`schemas/`](schemas/).
+JSON Schemas of the same models, in `schemas/`: {SCHEMA_LINKS}.
 
 A config is a TOML file. Every key below is checked when the config is read (`censusdp check
 --config CONF` does only that): an unknown key, a wrong type or a broken rule is one error
