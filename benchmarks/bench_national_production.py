@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -39,9 +40,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from bench_national import method_config, run_job  # benchmarks/ is the script's folder
 
-from censusdp_spark.topdown.capacity import noised_cells
+from censusdp_spark.engine.families import NOISE_GROUP_DEPTH
+from censusdp_spark.engine.session import LocalMode
+from censusdp_spark.model.geography import LevelShape
+from censusdp_spark.model.memory import parse_memory
+from censusdp_spark.topdown.capacity import estimate_memory, noised_cells
 from censusdp_spark.topdown.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +97,29 @@ def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> 
         "input_bytes": folder_bytes(data),
         **result,
     }
+
+
+def spine_shapes(folder: Path) -> list[LevelShape]:
+    """The geography of the input's spine (every block), level by level, in pandas."""
+    hierarchy = load_config(PRODUCTION).hierarchy
+    files = sorted((folder / "spine").glob("*.parquet"))
+    leaves = pd.concat(pd.read_parquet(f, columns=["GEOID"]) for f in files)["GEOID"]
+    shapes = []
+    for i, level in enumerate(hierarchy.levels):
+        nodes = leaves.str[: level.digits].drop_duplicates()
+        parent = nodes.str[: hierarchy.levels[max(i - 1, 0)].digits]
+        group = nodes.str[: hierarchy.levels[max(i - NOISE_GROUP_DEPTH, 0)].digits]
+        family, noise = parent.value_counts().max(), group.value_counts().max()
+        shapes.append(LevelShape(level.name, len(nodes), int(family), int(noise)))
+    return shapes
+
+
+def memory_estimate_gib(folder: Path, master: str) -> float:
+    """The production job's own memory estimate (``topdown.capacity``) for ``local[N]``."""
+    cores = int(master.removeprefix("local[").removesuffix("]"))
+    heap = os.environ.get("CENSUSDP_DRIVER_MEMORY", "6g")
+    local = LocalMode(cores, parse_memory(heap, "CENSUSDP_DRIVER_MEMORY"))
+    return estimate_memory(load_config(PRODUCTION), spine_shapes(folder), local).total / 2**30
 
 
 RESUMED_TABLES = ("noisy_measurements", "bottom_up", "estimates", "microdata", "pl94_tables")
@@ -211,7 +240,7 @@ def markdown(rows: list[dict], command: str) -> str:
             f"{r['wall_s']:.0f} | {d['wall_s'] if d else float('nan'):.0f} | {per_block:.2f} | "
             f"{base:.2f} | {per_block / base:.1f}× | {r['peak_gib']:.1f} / "
             f"{d['peak_gib'] if d else float('nan'):.1f} | "
-            f"{r.get('memory_estimate_gib', float('nan')):.1f} | {r['cells']:,} | "
+            f"{r['memory_estimate_gib']:.1f} | {r['cells']:,} | "
             f"{r['cells'] / r['stages'].get('measure', float('nan')):,.0f} | "
             f"{r['cells'] / r['stages'].get('measure', float('nan')) / (2 * r['sampler_rate']):.2f}× |"
         )
@@ -277,6 +306,10 @@ def main() -> None:
     if args.previous is not None:
         text = args.previous.read_text().splitlines()
         rows = [json.loads(line) for line in text if line.startswith("{")]
+    for r in rows:  # rows of versions that did not log the estimate
+        if r["schema"] == "production" and math.isnan(r.get("memory_estimate_gib", math.nan)):
+            folder = args.work / f"production_{r['fraction']:g}"
+            r["memory_estimate_gib"] = memory_estimate_gib(folder, r["master"])
     command = " ".join(["benchmarks/bench_national_production.py", *sys.argv[1:]])
     for fraction in (float(f) for f in args.fractions.split(",") if f):
         folder = production_input(fraction, args.work)
