@@ -230,7 +230,7 @@ def main() -> int:
         print(row, flush=True)
     command = "python benchmarks/bench_cumulative_scaling.py " + " ".join(sys.argv[1:])
     lines = [
-        "# Group-size release: cumulative (M_c) post-processing time as N grows (issue 17)",
+        "## Group sizes: cumulative (M_c) post-processing time as N grows",
         "",
         f"Command: `{command.strip()}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "

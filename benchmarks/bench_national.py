@@ -168,10 +168,10 @@ def markdown(job: str, rows: list[dict], command: str) -> str:
     base_per_block = base["wall_s"] / base["blocks"]
     stage_names = list(rows[-1]["stages"])
     title, config = (
-        ("National scale (issue 7): TopDown", "`conf/national_demo.toml` (16 cells, production "
+        ("National scale: TopDown", "`conf/national_demo.toml` (16 cells, production "
          "person rho, state populations invariant)")
         if job == "topdown"
-        else ("National scale (issue 4): the group-size release, M_H^dp", "`conf/pgsr_national.toml` "
+        else ("National scale: the group-size release (M_H^dp)", "`conf/pgsr_national.toml` "
               "(households by size 1..7+, eps = 1, l2, level faithfulness)")
     )  # fmt: skip
     lines = [

@@ -230,7 +230,7 @@ def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list
     gls = [GLS] if GLS in set(frame["method"]) else []
     head = "| level | metric | " + " | ".join(methods + gls)
     head += "".join(f" | {m} / {base}" for m in other)
-    head += "".join(f" | {methods[-1]} / GLS" for _ in gls) + " | BlueDown / topdown (issue 19) |"
+    head += "".join(f" | {methods[-1]} / GLS" for _ in gls) + " | BlueDown / topdown (reported) |"
     width = len(methods) + 2 * len(gls) + len(other) + 1
     lines = [head, "|---|---|" + "---|" * width]
     for level in levels:

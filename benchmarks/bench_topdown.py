@@ -437,7 +437,7 @@ def chain_note(cases: list[dict]) -> list[str]:
             "released as the state; GLS reads each row's own variance.",
         ]
     return [
-        "At nation and state, the single-child chain (nation = state) is issue #19's cause 2:",
+        "At nation and state, the single-child chain (nation = state) explains the gap:",
         "TopDown's state histogram comes from the nation's 2.5% share; GLS uses the state's own",
         "measurements as well.",
     ]
@@ -455,7 +455,8 @@ def report(cases: list[dict], methods: list[str], commands: list[str], levels: l
         f"Command: {quoted} ({time.strftime('%Y-%m-%d')}, local[2] on 2 shared cores,"
         f" {counts} secret(s) per state and rho; figures are means over the secrets).",
         "",
-        "`gls` is the exact generalised-least-squares (best linear unbiased) estimate of every",
+        "Baselines, from the same noisy measurements: `gls` is the exact generalised-least-squares",
+        "(best linear unbiased) estimate of every",
         "node's histogram from all the run's `noisy_measurements`, with the invariant (state)",
         "totals exact, unrounded and unconstrained in sign (`benchmarks/gls_reference.py`, a sparse",
         "KKT solve independent of the project's estimators). `block_by_block` spends the whole rho",
@@ -473,8 +474,9 @@ def report(cases: list[dict], methods: list[str], commands: list[str], levels: l
         "",
         "### Ratio to GLS per level (ratio of the means; per-secret range in brackets)",
         "",
-        "Issue #19's held-out 2020 state (same budget, rho = 2.56): TopDown/GLS MAE 1.47x county,",
-        "1.45x tract, 1.11x block group, 0.82x block; state detailed L1 60 vs 10.",
+        "For reference, as reported for a held-out 2020 state (same budget, rho = 2.56; not measured",
+        "here): TopDown/GLS MAE 1.47x county, 1.45x tract, 1.11x block group, 0.82x block; state",
+        "detailed L1 60 vs 10.",
         "",
         *ratio_table(cases, methods, levels),
         "",

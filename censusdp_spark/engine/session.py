@@ -12,7 +12,7 @@ description or group, so Spark names each job by its call site.
 
 With ``remote`` (``--remote sc://HOST:PORT``) or ``$SPARK_REMOTE``, the session is a Spark Connect
 client: no JVM starts here, and the server must have Delta (its jars, extension and catalog; see
-README "Run over Spark Connect"). The releases use only the DataFrame API (no RDD, no
+docs/deploy.md, "Run over Spark Connect"). The releases use only the DataFrame API (no RDD, no
 ``sparkContext``), so they run unchanged over either kind of session.
 """
 

@@ -10,7 +10,7 @@ Mechanisms:
   the release is the exact integer optimum and the run fails if its objective differs from
   the root tables' optimum; under ``"node"`` the manifest carries the certificate
   ``lower_bound <= opt <= objective``.
-* ``relaxed`` (M_H, the paper's baseline, as the README and benchmarks compare): the same
+* ``relaxed`` (M_H, the paper's baseline, as the docs and benchmarks compare): the same
   noisy histograms collected on the driver, the convex relaxation of the whole tree in one QP
   (Clarabel, solved as a scaled step so large counts do not swamp the noise), checked
   independently (equality residual and a weak-duality lower bound: the manifest's ``relaxed``

@@ -818,7 +818,7 @@ def release_objective(released: DataFrame, norm: str) -> int:
 
 def evaluation(nodes: DataFrame, released: DataFrame) -> DataFrame:
     """Per level, over its nodes: ``l1_mean``, the mean L1 distance between released and true
-    histograms (``sum_j |x_j - n_j|``, as ``bench_pgsr.py`` and the README report it), and
+    histograms (``sum_j |x_j - n_j|``, as ``bench_pgsr.py`` and ``docs/how-it-works.md`` report it), and
     the earthmover distance (L1 between cumulative histograms), mean and max. Uses the truth:
     internal only."""
     truth = nodes.select(

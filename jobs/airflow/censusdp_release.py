@@ -25,7 +25,7 @@ defined below); the ``spark_conf`` param adds Spark settings to every job. With 
 ``spark_remote`` param (default ``$CENSUSDP_SPARK_REMOTE``), ``sc://HOST:PORT``, the Spark tasks run
 their job with the project's Python and ``--remote`` against that Spark Connect server instead:
 no spark-submit, no JVM on the Airflow worker; the server's own settings apply (``spark_conf`` does
-not), and it must see the same paths (README "Run over Spark Connect").
+not), and it must see the same paths (docs/deploy.md, "Run over Spark Connect").
 One release runs at a time (``max_active_runs=1``).
 """
 

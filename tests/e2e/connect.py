@@ -26,7 +26,7 @@ START_TIMEOUT_S = 240  # a loaded two-core machine needs about a minute
 
 
 def server_command(port: int, jars: list[str], master: str = "local[2]") -> list[str]:
-    """The server's command line (README "Run over Spark Connect" shows the same)."""
+    """The server's command line (docs/deploy.md, "Run over Spark Connect", shows the same)."""
     return [
         "spark-submit",
         "--class",

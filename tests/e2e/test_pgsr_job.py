@@ -227,8 +227,8 @@ def test_evaluation_is_a_delta_table_with_emd_and_l1_per_level(spark, dp):
 
 
 def test_evaluation_l1_and_emd_are_the_mean_distances_per_node(spark, dp):
-    """``l1_mean`` is the mean over a level's nodes of ``sum_j |x_j - n_j|`` (what the README
-    and ``bench_pgsr.py`` call L1), ``emd_mean`` that of the cumulative differences."""
+    """``l1_mean`` is the mean over a level's nodes of ``sum_j |x_j - n_j|`` (what
+    ``docs/how-it-works.md`` and ``bench_pgsr.py`` call L1), ``emd_mean`` that of the cumulative differences."""
     truth = true_histograms()
     released: dict[tuple[str, str], list[int]] = {}
     for r in table(spark, dp, "group_sizes").collect():

@@ -107,7 +107,7 @@ def test_the_tables_of_the_derived_histograms_are_the_files_at_every_geography(
 
 def test_the_state_total_of_the_blocks_is_not_the_state_records(records):
     """The sample's state record carries the whole county's 614,053 people; its 569 blocks, and
-    so the released state, hold 29,225 (README: P.L. 94-171 legacy files)."""
+    so the released state, hold 29,225 (docs/how-it-works.md: P.L. 94-171 legacy files)."""
     config = load_config(PERSONS, ROOT)
     blocks = records[records["SUMLEV"] == "750"]
     state = tables_of(config, derived_histograms(config, blocks).sum(axis=0)[None, :])
