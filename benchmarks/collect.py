@@ -29,7 +29,10 @@ GROUPS = [
             "evaluation",
         ],
     ),
-    ("National scale", ["generate", "national", "national_methods", "national_production"]),
+    (
+        "National scale",
+        ["generate", "national", "national_methods", "national_production", "topdown_memory"],
+    ),
     (
         "Group sizes",
         [
