@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import censusdp_spark
 from censusdp_spark.generate.cli import add_generate_parser
@@ -27,7 +28,8 @@ from a TOML config (conf/ holds examples):
 
 Each writes Delta tables and a manifest.json to its [run] output. Before a
 run, `check` validates a config (no Spark), `budget` prints how it spends its
-privacy budget, and `validate` also reads the input and the secret (Spark)."""
+privacy budget, and `validate` also reads the input and the secret (Spark).
+`jars` fetches the Delta Lake jars a local session needs, once per user."""
 
 EPILOG = """\
 Start here:
@@ -78,6 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_group_sizes_parser(sub)
     add_synth_parser(sub)
     add_generate_parser(sub)
+    jars = sub.add_parser(
+        "jars",
+        help="fetch the Delta Lake jars a local session needs, from Maven Central",
+        description="Download the two Delta Lake jars Spark needs (delta-spark and"
+        " delta-storage, the version this package pins), each checked against the SHA-1 Maven"
+        " Central publishes beside it. Jars already there and matching are kept, so running"
+        " it again fetches nothing. $CENSUSDP_MAVEN_URL names another Maven repository"
+        " (a mirror).",
+    )
+    jars.add_argument(
+        "--dir",
+        type=Path,
+        metavar="DIR",
+        help="where to put them (default: the per-user cache where sessions look,"
+        " $XDG_CACHE_HOME/censusdp/jars, else ~/.cache/censusdp/jars); sessions find"
+        " another folder when $CENSUSDP_JARS names it",
+    )
+    jars.set_defaults(run=_jars)
     return parser
 
 
@@ -94,6 +114,20 @@ def _budget(args: argparse.Namespace) -> int:
     config = load_any_config(args.config)
     print(f"budget of {args.config} ({config.run.name})")
     print(budget(config))
+    return 0
+
+
+def _jars(args: argparse.Namespace) -> int:
+    """``censusdp jars``: the pinned Delta jars into ``--dir`` or the per-user cache."""
+    from censusdp_spark.engine.jars import DELTA_VERSION, cache_dir, fetch_delta_jars
+
+    folder = args.dir if args.dir is not None else cache_dir()
+    for jar in fetch_delta_jars(folder):
+        done = f"fetched from {jar.url}" if jar.downloaded else "already there"
+        print(f"{jar.path.name}: SHA-1 {jar.sha1} verified, {done}")
+    print(f"Delta Lake {DELTA_VERSION} jars in {folder}")
+    if args.dir is not None and folder.resolve() != cache_dir().resolve():
+        print(f"sessions load them when CENSUSDP_JARS={folder}")
     return 0
 
 

@@ -44,6 +44,7 @@ def test_every_command_is_reached():
         "censusdp synth",
         "censusdp generate",
         "censusdp generate national",
+        "censusdp jars",
     } <= set(PARSERS)
 
 
@@ -93,7 +94,7 @@ def test_help_imports_no_spark_nor_numerical_library():
 import sys
 from censusdp_spark.cli import main
 for argv in (["--help"], ["topdown", "--help"], ["group-sizes", "--help"], ["synth", "--help"],
-             ["validate", "--help"], ["generate", "national", "--help"]):
+             ["validate", "--help"], ["generate", "national", "--help"], ["jars", "--help"]):
     try:
         main(argv)
     except SystemExit:

@@ -1,8 +1,8 @@
 """A SparkSession with Delta Lake, for local runs, tests, spark-submit and Spark Connect alike.
 
-Delta's jars come from the project's ``jars/`` folder (filled from Maven Central by
-``scripts/setup.sh``) or from ``$CENSUSDP_JARS``. Under spark-submit, pass them with ``--jars``;
-an existing session is reused as it is.
+Delta's jars come from ``$CENSUSDP_JARS``, else a checkout's ``jars/`` (``scripts/setup.sh``),
+else the per-user cache ``censusdp jars`` fills (:mod:`censusdp_spark.engine.jars`). Under
+spark-submit, pass them with ``--jars``; an existing session is reused as it is.
 
 In local mode every listener is on the loopback address, the Spark UI included: Spark binds its
 UI to ``$SPARK_LOCAL_IP`` (else every interface, whatever ``spark.driver.bindAddress`` says), so
@@ -25,16 +25,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from censusdp_spark.engine.jars import JARS_ENV, delta_jars
 from censusdp_spark.model.errors import SetupError
 from censusdp_spark.model.memory import parse_memory
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONNECT_DEFAULT_PORT = 15002
 # A missing server is reported within seconds: a TCP connect, then a gRPC handshake, each
 # within this timeout, then one RPC with a few quick retries (the client's default policy would
@@ -47,20 +46,6 @@ UI_HOST_ENV = "CENSUSDP_UI_HOST"
 """The address a local-mode Spark UI listens on (default loopback; ``0.0.0.0``: every interface)."""
 LOOPBACK = "127.0.0.1"
 _LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:,\s*\d+)?\])?$")
-# What a user with no jars must run; the image's Dockerfile runs the same script.
-NO_JARS_HINT = (
-    "run scripts/setup.sh (in a container: build the project image, `docker compose build`,"
-    " whose Dockerfile fetches them)"
-)
-
-
-def delta_jars() -> list[Path]:
-    """The jars a classic session needs for Delta (delta-spark and delta-storage)."""
-    folder = Path(os.environ.get("CENSUSDP_JARS", PROJECT_ROOT / "jars"))
-    jars = sorted([*folder.glob("delta-spark_*.jar"), *folder.glob("delta-storage-*.jar")])
-    if not jars:
-        raise SetupError(f"no Delta Lake jars in {folder}: {NO_JARS_HINT}")
-    return jars
 
 
 def remote_url(remote: str | None = None) -> str | None:
@@ -82,7 +67,7 @@ def spark_session(
         return _connect_session(app_name, url)
     builder = SparkSession.builder.appName(app_name)
     ui_host: str | None = None  # set: the JVM starts here, in local mode
-    if "CENSUSDP_JARS" in os.environ:
+    if os.environ.get(JARS_ENV):
         delta_jars()  # a folder named on purpose (the image names its own) must hold the jars
     # Under spark-submit the master and --jars come from the command line; leave them alone.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:

@@ -3,7 +3,8 @@
 What this module promises
 -------------------------
 * **Only the spine is real.** The 84,414 tracts of the 50 states and DC and their 2020
-  populations come from ``data/spine/tracts_2020_population.csv`` (see ``data/spine/README.md``).
+  populations come from ``data/tracts_2020_population.csv`` beside this module (provenance:
+  ``data/spine/README.md`` of the source tree).
   Every block group, block, race/age count and household below the tract is invented, and every
   output says SYNTHETIC.
 * **Exact tallies.** With every state selected (``fraction = 1``) the output has 51 states, 3,143
@@ -63,11 +64,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SPINE_PATH = REPO_ROOT / "data" / "spine" / "tracts_2020_population.csv"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+"""The real files the generators read, shipped in the package so that an installed copy can
+generate; the source tree's ``data/`` links to them under their documented names."""
+SPINE_PATH = DATA_DIR / "tracts_2020_population.csv"
 REFERENCE_PATHS = {
-    "RI 2010": REPO_ROOT / "data" / "ri_2010_blocks_pl.csv",
-    "HI 2010": REPO_ROOT / "data" / "hi_2010_blocks_pl.csv",
+    "RI 2010": DATA_DIR / "ri_2010_blocks_pl.csv",
+    "HI 2010": DATA_DIR / "hi_2010_blocks_pl.csv",
 }
 
 RACES = ("white", "black", "hisp", "aian", "asian", "nhpi", "other", "two")
@@ -858,9 +861,10 @@ def readme_text(report: dict) -> str:
 
 Written by censusdp_spark.generate.national (`censusdp generate national`), seed {report["seed"]}.
 Only the list of 2020 census tracts and their total 2020 populations are real
-(data/spine/tracts_2020_population.csv; see data/spine/README.md). Block groups, blocks,
-block populations, race/ethnicity, voting age and household sizes are drawn from a seeded
-model (docstring of censusdp_spark.generate.national) and describe no real place.
+(tracts_2020_population.csv, shipped in censusdp_spark/generate/data with its provenance).
+Block groups, blocks, block populations, race/ethnicity, voting age and household sizes are
+drawn from a seeded model (docstring of censusdp_spark.generate.national) and describe no real
+place.
 
 Files
   blocks/state_XX.parquet  one file per state (2-digit FIPS); read the folder with

@@ -50,8 +50,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from censusdp_spark.generate.national import (
+    DATA_DIR,
     HOUSEHOLD_CHUNK_PERSONS,
-    REPO_ROOT,
     ModelParameters,
     StateBlocks,
     _chunks,
@@ -63,8 +63,8 @@ from censusdp_spark.generate.national import (
 )
 from censusdp_spark.io.pl94_layout import GQ_TYPES, RACE_LAYOUT, SEGMENTS, race_cell
 
-PROVIDENCE_DIR = REPO_ROOT / "data" / "pl94_2018_e2e_providence_ri"
-PERRY_PPMF = REPO_ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv"
+PROVIDENCE_DIR = DATA_DIR / "pl94_2018_e2e_providence_ri"  # segments 1 and 3 only
+PERRY_PPMF = DATA_DIR / "ppmf_perry_county_al_20210428_eps12-2.csv"
 PERSON_COLUMNS = (
     "TABBLKST", "TABBLKCOU", "TABTRACT", "TABBLK", "RTYPE", "GQTYPE_PL", "VOTING_AGE", "CENHISP",
     "CENRACE",
