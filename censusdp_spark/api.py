@@ -341,13 +341,16 @@ def _group_sizes_summary(config: PgsrConfig) -> str:
 
 
 def _synth_summary(config: SynthConfig) -> str:
+    from censusdp_spark.synth.config import mwem_fit_text
+
     domain = config.domain
     shape = (
         f"{len(domain.group)} household and {len(domain.individual)} person attributes,"
         f" at most {domain.max_members} persons a household"
     )
-    return f"{config.source}: a valid synth config ({config.run.name}): {shape};" + _zcdp(
-        config.budget.rho, config.run.delta
+    zcdp = _zcdp(config.budget.rho, config.run.delta)
+    return f"{config.source}: a valid synth config ({config.run.name}): {shape};{zcdp}; " + (
+        mwem_fit_text(config)
     )
 
 
@@ -543,7 +546,8 @@ def run_synth(
         The release written, with the run's ``summary`` (and ``evaluation`` folder).
 
     Raises:
-        ConfigError: The config breaks a rule.
+        ConfigError: The config breaks a rule, or ``method`` is ``"mwem"`` and the config's
+            explicit domain is above ``[mwem] max_domain`` (refused before any data is read).
         InputError: The input breaks a rule; the message names the file, the row or column
             and the rule. Nothing is written.
         OutputExistsError: The output holds a release and ``overwrite`` was not given.
@@ -563,11 +567,12 @@ def run_synth(
         release.to_pandas("synthetic_households")
         ```
     """
-    from censusdp_spark.synth.config import load_synth_config
+    from censusdp_spark.synth.config import load_synth_config, refuse_unfit_method
     from censusdp_spark.synth.job import SynthOptions
     from censusdp_spark.synth.job import run_synth as run
 
     loaded = load_synth_config(config)
+    refuse_unfit_method(loaded, method)  # before a session starts: the config decides it
     options = SynthOptions(
         method,
         None if rho is None else Fraction(rho),

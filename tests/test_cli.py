@@ -163,3 +163,49 @@ def test_budget_prints_each_kind_its_own_accounting(config, total, capsys, monke
     assert main(["budget", "--config", f"conf/{config}"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"budget of conf/{config} ({Path(config).stem})") and total in out
+
+
+def test_synth_refuses_a_domain_too_large_for_mwem_before_spark_or_any_read(tmp_path):
+    """The full PUMS config's explicit domain is far above mwem.max_domain: ``censusdp synth
+    --method mwem`` says so in one line, with inputs that do not exist and no Spark started."""
+    text = (ROOT / "conf" / "synth_pums.toml").read_text()
+    config = tmp_path / "synth_pums.toml"
+    config.write_text(
+        text.replace("data/pums/households.csv", str(tmp_path / "no_households.csv")).replace(
+            "data/pums/persons.csv", str(tmp_path / "no_persons.csv")
+        )
+    )
+    assert "no_households.csv" in config.read_text() and "no_persons.csv" in config.read_text()
+    code = (
+        "import sys; from censusdp_spark.cli import main;"
+        f" code = main(['synth', '--config', {str(config)!r}, '--method', 'mwem',"
+        f" '--output', {str(tmp_path / 'out')!r}]);"
+        " print(code, 'pyspark' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "2 False"
+    error = done.stderr.strip()
+    assert error.count("\n") == 0, error
+    assert error.startswith(f"censusdp: error: {config}: [mwem.max_domain] --method mwem")
+    assert "~2.63e57 households, above the limit 2,000,000" in error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "verdict"),
+    [
+        ("synth_pums.toml", "~2.63e57 households, limit mwem.max_domain = 2,000,000 (too large"),
+        ("synth_pums_reduced.toml", "134,976 households, limit mwem.max_domain = 2,000,000 (fits)"),
+    ],
+)
+def test_check_and_budget_say_whether_mwem_fits_a_synth_config(
+    config, verdict, capsys, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "--config", f"conf/{config}"]) == 0
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and f"MWEM's explicit domain: {verdict}" in line
+    assert main(["budget", "--config", f"conf/{config}"]) == 0
+    assert f"MWEM's explicit domain: {verdict}" in capsys.readouterr().out

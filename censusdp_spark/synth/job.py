@@ -1,7 +1,8 @@
 """The synthetic-data job, shared by ``censusdp synth`` (``synth.cli``) and ``spark-submit jobs/synth.py``.
 
 Stages:
-1. validate the config and options; refuse an existing output without ``--overwrite``;
+1. validate the config and options (a domain too large for ``mwem`` among them, from the config
+   alone); refuse an existing output without ``--overwrite``;
 2. read and link the household and person tables, and answer every candidate workload on the
    cluster (confidential sums, in driver memory only; nothing is written if the input fails);
 3. the method (pure numpy on the driver): Adaptive Measurements for ``mwem``, ``hpd_fixed`` and
@@ -39,7 +40,7 @@ from censusdp_spark.release.runner import (
     release_contents,
     with_command_line,
 )
-from censusdp_spark.synth.config import SynthConfig
+from censusdp_spark.synth.config import SynthConfig, refuse_unfit_method
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
 from censusdp_spark.synth.methods import METHODS
@@ -137,6 +138,7 @@ SYNTH = "synth"
 def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
     if options.method not in METHODS:
         raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
+    refuse_unfit_method(config, options.method)
     rho, delta_ = resolve_rho(config, options)
     run_options = with_command_line(config.run, options.output, options.secret_file)
     config = replace(config, run=run_options)
