@@ -250,18 +250,27 @@ def count_rules(column: str, what: str = "count") -> list[RowRule]:
 
 
 def check_columns(df: DataFrame, spec: ColumnSpec) -> None:
-    source = str(spec.path)
+    """Refuse a header without every column the config names, or with a column it neither uses
+    nor ignores: one message listing every missing column, then every unused one."""
     present = set(df.columns)
-    for col in spec.used_columns():
-        if col not in present:
-            raise InputError(source, f"column {col}", "missing (named in the config's [input])")
-    extra = present - set(spec.used_columns()) - set(spec.ignore)
+    missing = [c for c in dict.fromkeys(spec.used_columns()) if c not in present]
+    extra = [c for c in df.columns if c not in {*spec.used_columns(), *spec.ignore}]
+    problems = []
+    if missing:
+        problems.append((_columns(missing), "missing (named in the config's [input])"))
     if extra:
-        raise InputError(
-            source,
-            f"column {sorted(extra)[0]}",
-            "not used by the config; list it in input.ignore if intended",
+        them = "it" if len(extra) == 1 else "them"
+        problems.append(
+            (_columns(extra), f"not used by the config; list {them} in input.ignore if intended")
         )
+    if problems:
+        (where, rule), *more = problems
+        raise InputError(str(spec.path), where, "; ".join([rule, *(f"{w}: {r}" for w, r in more)]))
+
+
+def _columns(names: Sequence[str]) -> str:
+    """``column a`` or ``columns a, b, c``: every name, in order."""
+    return f"column {names[0]}" if len(names) == 1 else f"columns {', '.join(names)}"
 
 
 def geocode_of(spec: GeocodeSpec) -> Column:

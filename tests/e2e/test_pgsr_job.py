@@ -346,6 +346,24 @@ def test_a_size_above_max_without_topcode_names_its_row(spark, tmp_path):
         )
 
 
+def test_every_missing_and_unused_column_is_named_in_one_refusal(spark, tmp_path):
+    csv = tmp_path / "households.csv"
+    csv.write_text("block,hh,note,extra\n01,a,x,y\n")
+    with pytest.raises(InputError) as refused:
+        read_leaf_histograms(
+            spark, households_spec(csv, size_column="np"), GroupSizes(4, True), 2, None
+        )
+    assert str(refused.value) == (
+        f"{csv}: column np: missing (named in the config's [input]); columns note, extra: not"
+        " used by the config; list them in input.ignore if intended"
+    )
+    csv.write_text("block,hh,np,note\n01,a,1,x\n")
+    with pytest.raises(InputError, match="column note: not used by the config; list it in"):
+        read_leaf_histograms(
+            spark, households_spec(csv, size_column="np"), GroupSizes(4, True), 2, None
+        )
+
+
 BAD_CONFIG = """
 [run]
 name = "bad"
