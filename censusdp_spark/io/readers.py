@@ -18,7 +18,7 @@ measurement's sensitivity argument holds unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -199,11 +199,14 @@ def _first_flagged(flags: DataFrame) -> tuple[int, Any]:
 
 @dataclass(frozen=True)
 class RowRule:
-    """A rule every row must keep: ``broken`` is true on a row that breaks it."""
+    """A rule every row must keep: ``broken`` is true on a row that breaks it. With ``shown``,
+    the refusal adds ``describe`` of that column's value on the first row breaking it."""
 
     broken: Column
     column: str
     rule: str
+    shown: Column | None = None
+    describe: Callable[[Any], str] = repr
 
 
 def enforce_rules(
@@ -221,8 +224,14 @@ def enforce_rules(
     assert counts is not None
     for i, rule in enumerate(rules):
         if counts[f"r{i}"]:
-            row = row_number_of(df, rule.broken)
-            raise InputError(source, f"row {row}, column {rule.column}", rule.rule)
+            if rule.shown is None:
+                row, text = row_number_of(df, rule.broken), rule.rule
+            else:
+                pos = F.monotonically_increasing_id().alias("pos")
+                flags = df.select(pos, rule.broken.alias("bad"), rule.shown.alias("value"))
+                row, value = _first_flagged(flags)
+                text = f"{rule.rule}; {rule.describe(value)}"
+            raise InputError(source, f"row {row}, column {rule.column}", text)
     if total is not None and (counts["total"] or 0) > MAX_COUNT:
         raise InputError(
             source,
@@ -279,11 +288,28 @@ def geocode_of(spec: GeocodeSpec) -> Column:
 
 
 def geocode_rule(spec: GeocodeSpec, digits: int) -> RowRule:
+    """Every row's geocode (:func:`geocode_of`: its columns trimmed and joined, nothing padded)
+    is exactly ``digits`` digits; a refusal shows the geocode it built."""
     geo = F.col("geocode")
+    columns = "+".join(spec.geocode_columns)
+    joined = len(spec.geocode_columns) > 1
+
+    def describe(built: str | None) -> str:
+        if built is None:
+            return f"{'a column of ' if joined else ''}{columns} is empty"
+        if not joined:
+            return f"got {built!r} ({len(built)} characters)"
+        return (
+            f"built {built!r} ({len(built)} characters) from {columns} joined as written"
+            " (nothing is padded: give each column its leading zeros)"
+        )
+
     return RowRule(
         geo.isNull() | ~geo.rlike(rf"^[0-9]{{{digits}}}$"),
-        "+".join(spec.geocode_columns),
+        columns,
         f"geocode must be exactly {digits} digits",
+        shown=geo,
+        describe=describe,
     )
 
 

@@ -364,6 +364,32 @@ def test_every_missing_and_unused_column_is_named_in_one_refusal(spark, tmp_path
         )
 
 
+@pytest.mark.parametrize(
+    ("state", "county", "shown"),
+    [
+        ("44", "7", "built '447' (3 characters) from state+county joined as written"),
+        ("4", "007", "built '4007' (4 characters) from state+county joined as written"),
+        ("44", "", "a column of state+county is empty"),
+    ],
+)
+def test_a_geocode_built_from_columns_is_shown_with_the_digits_expected(
+    spark, tmp_path, state, county, shown
+):
+    """The geocode's columns are joined as they are, never padded: the refusal shows what was
+    built, so a county written 7 for 007 is plain to see."""
+    csv = tmp_path / "households.csv"
+    csv.write_text(f"state,county,hh,np\n44,007,a,2\n{state},{county},b,1\n")
+    spec = GroupInputSpec(
+        csv, "csv", "households", ("state", "county"), household_column="hh", size_column="np"
+    )
+    with pytest.raises(InputError) as refused:
+        read_leaf_histograms(spark, spec, GroupSizes(4, True), 5, None)
+    message = str(refused.value)
+    assert message.startswith(
+        f"{csv}: row 2, column state+county: geocode must be exactly 5 digits; {shown}"
+    ), message
+
+
 BAD_CONFIG = """
 [run]
 name = "bad"

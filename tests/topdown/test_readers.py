@@ -141,6 +141,15 @@ def test_every_missing_and_unused_column_is_named_in_one_refusal(spark, demo, tm
     ) in message
 
 
+def test_a_bad_geocode_is_shown_as_read(spark, demo, tmp_path):
+    with pytest.raises(InputError) as refused:
+        read(spark, demo, csv(tmp_path, bad_row(0, "44001030100100")))
+    assert str(refused.value).endswith(
+        "row 2, column GEOID: geocode must be exactly 15 digits; got '44001030100100'"
+        " (14 characters)"
+    )
+
+
 def test_missing_file_is_named(spark, demo, tmp_path):
     with pytest.raises(InputError, match=r"nope.csv: file: not found"):
         read(spark, demo, tmp_path / "nope.csv")
