@@ -91,6 +91,8 @@ class SynthSummary:
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
+    dropped_oversize: int | None = None  # None: such households are refused, never dropped
+    max_members: int = 0
 
     def text(self) -> str:
         lines = [
@@ -98,6 +100,13 @@ class SynthSummary:
             + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             f"  {self.households} households, {self.individuals} persons in the input "
             "(public totals)",
+        ]
+        if self.dropped_oversize is not None:
+            lines.append(
+                f"  {self.dropped_oversize} households of more than {self.max_members} persons"
+                ' dropped (input.larger_households = "drop"); not in the totals above'
+            )
+        lines += [
             f"  privacy: rho = {self.rho} (~{float(self.rho):.6f}) zCDP, "
             f"epsilon = {self.epsilon:.3f} at delta = {self.delta:g}",
             f"  elapsed: {self.elapsed_s:.1f} s ("
@@ -263,6 +272,8 @@ def _run_synth(
         error_table,
         release.for_release,
         eval_dir,
+        counted.dropped_oversize if config.input.drop_larger else None,
+        domain.max_members,
     )
     release.write_manifest(
         {
