@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         " rho per measurement and round; then the total and its epsilon.",
     )
     add_config_flag(budget)
+    budget.add_argument(
+        "--epsilon",
+        metavar="VALUE",
+        help="the total epsilon, as the release's own --epsilon means it: group sizes, exact"
+        " (e.g. 1/2), each level keeping its share; synth, at --delta, converted to rho"
+        " (rounded down); TopDown takes none (its budget is rho)",
+    )
+    budget.add_argument("--delta", type=float, help="synth, with --epsilon (default: [run].delta)")
     budget.set_defaults(run=_budget)
     validate = sub.add_parser(
         "validate",
@@ -92,8 +100,11 @@ def _budget(args: argparse.Namespace) -> int:
     from censusdp_spark.api import budget, load_any_config
 
     config = load_any_config(args.config)
-    print(f"budget of {args.config} ({config.run.name})")
-    print(budget(config))
+    table = budget(config, epsilon=args.epsilon, delta=args.delta)
+    given = "" if args.epsilon is None else f" at --epsilon {args.epsilon}"
+    given += "" if args.delta is None else f" --delta {args.delta:g}"
+    print(f"budget of {args.config} ({config.run.name}){given}")
+    print(table)
     return 0
 
 

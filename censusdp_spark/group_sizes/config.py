@@ -253,6 +253,17 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
     )  # fmt: skip
 
 
+def parse_epsilon(source: str, text: str) -> Fraction:
+    """``--epsilon`` of the group-size release (and of ``censusdp budget`` on its config): an
+    exact total ε such as ``1/2`` or ``0.5``; anything else is refused in one line naming
+    ``budget.epsilon``."""
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        rule = f"--epsilon {text!r} is not an exact fraction like 1/2"
+        raise ConfigError(source, "budget.epsilon", rule) from None
+
+
 def with_epsilon(config: PgsrConfig, epsilon: Fraction) -> PgsrConfig:
     """``config`` at another total ε (``pgsr --epsilon``), each level keeping its share; an ε
     that is not positive, or gives a level an ε whose noise is not computable, is refused in

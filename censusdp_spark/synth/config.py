@@ -396,6 +396,36 @@ def household_count(n: int) -> str:
     return f"~{digits[0]}.{digits[1:3]}e{len(digits) - 1}"
 
 
+RHO_GRID = 10**12
+"""ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
+
+
+def total_rho(
+    config: SynthConfig,
+    rho: Fraction | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+) -> tuple[Fraction, float]:
+    """(ρ, the δ ε is reported at) of a run or budget: ``rho`` (``--rho``), else ``epsilon`` at
+    ``delta`` (``--epsilon``, ``--delta``; default δ the config's) converted to the largest ρ on
+    the grid within it, else the config's ρ. A ``ValueError`` in one line for ``delta`` without
+    ``epsilon`` or a ρ that is not positive."""
+    from censusdp_spark.privacy import approx_dp_to_zcdp
+
+    reported = delta if delta is not None else config.run.delta
+    if delta is not None and epsilon is None:
+        raise ValueError("--delta goes with --epsilon")
+    if rho is not None:
+        total = rho
+    elif epsilon is not None:
+        total = Fraction(math.floor(approx_dp_to_zcdp(epsilon, reported) * RHO_GRID), RHO_GRID)
+    else:
+        total = config.budget.rho
+    if total <= 0:
+        raise ValueError(f"rho = {total} must be > 0")
+    return total, reported
+
+
 def budget_text(config: SynthConfig, rho: Fraction | None = None) -> str:
     """The budget of a synth config (or of ``rho`` instead of its own) as the adaptive methods
     (mwem, hpd_fixed, hpd_gen) spend it: ρ, the one-way measurements first, then T rounds each

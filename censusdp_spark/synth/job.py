@@ -21,7 +21,6 @@ N_G, N_I and M public.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -31,7 +30,7 @@ import pandas as pd
 
 from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
+from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
 from censusdp_spark.release.runner import (
@@ -40,7 +39,7 @@ from censusdp_spark.release.runner import (
     release_contents,
     with_command_line,
 )
-from censusdp_spark.synth.config import SynthConfig, refuse_unfit_method
+from censusdp_spark.synth.config import SynthConfig, refuse_unfit_method, total_rho
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
 from censusdp_spark.synth.methods import METHODS
@@ -58,8 +57,6 @@ if TYPE_CHECKING:  # Spark is imported when a run starts, so the CLI stays quick
 SYNTHETIC_HOUSEHOLDS = "synthetic_households"
 SYNTHETIC_PERSONS = "synthetic_persons"
 NOISY_MEASUREMENTS = "noisy_measurements"
-RHO_GRID = 10**12
-"""ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
 
 
 @dataclass(frozen=True)
@@ -126,19 +123,9 @@ class SynthSummary:
 
 
 def resolve_rho(config: SynthConfig, options: SynthOptions) -> tuple[Fraction, float]:
-    """(ρ, δ used to report ε): ``--rho``, else ``--epsilon`` at δ, else the config's ρ."""
-    delta = options.delta if options.delta is not None else config.run.delta
-    if options.delta is not None and options.epsilon is None:
-        raise ValueError("--delta goes with --epsilon")
-    if options.rho is not None:
-        rho = options.rho
-    elif options.epsilon is not None:
-        rho = Fraction(math.floor(approx_dp_to_zcdp(options.epsilon, delta) * RHO_GRID), RHO_GRID)
-    else:
-        rho = config.budget.rho
-    if rho <= 0:
-        raise ValueError(f"rho = {rho} must be > 0")
-    return rho, delta
+    """(ρ, δ used to report ε): ``--rho``, else ``--epsilon`` at δ, else the config's ρ
+    (:func:`censusdp_spark.synth.config.total_rho`, which ``censusdp budget`` shares)."""
+    return total_rho(config, options.rho, options.epsilon, options.delta)
 
 
 SYNTH = "synth"
