@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.privacy.unit import PrivacyUnit
     from censusdp_spark.synth.config import SynthConfig
     from censusdp_spark.topdown.config import RunConfig
     from censusdp_spark.topdown.schema import Schema
@@ -320,6 +321,36 @@ def _synth_epsilon(source: str, epsilon: str | Fraction | float | None) -> float
     except ValueError:
         rule = f"--epsilon {epsilon!r} is not a number such as 1.5 (converted to rho at --delta)"
         raise ConfigError(source, "budget.rho", rule) from None
+
+
+def privacy_unit(
+    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+) -> PrivacyUnit:
+    """Whom any release's config protects (as ``censusdp budget`` and a run's summary print
+    it): how neighbouring inputs differ, and what they share, which the release takes as
+    public. The manifest records the same under ``privacy.unit``.
+
+    Raises:
+        ConfigError: The config breaks a rule; the message names the file, the key and the
+            rule.
+
+    Example:
+        >>> from censusdp_spark.api import privacy_unit
+        >>> print(privacy_unit("conf/pgsr_calm.toml").lines()[0])
+        privacy unit: neighbouring inputs differ in one individual joining or leaving an existing group (no group is added or removed)
+    """
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import privacy_unit as group_sizes_unit
+    from censusdp_spark.synth.config import privacy_unit as synth_unit
+    from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.config import privacy_unit as topdown_unit
+
+    loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig):
+        return topdown_unit(loaded)
+    if isinstance(loaded, PgsrConfig):
+        return group_sizes_unit(loaded)
+    return synth_unit(loaded)
 
 
 def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
@@ -209,3 +210,54 @@ def test_check_and_budget_say_whether_mwem_fits_a_synth_config(
     assert line.count("\n") == 1 and f"MWEM's explicit domain: {verdict}" in line
     assert main(["budget", "--config", f"conf/{config}"]) == 0
     assert f"MWEM's explicit domain: {verdict}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("config", "neighbours", "public"),
+    [
+        (
+            "ri_2010_demo.toml",
+            "neighbouring inputs differ in one person's record (its block and characteristics);"
+            " the number of records is the same (bounded DP)",
+            "the number of records; the leaf list (every row of the input, zero-population ones"
+            " included); every node's total at state and above (invariants, released exact)",
+        ),
+        (
+            "pgsr_calm.toml",
+            "neighbouring inputs differ in one individual joining or leaving an existing group"
+            " (no group is added or removed)",
+            "the leaf list (every row of the input, empty ones included); G, the number of"
+            " groups (every level sums to it exactly)",
+        ),
+        (
+            "synth_pums_reduced.toml",
+            "neighbouring inputs differ in one person's individual attributes ([[individual]])",
+            "who lives with whom (household membership) and every household's group attributes;"
+            " the numbers of households (N_G) and persons (N_I), and M = 3; which households"
+            " hold more than 3 persons (dropped; their number is reported)",
+        ),
+    ],
+)
+def test_budget_states_the_privacy_unit_before_the_budget(
+    config, neighbours, public, capsys, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    assert main(["budget", "--config", f"conf/{config}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:3] == [f"privacy unit: {neighbours}", f"public (not protected): {public}"]
+
+
+def test_the_privacy_unit_names_what_each_config_makes_public():
+    """A spine, invariants, occupancy facts and structural zeros are public when configured;
+    the group sizes' faithfulness = "node" makes every node's number of groups public."""
+    from censusdp_spark.api import privacy_unit
+
+    production = privacy_unit(ROOT / "conf" / "national_production.toml").public
+    assert any(p.startswith("the leaf list (the spine ") for p in production)
+    assert "the cells of [estimation] structural_zeros (0 by definition)" in production
+    legacy = privacy_unit(ROOT / "conf" / "pl94_e2e_providence.toml").public
+    assert "the leaf list (every block of the files' geoheader)" in legacy
+    assert any(p.startswith("the dwelling counts [[estimation.occupancy]] reads") for p in legacy)
+    calm = tomllib.loads((ROOT / "conf" / "pgsr_calm.toml").read_text())
+    calm.setdefault("mechanism", {})["faithfulness"] = "node"
+    assert privacy_unit(calm).public[-1].startswith("G and every node's number of groups G^r")

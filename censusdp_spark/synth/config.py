@@ -35,6 +35,7 @@ from censusdp_spark.model.config import (
     resolve,
 )
 from censusdp_spark.model.errors import ConfigError
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Roles
 
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
@@ -452,4 +453,23 @@ def budget_text(config: SynthConfig, rho: Fraction | None = None) -> str:
             f" at delta = {config.run.delta:g}",
             f"  {mwem_fit_text(config)}",
         ]
+    )
+
+
+def privacy_unit(config: SynthConfig) -> PrivacyUnit:
+    """Synth's privacy unit (:mod:`censusdp_spark.synth.adaptive`'s change-one-person relation):
+    neighbours differ in one person's individual attributes; who lives with whom, every
+    household's group attributes, N_G, N_I and M are the same in both, hence public."""
+    public = [
+        "who lives with whom (household membership) and every household's group attributes",
+        f"the numbers of households (N_G) and persons (N_I), and M = {config.domain.max_members}",
+    ]
+    if config.input.drop_larger:
+        public.append(
+            f"which households hold more than {config.domain.max_members} persons (dropped;"
+            " their number is reported)"
+        )
+    return PrivacyUnit(
+        "neighbouring inputs differ in one person's individual attributes ([[individual]])",
+        tuple(public),
     )

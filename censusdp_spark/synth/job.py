@@ -33,13 +33,19 @@ from censusdp_spark.model.errors import InputError
 from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     ReleaseRun,
     input_fingerprint,
     release_contents,
     with_command_line,
 )
-from censusdp_spark.synth.config import SynthConfig, refuse_unfit_method, total_rho
+from censusdp_spark.synth.config import (
+    SynthConfig,
+    privacy_unit,
+    refuse_unfit_method,
+    total_rho,
+)
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
 from censusdp_spark.synth.methods import METHODS
@@ -90,6 +96,7 @@ class SynthSummary:
     evaluation_dir: Path | None = None
     dropped_oversize: int | None = None  # None: such households are refused, never dropped
     max_members: int = 0
+    privacy_unit: PrivacyUnit | None = None
 
     def text(self) -> str:
         lines = [
@@ -106,6 +113,7 @@ class SynthSummary:
         lines += [
             f"  privacy: rho = {self.rho} (~{float(self.rho):.6f}) zCDP, "
             f"epsilon = {self.epsilon:.3f} at delta = {self.delta:g}",
+            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
             f"  elapsed: {self.elapsed_s:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
             + ")",
@@ -261,6 +269,7 @@ def _run_synth(
         eval_dir,
         counted.dropped_oversize if config.input.drop_larger else None,
         domain.max_members,
+        privacy_unit(config),
     )
     release.write_manifest(
         {
@@ -275,6 +284,7 @@ def _run_synth(
             "privacy": {
                 "definition": "rho-zCDP; neighbours change one person's individual attributes "
                 "(household membership, group attributes, N_G, N_I and M fixed and public)",
+                "unit": privacy_unit(config).manifest(),
                 "rho": str(rho),
                 "rho_float": float(rho),
                 "delta": delta_,

@@ -57,6 +57,7 @@ from censusdp_spark.privacy.accounting import (
     allocate_per_query_rho,
     bypass_paths,
 )
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
 from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
@@ -1111,3 +1112,33 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
         method, fallback, document, model.budget.bypass_single_child, passes, pl94_tables,
         occupancy, dwellings_spec,
     )  # fmt: skip
+
+
+def privacy_unit(config: RunConfig) -> PrivacyUnit:
+    """TopDown's privacy unit (the manifest's ``change-one-record`` relation): neighbours differ
+    in one person's record, their number of records the same; public are what every neighbour
+    shares under this config: the leaf list, the invariant totals, the dwelling facts the
+    occupancy rule reads and the cells zero by definition."""
+    spec = config.input
+    if config.spine is not None:
+        leaves = f"the leaf list (the spine {config.spine.path})"
+    elif spec is not None and spec.legacy is not None:
+        leaves = "the leaf list (every block of the files' geoheader)"
+    else:
+        leaves = "the leaf list (every row of the input, zero-population ones included)"
+    public = ["the number of records", leaves]
+    if config.invariant_levels:
+        levels = ", ".join(config.invariant_levels)
+        public.append(f"every node's total at {levels} and above (invariants, released exact)")
+    if config.occupancy:
+        public.append(
+            "the dwelling counts [[estimation.occupancy]] reads (where each group may live, and"
+            " its bounds), used without noise"
+        )
+    if config.structural_zero_cells:
+        public.append("the cells of [estimation] structural_zeros (0 by definition)")
+    return PrivacyUnit(
+        "neighbouring inputs differ in one person's record (its block and characteristics);"
+        " the number of records is the same (bounded DP)",
+        tuple(public),
+    )

@@ -148,6 +148,15 @@ def test_manifest_accounts_rho_per_round_exactly_and_holds_no_truth(spark, relea
     assert "max_error" not in json.dumps(manifest)
 
 
+def test_the_run_summary_states_the_privacy_unit_as_the_manifest_records_it(released):
+    release, printed = released
+    unit = json.loads((release / "manifest.json").read_text())["privacy"]["unit"]
+    assert unit["neighbours"].startswith("neighbouring inputs differ in one person's individual")
+    assert f"  privacy unit: {unit['neighbours']}\n" in printed
+    assert f"  public (not protected): {'; '.join(unit['public'])}\n" in printed
+    assert "who lives with whom (household membership)" in printed
+
+
 def test_the_run_summary_says_how_many_households_were_dropped_and_why(released):
     _, printed = released
     assert "3414 households, 6349 persons in the input (public totals)" in printed
