@@ -98,6 +98,12 @@ def test_dp_release_holds_every_guarantee_and_its_manifest_no_secret(spark, dp, 
     } == {"10"}
     assert m["faithfulness"] == "level"
     assert m["optimality"]["lower_bound"] == m["optimality"]["objective"]  # exact
+    assert m["privacy"]["unit"]["neighbours"].startswith(
+        "neighbouring inputs differ in one individual joining or leaving an existing group"
+    )
+    assert (
+        "G, the number of groups (every level sums to it exactly)" in m["privacy"]["unit"]["public"]
+    )
     assert m["optimality"]["gap"] == 0
     assert secret.read_text().strip() not in (dp / "manifest.json").read_text()
 
