@@ -304,7 +304,7 @@ def privacy_unit(config: PgsrConfig) -> PrivacyUnit:
     an existing group, so every node's number of groups is the same in neighbours; public are
     the leaf list and the numbers of groups the post-processing holds exactly."""
     if config.spine is not None:
-        leaves = f"the leaf list (the spine {config.spine.path})"
+        leaves = f"the leaf list (the spine {config.document.shown(config.spine.path)})"
     else:
         leaves = "the leaf list (every row of the input, empty ones included)"
     groups = (

@@ -1121,7 +1121,7 @@ def privacy_unit(config: RunConfig) -> PrivacyUnit:
     occupancy rule reads and the cells zero by definition."""
     spec = config.input
     if config.spine is not None:
-        leaves = f"the leaf list (the spine {config.spine.path})"
+        leaves = f"the leaf list (the spine {config.document.shown(config.spine.path)})"
     elif spec is not None and spec.legacy is not None:
         leaves = "the leaf list (every block of the files' geoheader)"
     else:
