@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.privacy.unit import PrivacyUnit
     from censusdp_spark.synth.config import SynthConfig
     from censusdp_spark.topdown.config import RunConfig
     from censusdp_spark.topdown.schema import Schema
@@ -250,7 +251,12 @@ def load_any_config(
     return load_pgsr_config(config) if kind == "group_sizes" else load_synth_config(config)
 
 
-def budget(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
+def budget(
+    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+    *,
+    epsilon: str | Fraction | float | None = None,
+    delta: float | None = None,
+) -> str:
     """How any release's config spends its budget (as ``censusdp budget``): TopDown's levels,
     queries, shares, ρ and σ; the group sizes' ε and noise scales per level; synth's ρ per
     measurement and round. Each ends with the total and its ε.
@@ -258,31 +264,93 @@ def budget(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | Syn
     Args:
         config: A config file's path, a mapping shaped like its TOML, or a config loaded
             before.
+        epsilon: Another total, meaning what the release's own ``--epsilon`` means: the group
+            sizes' exact pure-DP ε (``"1/2"``), each level keeping its share; synth's ε at
+            ``delta``, converted to the largest ρ within it (rounded down). TopDown's budget
+            is ρ per level and query: it takes none.
+        delta: Synth's δ of ``epsilon``, only with it; default the config's ``[run] delta``.
 
     Returns:
-        The table ``censusdp budget`` prints, without its first line (the config's name).
+        The table ``censusdp budget`` prints, without its first lines (the config's name and
+        its privacy unit).
 
     Raises:
-        ConfigError: The config breaks a rule (a budget that does not add up included); the
-            message names the file, the key and the rule.
+        ConfigError: The config breaks a rule (a budget that does not add up included), or
+            ``epsilon`` or ``delta`` is not one the release takes; the message names the
+            file, the key and the rule.
+        ValueError: Synth's ``delta`` without ``epsilon``.
 
     Example:
         >>> from censusdp_spark import budget
         >>> print(budget("conf/ri_2010_demo.toml").splitlines()[-1])
         epsilon at delta=1e-10: 17.1436 (tight, CKS20 Cor. 13); 17.9002 (Bun-Steinke bound)
     """
-    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import PgsrConfig, parse_epsilon, with_epsilon
     from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
+    from censusdp_spark.model.errors import ConfigError
     from censusdp_spark.privacy.accounting import budget_table
     from censusdp_spark.synth.config import budget_text as synth_budget
+    from censusdp_spark.synth.config import total_rho
     from censusdp_spark.topdown.config import RunConfig
 
     loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig | PgsrConfig) and delta is not None:
+        rule = "--delta is synth's, with --epsilon"
+        raise ConfigError(loaded.source, "run.delta", rule)
     if isinstance(loaded, RunConfig):
+        if epsilon is not None:
+            rule = "--epsilon: TopDown's budget is rho per level and query, and its run takes none"
+            raise ConfigError(loaded.source, "budget", rule)
         return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
     if isinstance(loaded, PgsrConfig):
+        if epsilon is not None:
+            loaded = with_epsilon(loaded, parse_epsilon(loaded.source, str(epsilon)))
         return group_sizes_budget(loaded)
-    return synth_budget(loaded)
+    rho, reported = total_rho(loaded, None, _synth_epsilon(loaded.source, epsilon), delta)
+    return synth_budget(replace(loaded, run=replace(loaded.run, delta=reported)), rho)
+
+
+def _synth_epsilon(source: str, epsilon: str | Fraction | float | None) -> float | None:
+    """Synth's ``--epsilon``: a number, as its run's flag reads it."""
+    from censusdp_spark.model.errors import ConfigError
+
+    if epsilon is None:
+        return None
+    try:
+        return float(epsilon)
+    except ValueError:
+        rule = f"--epsilon {epsilon!r} is not a number such as 1.5 (converted to rho at --delta)"
+        raise ConfigError(source, "budget.rho", rule) from None
+
+
+def privacy_unit(
+    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+) -> PrivacyUnit:
+    """Whom any release's config protects (as ``censusdp budget`` and a run's summary print
+    it): how neighbouring inputs differ, and what they share, which the release takes as
+    public. The manifest records the same under ``privacy.unit``.
+
+    Raises:
+        ConfigError: The config breaks a rule; the message names the file, the key and the
+            rule.
+
+    Example:
+        >>> from censusdp_spark.api import privacy_unit
+        >>> print(privacy_unit("conf/pgsr_calm.toml").lines()[0])
+        privacy unit: neighbouring inputs differ in one individual joining or leaving an existing group (no group is added or removed)
+    """
+    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import privacy_unit as group_sizes_unit
+    from censusdp_spark.synth.config import privacy_unit as synth_unit
+    from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.config import privacy_unit as topdown_unit
+
+    loaded = load_any_config(config)
+    if isinstance(loaded, RunConfig):
+        return topdown_unit(loaded)
+    if isinstance(loaded, PgsrConfig):
+        return group_sizes_unit(loaded)
+    return synth_unit(loaded)
 
 
 def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
@@ -341,13 +409,16 @@ def _group_sizes_summary(config: PgsrConfig) -> str:
 
 
 def _synth_summary(config: SynthConfig) -> str:
+    from censusdp_spark.synth.config import mwem_fit_text
+
     domain = config.domain
     shape = (
         f"{len(domain.group)} household and {len(domain.individual)} person attributes,"
         f" at most {domain.max_members} persons a household"
     )
-    return f"{config.source}: a valid synth config ({config.run.name}): {shape};" + _zcdp(
-        config.budget.rho, config.run.delta
+    zcdp = _zcdp(config.budget.rho, config.run.delta)
+    return f"{config.source}: a valid synth config ({config.run.name}): {shape};{zcdp}; " + (
+        mwem_fit_text(config)
     )
 
 
@@ -543,7 +614,8 @@ def run_synth(
         The release written, with the run's ``summary`` (and ``evaluation`` folder).
 
     Raises:
-        ConfigError: The config breaks a rule.
+        ConfigError: The config breaks a rule, or ``method`` is ``"mwem"`` and the config's
+            explicit domain is above ``[mwem] max_domain`` (refused before any data is read).
         InputError: The input breaks a rule; the message names the file, the row or column
             and the rule. Nothing is written.
         OutputExistsError: The output holds a release and ``overwrite`` was not given.
@@ -563,11 +635,12 @@ def run_synth(
         release.to_pandas("synthetic_households")
         ```
     """
-    from censusdp_spark.synth.config import load_synth_config
+    from censusdp_spark.synth.config import load_synth_config, refuse_unfit_method
     from censusdp_spark.synth.job import SynthOptions
     from censusdp_spark.synth.job import run_synth as run
 
     loaded = load_synth_config(config)
+    refuse_unfit_method(loaded, method)  # before a session starts: the config decides it
     options = SynthOptions(
         method,
         None if rho is None else Fraction(rho),

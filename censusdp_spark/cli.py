@@ -62,11 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     budget = sub.add_parser(
         "budget",
         help="print how a config of any release spends its privacy budget",
-        description="Print the budget accounting of a config: TopDown's rho and sigma per"
-        " level and query, the group sizes' epsilon and noise scales per level, or synth's"
-        " rho per measurement and round; then the total and its epsilon.",
+        description="Print whom a config's release protects (its privacy unit: how"
+        " neighbouring inputs differ, and what is public), then its budget accounting:"
+        " TopDown's rho and sigma per level and query, the group sizes' epsilon and noise"
+        " scales per level, or synth's rho per measurement and round; then the total and"
+        " its epsilon.",
     )
     add_config_flag(budget)
+    budget.add_argument(
+        "--epsilon",
+        metavar="VALUE",
+        help="the total epsilon, as the release's own --epsilon means it: group sizes, exact"
+        " (e.g. 1/2), each level keeping its share; synth, at --delta, converted to rho"
+        " (rounded down); TopDown takes none (its budget is rho)",
+    )
+    budget.add_argument("--delta", type=float, help="synth, with --epsilon (default: [run].delta)")
     budget.set_defaults(run=_budget)
     validate = sub.add_parser(
         "validate",
@@ -109,11 +119,15 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _budget(args: argparse.Namespace) -> int:
-    from censusdp_spark.api import budget, load_any_config
+    from censusdp_spark.api import budget, load_any_config, privacy_unit
 
     config = load_any_config(args.config)
-    print(f"budget of {args.config} ({config.run.name})")
-    print(budget(config))
+    table = budget(config, epsilon=args.epsilon, delta=args.delta)
+    given = "" if args.epsilon is None else f" at --epsilon {args.epsilon}"
+    given += "" if args.delta is None else f" --delta {args.delta:g}"
+    print(f"budget of {args.config} ({config.run.name}){given}")
+    print("\n".join(privacy_unit(config).lines()))
+    print(table)
     return 0
 
 

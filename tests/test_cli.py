@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
@@ -164,3 +165,100 @@ def test_budget_prints_each_kind_its_own_accounting(config, total, capsys, monke
     assert main(["budget", "--config", f"conf/{config}"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"budget of conf/{config} ({Path(config).stem})") and total in out
+
+
+def test_synth_refuses_a_domain_too_large_for_mwem_before_spark_or_any_read(tmp_path):
+    """The full PUMS config's explicit domain is far above mwem.max_domain: ``censusdp synth
+    --method mwem`` says so in one line, with inputs that do not exist and no Spark started."""
+    text = (ROOT / "conf" / "synth_pums.toml").read_text()
+    config = tmp_path / "synth_pums.toml"
+    config.write_text(
+        text.replace("data/pums/households.csv", str(tmp_path / "no_households.csv")).replace(
+            "data/pums/persons.csv", str(tmp_path / "no_persons.csv")
+        )
+    )
+    assert "no_households.csv" in config.read_text() and "no_persons.csv" in config.read_text()
+    code = (
+        "import sys; from censusdp_spark.cli import main;"
+        f" code = main(['synth', '--config', {str(config)!r}, '--method', 'mwem',"
+        f" '--output', {str(tmp_path / 'out')!r}]);"
+        " print(code, 'pyspark' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "2 False"
+    error = done.stderr.strip()
+    assert error.count("\n") == 0, error
+    assert error.startswith(f"censusdp: error: {config}: [mwem.max_domain] --method mwem")
+    assert "~2.63e57 households, above the limit 2,000,000" in error
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "verdict"),
+    [
+        ("synth_pums.toml", "~2.63e57 households, limit mwem.max_domain = 2,000,000 (too large"),
+        ("synth_pums_reduced.toml", "134,976 households, limit mwem.max_domain = 2,000,000 (fits)"),
+    ],
+)
+def test_check_and_budget_say_whether_mwem_fits_a_synth_config(
+    config, verdict, capsys, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "--config", f"conf/{config}"]) == 0
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and f"MWEM's explicit domain: {verdict}" in line
+    assert main(["budget", "--config", f"conf/{config}"]) == 0
+    assert f"MWEM's explicit domain: {verdict}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("config", "neighbours", "public"),
+    [
+        (
+            "ri_2010_demo.toml",
+            "neighbouring inputs differ in one person's record (its block and characteristics);"
+            " the number of records is the same (bounded DP)",
+            "the number of records; the leaf list (every row of the input, zero-population ones"
+            " included); every node's total at state and above (invariants, released exact)",
+        ),
+        (
+            "pgsr_calm.toml",
+            "neighbouring inputs differ in one individual joining or leaving an existing group"
+            " (no group is added or removed)",
+            "the leaf list (every row of the input, empty ones included); G, the number of"
+            " groups (every level sums to it exactly)",
+        ),
+        (
+            "synth_pums_reduced.toml",
+            "neighbouring inputs differ in one person's individual attributes ([[individual]])",
+            "who lives with whom (household membership) and every household's group attributes;"
+            " the numbers of households (N_G) and persons (N_I), and M = 3; which households"
+            " hold more than 3 persons (dropped; their number is reported)",
+        ),
+    ],
+)
+def test_budget_states_the_privacy_unit_before_the_budget(
+    config, neighbours, public, capsys, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    assert main(["budget", "--config", f"conf/{config}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:3] == [f"privacy unit: {neighbours}", f"public (not protected): {public}"]
+
+
+def test_the_privacy_unit_names_what_each_config_makes_public():
+    """A spine, invariants, occupancy facts and structural zeros are public when configured;
+    the group sizes' faithfulness = "node" makes every node's number of groups public."""
+    from censusdp_spark.api import privacy_unit
+
+    production = privacy_unit(ROOT / "conf" / "national_production.toml").public
+    assert any(p.startswith("the leaf list (the spine ") for p in production)
+    assert "the cells of [estimation] structural_zeros (0 by definition)" in production
+    legacy = privacy_unit(ROOT / "conf" / "pl94_e2e_providence.toml").public
+    assert "the leaf list (every block of the files' geoheader)" in legacy
+    assert any(p.startswith("the dwelling counts [[estimation.occupancy]] reads") for p in legacy)
+    calm = tomllib.loads((ROOT / "conf" / "pgsr_calm.toml").read_text())
+    calm.setdefault("mechanism", {})["faithfulness"] = "node"
+    assert privacy_unit(calm).public[-1].startswith("G and every node's number of groups G^r")

@@ -6,7 +6,6 @@ Building the parser imports no Spark; running it imports the job.
 from __future__ import annotations
 
 import argparse
-from fractions import Fraction
 from typing import Any
 
 from censusdp_spark.group_sizes.config import MECHANISMS
@@ -53,23 +52,11 @@ def add_group_sizes_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _exact_epsilon(source: str, text: str | None) -> Fraction | None:
-    from censusdp_spark.model.errors import ConfigError
-
-    if text is None:
-        return None
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        rule = f"--epsilon {text!r} is not an exact fraction like 1/2"
-        raise ConfigError(source, "budget.epsilon", rule) from None
-
-
 def run_group_sizes_from_args(args: argparse.Namespace) -> int:
     """``censusdp group-sizes``: user errors propagate to the CLI, which prints one line and
     exits 2."""
     from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.group_sizes.config import load_pgsr_config
+    from censusdp_spark.group_sizes.config import load_pgsr_config, parse_epsilon
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
     config = load_pgsr_config(args.config)
@@ -82,7 +69,7 @@ def run_group_sizes_from_args(args: argparse.Namespace) -> int:
         args.overwrite,
         args.reuse_secret,
         args.evaluation_output,
-        _exact_epsilon(config.source, args.epsilon),
+        None if args.epsilon is None else parse_epsilon(config.source, args.epsilon),
     )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
     summary = run_pgsr(spark, config, options)

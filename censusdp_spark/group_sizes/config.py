@@ -43,6 +43,7 @@ from censusdp_spark.model.config import (
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_epsilon
+from censusdp_spark.privacy.unit import PrivacyUnit
 
 Mechanism = Literal["dp", "relaxed", "relaxed_families", "cumulative"]
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
@@ -253,6 +254,17 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
     )  # fmt: skip
 
 
+def parse_epsilon(source: str, text: str) -> Fraction:
+    """``--epsilon`` of the group-size release (and of ``censusdp budget`` on its config): an
+    exact total ε such as ``1/2`` or ``0.5``; anything else is refused in one line naming
+    ``budget.epsilon``."""
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        rule = f"--epsilon {text!r} is not an exact fraction like 1/2"
+        raise ConfigError(source, "budget.epsilon", rule) from None
+
+
 def with_epsilon(config: PgsrConfig, epsilon: Fraction) -> PgsrConfig:
     """``config`` at another total ε (``pgsr --epsilon``), each level keeping its share; an ε
     that is not positive, or gives a level an ε whose noise is not computable, is refused in
@@ -285,3 +297,23 @@ def budget_text(config: PgsrConfig) -> str:
         )
     lines += ["-" * len(header), f"total epsilon = {budget.total_epsilon} (pure DP, exact)"]
     return "\n".join(lines)
+
+
+def privacy_unit(config: PgsrConfig) -> PrivacyUnit:
+    """The group sizes' privacy unit (the manifest's relation): one individual joins or leaves
+    an existing group, so every node's number of groups is the same in neighbours; public are
+    the leaf list and the numbers of groups the post-processing holds exactly."""
+    if config.spine is not None:
+        leaves = f"the leaf list (the spine {config.document.shown(config.spine.path)})"
+    else:
+        leaves = "the leaf list (every row of the input, empty ones included)"
+    groups = (
+        'G and every node\'s number of groups G^r (faithfulness = "node" holds each exactly)'
+        if config.faithfulness == "node"
+        else "G, the number of groups (every level sums to it exactly)"
+    )
+    return PrivacyUnit(
+        "neighbouring inputs differ in one individual joining or leaving an existing group"
+        " (no group is added or removed)",
+        (leaves, groups),
+    )

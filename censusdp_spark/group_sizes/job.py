@@ -56,6 +56,7 @@ from censusdp_spark.engine.session import default_parallelism
 from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import (
     PgsrConfig,
+    privacy_unit,
     with_epsilon,
 )
 from censusdp_spark.group_sizes.memory import check_memory
@@ -65,6 +66,7 @@ from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.model.geography import Level
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     Clock,
     ReleaseRun,
@@ -104,29 +106,34 @@ class PgsrSummary:
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
+    privacy_unit: PrivacyUnit | None = None
 
     def text(self) -> str:
+        guarantees = "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items())
         lines = [
             f"group-size release ({self.mechanism}) written to {self.output}"
             + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             "  levels: " + ", ".join(f"{lv} ({n} nodes)" for lv, n in self.nodes.items()),
             f"  privacy: epsilon = {self.epsilon} (pure DP)",
-            "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items()),
+            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
+            guarantees,
             f"  elapsed: {self.elapsed_s:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
             + ")",
             f"  tables: {delta.table_path(self.output, delta.NOISY_MEASUREMENTS)}, {delta.table_path(self.output, GROUP_SIZES)}",
             f"  manifest: {self.output / 'manifest.json'}",
         ]
+        after_guarantees = lines.index(guarantees) + 1
         if self.optimality:
             lines.insert(
-                4, "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items())
+                after_guarantees,
+                "  optimality: " + ", ".join(f"{k} = {v}" for k, v in self.optimality.items()),
             )
         if self.relaxed:
             r = self.relaxed
             verdict = "reliable" if r["reliable"] else "UNRELIABLE (not an optimum)"
             lines.insert(
-                4,
+                after_guarantees,
                 f"  relaxed QP: {verdict}; objective {r['objective']:.6g}, lower bound "
                 f"{r['lower_bound']:.6g}, relative gap {r['relative_gap']:.1e}, equality "
                 f"residual {r['equality_residual']:.1e} (Clarabel {r['solver_status']})",
@@ -179,6 +186,7 @@ def _privacy(config: PgsrConfig) -> dict[str, Any]:
     return {
         "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
         "(the geography is public and the number of groups does not change between neighbours)",
+        "unit": privacy_unit(config).manifest(),
         "public_invariants": "G and every node's G^r"
         if config.faithfulness == "node"
         else "G (the root's number of groups) only",
@@ -525,6 +533,7 @@ def _run_pgsr(
         evaluation=evaluation_rows,
         for_release=run.for_release,
         evaluation_dir=eval_dir,
+        privacy_unit=privacy_unit(config),
     )
     run.write_manifest(
         {

@@ -18,7 +18,7 @@ measurement's sensitivity argument holds unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -199,11 +199,14 @@ def _first_flagged(flags: DataFrame) -> tuple[int, Any]:
 
 @dataclass(frozen=True)
 class RowRule:
-    """A rule every row must keep: ``broken`` is true on a row that breaks it."""
+    """A rule every row must keep: ``broken`` is true on a row that breaks it. With ``shown``,
+    the refusal adds ``describe`` of that column's value on the first row breaking it."""
 
     broken: Column
     column: str
     rule: str
+    shown: Column | None = None
+    describe: Callable[[Any], str] = repr
 
 
 def enforce_rules(
@@ -221,8 +224,14 @@ def enforce_rules(
     assert counts is not None
     for i, rule in enumerate(rules):
         if counts[f"r{i}"]:
-            row = row_number_of(df, rule.broken)
-            raise InputError(source, f"row {row}, column {rule.column}", rule.rule)
+            if rule.shown is None:
+                row, text = row_number_of(df, rule.broken), rule.rule
+            else:
+                pos = F.monotonically_increasing_id().alias("pos")
+                flags = df.select(pos, rule.broken.alias("bad"), rule.shown.alias("value"))
+                row, value = _first_flagged(flags)
+                text = f"{rule.rule}; {rule.describe(value)}"
+            raise InputError(source, f"row {row}, column {rule.column}", text)
     if total is not None and (counts["total"] or 0) > MAX_COUNT:
         raise InputError(
             source,
@@ -250,18 +259,27 @@ def count_rules(column: str, what: str = "count") -> list[RowRule]:
 
 
 def check_columns(df: DataFrame, spec: ColumnSpec) -> None:
-    source = str(spec.path)
+    """Refuse a header without every column the config names, or with a column it neither uses
+    nor ignores: one message listing every missing column, then every unused one."""
     present = set(df.columns)
-    for col in spec.used_columns():
-        if col not in present:
-            raise InputError(source, f"column {col}", "missing (named in the config's [input])")
-    extra = present - set(spec.used_columns()) - set(spec.ignore)
+    missing = [c for c in dict.fromkeys(spec.used_columns()) if c not in present]
+    extra = [c for c in df.columns if c not in {*spec.used_columns(), *spec.ignore}]
+    problems = []
+    if missing:
+        problems.append((_columns(missing), "missing (named in the config's [input])"))
     if extra:
-        raise InputError(
-            source,
-            f"column {sorted(extra)[0]}",
-            "not used by the config; list it in input.ignore if intended",
+        them = "it" if len(extra) == 1 else "them"
+        problems.append(
+            (_columns(extra), f"not used by the config; list {them} in input.ignore if intended")
         )
+    if problems:
+        (where, rule), *more = problems
+        raise InputError(str(spec.path), where, "; ".join([rule, *(f"{w}: {r}" for w, r in more)]))
+
+
+def _columns(names: Sequence[str]) -> str:
+    """``column a`` or ``columns a, b, c``: every name, in order."""
+    return f"column {names[0]}" if len(names) == 1 else f"columns {', '.join(names)}"
 
 
 def geocode_of(spec: GeocodeSpec) -> Column:
@@ -270,11 +288,28 @@ def geocode_of(spec: GeocodeSpec) -> Column:
 
 
 def geocode_rule(spec: GeocodeSpec, digits: int) -> RowRule:
+    """Every row's geocode (:func:`geocode_of`: its columns trimmed and joined, nothing padded)
+    is exactly ``digits`` digits; a refusal shows the geocode it built."""
     geo = F.col("geocode")
+    columns = "+".join(spec.geocode_columns)
+    joined = len(spec.geocode_columns) > 1
+
+    def describe(built: str | None) -> str:
+        if built is None:
+            return f"{'a column of ' if joined else ''}{columns} is empty"
+        if not joined:
+            return f"got {built!r} ({len(built)} characters)"
+        return (
+            f"built {built!r} ({len(built)} characters) from {columns} joined as written"
+            " (nothing is padded: give each column its leading zeros)"
+        )
+
     return RowRule(
         geo.isNull() | ~geo.rlike(rf"^[0-9]{{{digits}}}$"),
-        "+".join(spec.geocode_columns),
+        columns,
         f"geocode must be exactly {digits} digits",
+        shown=geo,
+        describe=describe,
     )
 
 

@@ -254,6 +254,11 @@ class Document:
     def fail(self) -> Fail:
         return partial(ConfigError, self.source)
 
+    def shown(self, path: Path) -> str:
+        """``path`` as a message shows it: relative to the directory the config's paths
+        resolve against when it lies inside it (``data/spine/blocks.csv``), else as it is."""
+        return str(path.relative_to(self.base)) if path.is_relative_to(self.base) else str(path)
+
 
 M = TypeVar("M", bound=BaseModel)
 

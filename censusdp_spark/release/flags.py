@@ -66,7 +66,8 @@ def add_secret_flag(parser: argparse.ArgumentParser) -> None:
         "--secret-file",
         type=Path,
         metavar="PATH",
-        help="file with the 64-hex-char run secret (mode 0600)",
+        help="file with the 64-hex-char run secret (mode 0600); if the config's [run]"
+        " secret_env variable is also set, it must hold the same secret",
     )
 
 

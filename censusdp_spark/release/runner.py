@@ -21,6 +21,10 @@ with one secret on different data would differ exactly by the change in the data
   their manifest says ``"for_release": false``.
 * Families of streams are disjoint, so one secret may serve one TopDown and one group-size
   release of a run date.
+* ``--secret-file`` names the secret explicitly: if the config's ``[run] secret_env`` variable
+  is set too, both must hold the same secret, else the run is refused in one line
+  (:class:`SecretSource`), so a variable left in a shell never silently wins over the file the
+  command names.
 
 The registry is ``$CENSUSDP_SECRET_REGISTRY`` (default ``~/.censusdp/secret_bindings``, mode
 0700); it holds fingerprints only, never a secret. On a cluster in deploy-mode ``cluster``, point
@@ -50,6 +54,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -299,6 +304,9 @@ class ReleaseFlags(Protocol):
     @property
     def evaluation_output(self) -> Path | None: ...
 
+    @property
+    def secret_file(self) -> Path | None: ...  # --secret-file: named, so no variable replaces it
+
 
 def evaluation_dir_for(output: Path) -> Path:
     """The default evaluation folder of a release at ``output``: beside it, never inside it."""
@@ -326,14 +334,56 @@ class Clock:
 
 @dataclass(frozen=True)
 class SecretSource:
-    """Where a user secret comes from (both None: generate one per fresh run)."""
+    """Where a user secret comes from (``file`` and ``env`` both None: generate one per fresh
+    run). ``env`` is the config's ``[run] secret_env``; ``file`` is the file named on the command
+    line (``--secret-file``, or an API call's ``secret_file``) when ``named``, else the config's
+    ``[run] secret_file``.
+
+    Precedence, decided by :meth:`read`:
+
+    * a file named on the command line while the config's variable is also set: the two must
+      hold the same secret, which is then used; different secrets are refused in one line, so
+      a variable left set in a shell never silently replaces the file the command names (nor
+      the file the variable). A named file that does not exist is refused, whatever the
+      variable holds;
+    * otherwise the variable, when set, is read before the config's own ``secret_file`` (the
+      config names both, so the variable is its override), and that file after.
+    """
 
     file: Path | None
     env: str | None
+    named: bool = False
 
     @property
     def user_supplied(self) -> bool:
-        return self.file is not None or (self.env is not None and self.env in os.environ)
+        return self.file is not None or self.env_set
+
+    @property
+    def env_set(self) -> bool:
+        return self.env is not None and self.env in os.environ
+
+    def read(self, private_dir: Path) -> bytes:
+        """The user secret under the precedence above; a ``SecretError`` in one line for a
+        missing or group-readable file, or a named file and the variable that disagree (each
+        named by its fingerprint, never by its value). A malformed secret is a ``ValueError``
+        naming its source."""
+        if self.file is not None and not self.file.exists() and (self.named or not self.env_set):
+            raise SecretError(f"{self.file}: secret file not found")
+        try:
+            if not (self.named and self.env_set):
+                return load_or_create_secret(self.file, self.env, private_dir)
+            named = load_or_create_secret(self.file, None, private_dir)
+            from_env = load_or_create_secret(None, self.env, private_dir)
+        except PermissionError as err:  # a group- or world-readable secret file: one line
+            raise SecretError(str(err)) from None
+        if not hmac.compare_digest(named, from_env):
+            raise SecretError(
+                f"--secret-file {self.file} (secret {secret_fingerprint(named)}) and the"
+                f" environment variable {self.env} of [run] secret_env (secret"
+                f" {secret_fingerprint(from_env)}) hold different secrets: unset {self.env} or"
+                " leave out --secret-file"
+            )
+        return named
 
 
 class ReleaseRun:
@@ -405,7 +455,7 @@ class ReleaseRun:
             release,
             run.output,
             run.private_dir,
-            SecretSource(run.secret_file, run.secret_env),
+            SecretSource(run.secret_file, run.secret_env, named=flags.secret_file is not None),
             contents,
             inputs=inputs,
             overwrite=flags.overwrite,
@@ -469,12 +519,7 @@ class ReleaseRun:
             if not self.resume:
                 generated.unlink(missing_ok=True)
             return load_or_create_secret(None, None, self.private_dir)
-        if source.file is not None and not source.file.exists() and not _env_set(source.env):
-            raise SecretError(f"{source.file}: secret file not found")
-        try:
-            secret = load_or_create_secret(source.file, source.env, self.private_dir)
-        except PermissionError as err:  # a group- or world-readable secret file: one line
-            raise SecretError(str(err)) from None
+        secret = source.read(self.private_dir)
         if not self.resume:
             self._bind(secret)
         return secret
@@ -739,25 +784,21 @@ def _written_by_censusdp(folder: Path) -> bool:
     return (folder / RELEASE_MARKER).exists() or (folder / "manifest.json").exists()
 
 
-def _env_set(env: str | None) -> bool:
-    return env is not None and env in os.environ
-
-
 def check_secret(run: RunOptions, secret_file: Path | None = None) -> str:
-    """Read the secret a release of ``run`` would read, if it is already fixed (``secret_file``
-    or the config's), and say how it was checked; create nothing, never print it. A missing,
-    group-readable or malformed secret is a ``ValueError`` in one line."""
-    env = run.secret_env
-    if env is not None and env in os.environ:
-        load_or_create_secret(None, env, run.private_dir)
-        return f"from environment variable {env}: well formed"
-    path = secret_file or run.secret_file
-    if path is None:
+    """Read the secret a release of ``run`` would read, if it is already fixed (``secret_file``,
+    named on the command line, or the config's), under :class:`SecretSource`'s precedence,
+    and say how it was checked; create nothing, never print it. A missing, group-readable or
+    malformed secret, or a named file and ``[run] secret_env`` holding different secrets, is a
+    ``ValueError`` in one line."""
+    source = SecretSource(secret_file or run.secret_file, run.secret_env, secret_file is not None)
+    if not source.user_supplied:
         return "none given: a fresh run generates one in the private folder"
-    if not path.exists():
-        raise ValueError(f"{path}: secret file not found")
     try:
-        load_or_create_secret(path, None, run.private_dir)
-    except PermissionError as err:  # a group- or world-readable secret: a user error, one line
+        source.read(run.private_dir)
+    except SecretError as err:
         raise ValueError(str(err)) from None
-    return f"{path}: owner-only, well formed"
+    if source.named and source.env_set:
+        return f"{source.file} and environment variable {source.env}: the same secret, well formed"
+    if source.env_set:
+        return f"from environment variable {source.env}: well formed"
+    return f"{source.file}: owner-only, well formed"

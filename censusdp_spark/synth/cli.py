@@ -56,13 +56,15 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_synth_from_args(args: argparse.Namespace) -> int:
     """``censusdp synth``: user errors propagate to the CLI, which prints one line and exits 2."""
-    from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.synth.config import load_synth_config
-    from censusdp_spark.synth.job import SynthOptions, run_synth
+    from censusdp_spark.synth.config import load_synth_config, refuse_unfit_method
 
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds {args.rounds} must be >= 1")
     config = load_synth_config(args.config)
+    refuse_unfit_method(config, args.method)  # the config decides it: before Spark is loaded
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.synth.job import SynthOptions, run_synth
+
     options = SynthOptions(
         args.method,
         args.rho,

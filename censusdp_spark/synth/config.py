@@ -34,6 +34,8 @@ from censusdp_spark.model.config import (
     read_config,
     resolve,
 )
+from censusdp_spark.model.errors import ConfigError
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Roles
 
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
@@ -352,10 +354,84 @@ def load_synth_config(
     )  # fmt: skip
 
 
+def mwem_refusal(config: SynthConfig) -> ConfigError | None:
+    """Why ``--method mwem`` cannot run on ``config``, or None: MWEM holds a weight for every
+    household of the explicit domain (:meth:`HouseholdDomain.explicit_size`), so a domain above
+    ``[mwem] max_domain`` is refused. The domain is the config's alone, so this is known before
+    Spark starts or any data is read; the other methods never enumerate it."""
+    size, limit = config.domain.explicit_size(), config.mwem.max_domain
+    if size <= limit:
+        return None
+    rule = (
+        f"--method mwem: its explicit domain holds {household_count(size)} households, above the"
+        f" limit {limit:,}; use the reduced config or an HPD method (hpd_fixed, hpd_gen)"
+    )
+    return ConfigError(config.source, "mwem.max_domain", rule)
+
+
+def refuse_unfit_method(config: SynthConfig, method: str) -> None:
+    """Raise the ``ConfigError`` of :func:`mwem_refusal` when ``method`` is ``mwem`` and the
+    config's domain is too large for it; every other method runs on any valid config."""
+    refusal = mwem_refusal(config) if method == "mwem" else None
+    if refusal is not None:
+        raise refusal
+
+
+def mwem_fit_text(config: SynthConfig) -> str:
+    """One phrase for ``censusdp check`` and ``budget``: MWEM's domain against its limit, and
+    whether ``--method mwem`` would be refused."""
+    size, limit = config.domain.explicit_size(), config.mwem.max_domain
+    verdict = "fits" if size <= limit else "too large: --method mwem is refused"
+    return (
+        f"MWEM's explicit domain: {household_count(size)} households,"
+        f" limit mwem.max_domain = {limit:,} ({verdict})"
+    )
+
+
+def household_count(n: int) -> str:
+    """``n`` with thousands separators, or as ~d.dde<k> past 10^12 (an explicit domain can
+    hold more households than a float holds)."""
+    if n < 10**12:
+        return f"{n:,}"
+    digits = str(n)
+    return f"~{digits[0]}.{digits[1:3]}e{len(digits) - 1}"
+
+
+RHO_GRID = 10**12
+"""ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
+
+
+def total_rho(
+    config: SynthConfig,
+    rho: Fraction | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+) -> tuple[Fraction, float]:
+    """(ρ, the δ ε is reported at) of a run or budget: ``rho`` (``--rho``), else ``epsilon`` at
+    ``delta`` (``--epsilon``, ``--delta``; default δ the config's) converted to the largest ρ on
+    the grid within it, else the config's ρ. A ``ValueError`` in one line for ``delta`` without
+    ``epsilon`` or a ρ that is not positive."""
+    from censusdp_spark.privacy import approx_dp_to_zcdp
+
+    reported = delta if delta is not None else config.run.delta
+    if delta is not None and epsilon is None:
+        raise ValueError("--delta goes with --epsilon")
+    if rho is not None:
+        total = rho
+    elif epsilon is not None:
+        total = Fraction(math.floor(approx_dp_to_zcdp(epsilon, reported) * RHO_GRID), RHO_GRID)
+    else:
+        total = config.budget.rho
+    if total <= 0:
+        raise ValueError(f"rho = {total} must be > 0")
+    return total, reported
+
+
 def budget_text(config: SynthConfig, rho: Fraction | None = None) -> str:
     """The budget of a synth config (or of ``rho`` instead of its own) as the adaptive methods
     (mwem, hpd_fixed, hpd_gen) spend it: ρ, the one-way measurements first, then T rounds each
-    split into selection and measurement; and ε at the config's δ."""
+    split into selection and measurement; ε at the config's δ; and whether MWEM's explicit
+    domain fits its limit (:func:`mwem_fit_text`)."""
     from censusdp_spark.privacy import zcdp_to_approx_dp
     from censusdp_spark.synth.adaptive import plan_budget
     from censusdp_spark.synth.independent import one_way_workloads
@@ -375,5 +451,25 @@ def budget_text(config: SynthConfig, rho: Fraction | None = None) -> str:
             f" {first.rho_measure} to measure, each",
             f"  epsilon = {zcdp_to_approx_dp(total, config.run.delta):.3f}"
             f" at delta = {config.run.delta:g}",
+            f"  {mwem_fit_text(config)}",
         ]
+    )
+
+
+def privacy_unit(config: SynthConfig) -> PrivacyUnit:
+    """Synth's privacy unit (:mod:`censusdp_spark.synth.adaptive`'s change-one-person relation):
+    neighbours differ in one person's individual attributes; who lives with whom, every
+    household's group attributes, N_G, N_I and M are the same in both, hence public."""
+    public = [
+        "who lives with whom (household membership) and every household's group attributes",
+        f"the numbers of households (N_G) and persons (N_I), and M = {config.domain.max_members}",
+    ]
+    if config.input.drop_larger:
+        public.append(
+            f"which households hold more than {config.domain.max_members} persons (dropped;"
+            " their number is reported)"
+        )
+    return PrivacyUnit(
+        "neighbouring inputs differ in one person's individual attributes ([[individual]])",
+        tuple(public),
     )

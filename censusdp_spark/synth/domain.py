@@ -110,6 +110,20 @@ class HouseholdDomain:
     def individual_sizes(self) -> tuple[int, ...]:
         return tuple(a.size for a in self.individual)
 
+    def explicit_size(self) -> int:
+        """The households MWEM enumerates: every group combination times every member multiset
+        of 1..M persons (with roles, exactly one head and M - 1 others at most). A function of
+        the config alone, so a domain too large for MWEM is refused before any data is read."""
+        d_i = math.prod(self.individual_sizes)
+        m = self.max_members
+        if self.roles is None:
+            sets = sum(math.comb(d_i + r - 1, r) for r in range(1, m + 1))
+        else:
+            heads = d_i // self.individual_sizes[self.roles.attribute]
+            others = d_i - heads
+            sets = heads * sum(math.comb(others + r - 1, r) for r in range(m))
+        return math.prod(self.group_sizes) * sets
+
     def log10_size(self) -> float:
         """log10 of d = d_G (d_I + 1)^M, the paper's count of possible households."""
         d_g = math.fsum(math.log10(s) for s in self.group_sizes)

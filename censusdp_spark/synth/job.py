@@ -1,7 +1,8 @@
 """The synthetic-data job, shared by ``censusdp synth`` (``synth.cli``) and ``spark-submit jobs/synth.py``.
 
 Stages:
-1. validate the config and options; refuse an existing output without ``--overwrite``;
+1. validate the config and options (a domain too large for ``mwem`` among them, from the config
+   alone); refuse an existing output without ``--overwrite``;
 2. read and link the household and person tables, and answer every candidate workload on the
    cluster (confidential sums, in driver memory only; nothing is written if the input fails);
 3. the method (pure numpy on the driver): Adaptive Measurements for ``mwem``, ``hpd_fixed`` and
@@ -20,7 +21,6 @@ N_G, N_I and M public.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -30,16 +30,22 @@ import pandas as pd
 
 from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.privacy import approx_dp_to_zcdp, zcdp_to_approx_dp
+from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     ReleaseRun,
     input_fingerprint,
     release_contents,
     with_command_line,
 )
-from censusdp_spark.synth.config import SynthConfig
+from censusdp_spark.synth.config import (
+    SynthConfig,
+    privacy_unit,
+    refuse_unfit_method,
+    total_rho,
+)
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
 from censusdp_spark.synth.methods import METHODS
@@ -57,8 +63,6 @@ if TYPE_CHECKING:  # Spark is imported when a run starts, so the CLI stays quick
 SYNTHETIC_HOUSEHOLDS = "synthetic_households"
 SYNTHETIC_PERSONS = "synthetic_persons"
 NOISY_MEASUREMENTS = "noisy_measurements"
-RHO_GRID = 10**12
-"""ρ converted from (ε, δ) is rounded *down* to a multiple of 1/RHO_GRID, so ε is never exceeded."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class SynthSummary:
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
+    dropped_oversize: int | None = None  # None: such households are refused, never dropped
+    max_members: int = 0
+    privacy_unit: PrivacyUnit | None = None
 
     def text(self) -> str:
         lines = [
@@ -97,8 +104,16 @@ class SynthSummary:
             + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
             f"  {self.households} households, {self.individuals} persons in the input "
             "(public totals)",
+        ]
+        if self.dropped_oversize is not None:
+            lines.append(
+                f"  {self.dropped_oversize} households of more than {self.max_members} persons"
+                ' dropped (input.larger_households = "drop"); not in the totals above'
+            )
+        lines += [
             f"  privacy: rho = {self.rho} (~{float(self.rho):.6f}) zCDP, "
             f"epsilon = {self.epsilon:.3f} at delta = {self.delta:g}",
+            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
             f"  elapsed: {self.elapsed_s:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
             + ")",
@@ -116,19 +131,9 @@ class SynthSummary:
 
 
 def resolve_rho(config: SynthConfig, options: SynthOptions) -> tuple[Fraction, float]:
-    """(ρ, δ used to report ε): ``--rho``, else ``--epsilon`` at δ, else the config's ρ."""
-    delta = options.delta if options.delta is not None else config.run.delta
-    if options.delta is not None and options.epsilon is None:
-        raise ValueError("--delta goes with --epsilon")
-    if options.rho is not None:
-        rho = options.rho
-    elif options.epsilon is not None:
-        rho = Fraction(math.floor(approx_dp_to_zcdp(options.epsilon, delta) * RHO_GRID), RHO_GRID)
-    else:
-        rho = config.budget.rho
-    if rho <= 0:
-        raise ValueError(f"rho = {rho} must be > 0")
-    return rho, delta
+    """(ρ, δ used to report ε): ``--rho``, else ``--epsilon`` at δ, else the config's ρ
+    (:func:`censusdp_spark.synth.config.total_rho`, which ``censusdp budget`` shares)."""
+    return total_rho(config, options.rho, options.epsilon, options.delta)
 
 
 SYNTH = "synth"
@@ -137,6 +142,7 @@ SYNTH = "synth"
 def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
     if options.method not in METHODS:
         raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
+    refuse_unfit_method(config, options.method)
     rho, delta_ = resolve_rho(config, options)
     run_options = with_command_line(config.run, options.output, options.secret_file)
     config = replace(config, run=run_options)
@@ -261,6 +267,9 @@ def _run_synth(
         error_table,
         release.for_release,
         eval_dir,
+        counted.dropped_oversize if config.input.drop_larger else None,
+        domain.max_members,
+        privacy_unit(config),
     )
     release.write_manifest(
         {
@@ -275,6 +284,7 @@ def _run_synth(
             "privacy": {
                 "definition": "rho-zCDP; neighbours change one person's individual attributes "
                 "(household membership, group attributes, N_G, N_I and M fixed and public)",
+                "unit": privacy_unit(config).manifest(),
                 "rho": str(rho),
                 "rho_float": float(rho),
                 "delta": delta_,

@@ -17,7 +17,6 @@ exact public mean household size) ``passes`` times per round. Post-processing on
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,15 +89,7 @@ def _pad(rows: list[np.ndarray], width: int) -> np.ndarray:
 
 def domain_size(domain: HouseholdDomain) -> int:
     """Number of explicit households (group combinations × member multisets)."""
-    d_i = math.prod(domain.individual_sizes)
-    m = domain.max_members
-    if domain.roles is None:
-        sets = sum(math.comb(d_i + r - 1, r) for r in range(1, m + 1))
-    else:
-        heads = d_i // domain.individual_sizes[domain.roles.attribute]
-        others = d_i - heads
-        sets = heads * sum(math.comb(others + r - 1, r) for r in range(m))
-    return math.prod(domain.group_sizes) * sets
+    return domain.explicit_size()
 
 
 class MwemSynthesiser:

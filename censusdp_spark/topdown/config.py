@@ -57,6 +57,7 @@ from censusdp_spark.privacy.accounting import (
     allocate_per_query_rho,
     bypass_paths,
 )
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
 from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
@@ -583,16 +584,28 @@ def _cells(
             raise fail(key, "this cell is given twice")
         out[cell] = CellColumn(cell, *_expression(fail, f"{key}.expr", c["expr"]), c["expr"])
     if unmapped := sorted(set(range(schema.n_cells)) - set(out) - set(zeros)):
-        levels = schema.levels_of(np.array(unmapped[:1]))[0]
-        shown = ", ".join(
-            f"{a.name} = {a.levels[i]!r}" for a, i in zip(schema.attributes, levels, strict=True)
-        )
+        named = [_cell_text(schema, levels) for levels in schema.levels_of(np.array(unmapped))]
+        listed = ", ".join(named[:MAX_CELLS_NAMED])
+        if len(named) > MAX_CELLS_NAMED:
+            listed += f" and {len(named) - MAX_CELLS_NAMED} more"
+        which = f"cell {listed} is" if len(named) == 1 else f"cells {listed} are"
         raise fail(
             "input.cells",
-            f"cell {{{shown}}} is neither mapped nor in [estimation] structural_zeros"
+            f"{which} neither mapped nor in [estimation] structural_zeros"
             f" ({len(unmapped)} cell(s) left out): map every cell, or declare it structurally zero",
         )
     return tuple(out[c] for c in sorted(out))
+
+
+MAX_CELLS_NAMED = 20
+"""The unmapped cells one refusal spells out; the rest are counted (a schema of thousands of
+cells left wholly unmapped would otherwise fill a screen)."""
+
+
+def _cell_text(schema: Schema, levels: np.ndarray) -> str:
+    """A cell as the config writes it: ``{votingage = '18plus', hisprace = 'nhpi'}``."""
+    pairs = zip(schema.attributes, levels, strict=True)
+    return "{" + ", ".join(f"{a.name} = {a.levels[i]!r}" for a, i in pairs) + "}"
 
 
 LEGACY_KEYS = ("state", "vintage", "table", "summary_levels")
@@ -667,18 +680,18 @@ def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> 
             raise fail(f"{key}.column", f"{column!r} is mapped twice")
         codes = table.variables[column]
         value_map = attrs[attr.name].map or {lv: lv for lv in attr.levels}
+        problems = []
         if unknown := [c for c in value_map if c not in codes]:
-            raise fail(
-                f"{key}.map", f"{unknown[:5]} are not codes of {column} {list(codes)[:8]}..."
-            )
+            problems.append(f"{unknown} are not codes of {column} {list(codes)[:8]}...")
         if unmapped := [c for c in codes if c not in value_map]:
-            raise fail(
-                f"{key}.map",
-                f"codes {unmapped[:5]} of {column} are not mapped (every one must be: else its"
-                " people would be left out)",
+            problems.append(
+                f"codes {unmapped} of {column} are not mapped (every one must be: else its"
+                " people would be left out)"
             )
-        if bad := [v for v in value_map.values() if v not in attr.levels]:
-            raise fail(f"{key}.map", f"maps to {bad[:5]}, which are not levels of {attr.name}")
+        if bad := sorted({v for v in value_map.values() if v not in attr.levels}):
+            problems.append(f"maps to {bad}, which are not levels of {attr.name}")
+        if problems:
+            raise fail(f"{key}.map", "; ".join(problems))
         variable_of[attr.name], level_of[column] = column, value_map
     if unused := [v for v in table.variables if v not in level_of]:
         raise fail(
@@ -1099,3 +1112,33 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
         method, fallback, document, model.budget.bypass_single_child, passes, pl94_tables,
         occupancy, dwellings_spec,
     )  # fmt: skip
+
+
+def privacy_unit(config: RunConfig) -> PrivacyUnit:
+    """TopDown's privacy unit (the manifest's ``change-one-record`` relation): neighbours differ
+    in one person's record, their number of records the same; public are what every neighbour
+    shares under this config: the leaf list, the invariant totals, the dwelling facts the
+    occupancy rule reads and the cells zero by definition."""
+    spec = config.input
+    if config.spine is not None:
+        leaves = f"the leaf list (the spine {config.document.shown(config.spine.path)})"
+    elif spec is not None and spec.legacy is not None:
+        leaves = "the leaf list (every block of the files' geoheader)"
+    else:
+        leaves = "the leaf list (every row of the input, zero-population ones included)"
+    public = ["the number of records", leaves]
+    if config.invariant_levels:
+        levels = ", ".join(config.invariant_levels)
+        public.append(f"every node's total at {levels} and above (invariants, released exact)")
+    if config.occupancy:
+        public.append(
+            "the dwelling counts [[estimation.occupancy]] reads (where each group may live, and"
+            " its bounds), used without noise"
+        )
+    if config.structural_zero_cells:
+        public.append("the cells of [estimation] structural_zeros (0 by definition)")
+    return PrivacyUnit(
+        "neighbouring inputs differ in one person's record (its block and characteristics);"
+        " the number of records is the same (bounded DP)",
+        tuple(public),
+    )

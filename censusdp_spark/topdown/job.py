@@ -34,6 +34,7 @@ from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.engine.session import local_mode
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
+from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     ReleaseContents,
     ReleaseRun,
@@ -55,7 +56,7 @@ from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
 from censusdp_spark.topdown.capacity import check_disk, check_memory
 from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import RunConfig, privacy_unit
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table, plot_errors
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
@@ -104,6 +105,7 @@ class RunSummary:
     method_fallback: str = ""
     bypass: str = ""  # the bypassed single-child parents per level, with bypassing
     tables: list[str] = field(default_factory=list)  # the Delta tables written
+    privacy_unit: PrivacyUnit | None = None
 
     def text(self) -> str:
         lines = [
@@ -115,6 +117,7 @@ class RunSummary:
             *([self.bypass] if self.bypass else []),
             f"  privacy: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
             f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
+            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
             f"  elapsed: {self.elapsed_s:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
             + ")",
@@ -409,6 +412,7 @@ def _run_topdown(
         method_fallback=config.method_fallback,
         bypass=bypass.text() if bypass else "",
         tables=run.contents.tables,
+        privacy_unit=privacy_unit(config),
     )
     run.write_manifest(
         {

@@ -6,7 +6,7 @@ from typing import Any
 
 from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import RunConfig, privacy_unit
 
 
 def budget_rows(config: RunConfig) -> list[dict[str, Any]]:
@@ -29,6 +29,7 @@ def privacy_summary(config: RunConfig) -> dict[str, Any]:
     delta = config.run.delta
     return {
         "definition": "rho-zCDP, change-one-record neighbours (bounded DP)",
+        "unit": privacy_unit(config).manifest(),
         "rho": str(rho),
         "rho_float": float(rho),
         "delta": delta,

@@ -98,6 +98,12 @@ def test_dp_release_holds_every_guarantee_and_its_manifest_no_secret(spark, dp, 
     } == {"10"}
     assert m["faithfulness"] == "level"
     assert m["optimality"]["lower_bound"] == m["optimality"]["objective"]  # exact
+    assert m["privacy"]["unit"]["neighbours"].startswith(
+        "neighbouring inputs differ in one individual joining or leaving an existing group"
+    )
+    assert (
+        "G, the number of groups (every level sums to it exactly)" in m["privacy"]["unit"]["public"]
+    )
     assert m["optimality"]["gap"] == 0
     assert secret.read_text().strip() not in (dp / "manifest.json").read_text()
 
@@ -344,6 +350,50 @@ def test_a_size_above_max_without_topcode_names_its_row(spark, tmp_path):
         read_leaf_histograms(
             spark, households_spec(csv, size_column="np"), GroupSizes(4, False), 2, None
         )
+
+
+def test_every_missing_and_unused_column_is_named_in_one_refusal(spark, tmp_path):
+    csv = tmp_path / "households.csv"
+    csv.write_text("block,hh,note,extra\n01,a,x,y\n")
+    with pytest.raises(InputError) as refused:
+        read_leaf_histograms(
+            spark, households_spec(csv, size_column="np"), GroupSizes(4, True), 2, None
+        )
+    assert str(refused.value) == (
+        f"{csv}: column np: missing (named in the config's [input]); columns note, extra: not"
+        " used by the config; list them in input.ignore if intended"
+    )
+    csv.write_text("block,hh,np,note\n01,a,1,x\n")
+    with pytest.raises(InputError, match="column note: not used by the config; list it in"):
+        read_leaf_histograms(
+            spark, households_spec(csv, size_column="np"), GroupSizes(4, True), 2, None
+        )
+
+
+@pytest.mark.parametrize(
+    ("state", "county", "shown"),
+    [
+        ("44", "7", "built '447' (3 characters) from state+county joined as written"),
+        ("4", "007", "built '4007' (4 characters) from state+county joined as written"),
+        ("44", "", "a column of state+county is empty"),
+    ],
+)
+def test_a_geocode_built_from_columns_is_shown_with_the_digits_expected(
+    spark, tmp_path, state, county, shown
+):
+    """The geocode's columns are joined as they are, never padded: the refusal shows what was
+    built, so a county written 7 for 007 is plain to see."""
+    csv = tmp_path / "households.csv"
+    csv.write_text(f"state,county,hh,np\n44,007,a,2\n{state},{county},b,1\n")
+    spec = GroupInputSpec(
+        csv, "csv", "households", ("state", "county"), household_column="hh", size_column="np"
+    )
+    with pytest.raises(InputError) as refused:
+        read_leaf_histograms(spark, spec, GroupSizes(4, True), 5, None)
+    message = str(refused.value)
+    assert message.startswith(
+        f"{csv}: row 2, column state+county: geocode must be exactly 5 digits; {shown}"
+    ), message
 
 
 BAD_CONFIG = """

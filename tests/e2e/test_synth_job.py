@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from fractions import Fraction
@@ -15,6 +17,7 @@ from censusdp_spark.cli import main as synth_main
 from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.synth.config import load_synth_config
 from censusdp_spark.synth.domain import Binning, encode_tables
+from censusdp_spark.synth.job import SynthSummary
 from censusdp_spark.synth.spark import binning_hits, read_linked, workload_counts
 from censusdp_spark.synth.workloads import (
     count_answers,
@@ -41,23 +44,31 @@ def secret(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def release(spark, secret, tmp_path_factory) -> Path:
+def released(spark, secret, tmp_path_factory) -> tuple[Path, str]:
+    """The release of the reduced config, and the summary ``censusdp synth`` printed."""
     out = tmp_path_factory.mktemp("synth") / "out"
-    code = run(
-        "--method",
-        "hpd_fixed",
-        "--rho",
-        "1/2",
-        "--rounds",
-        "2",
-        "--output",
-        str(out),
-        "--secret-file",
-        str(secret),
-        "--evaluate",
-    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = run(
+            "--method",
+            "hpd_fixed",
+            "--rho",
+            "1/2",
+            "--rounds",
+            "2",
+            "--output",
+            str(out),
+            "--secret-file",
+            str(secret),
+            "--evaluate",
+        )
     assert code == 0
-    return out
+    return out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def release(released) -> Path:
+    return released[0]
 
 
 def delta(spark, path: Path) -> pd.DataFrame:
@@ -135,6 +146,31 @@ def test_manifest_accounts_rho_per_round_exactly_and_holds_no_truth(spark, relea
         r["measurement"] for r in rounds
     }
     assert "max_error" not in json.dumps(manifest)
+
+
+def test_the_run_summary_states_the_privacy_unit_as_the_manifest_records_it(released):
+    release, printed = released
+    unit = json.loads((release / "manifest.json").read_text())["privacy"]["unit"]
+    assert unit["neighbours"].startswith("neighbouring inputs differ in one person's individual")
+    assert f"  privacy unit: {unit['neighbours']}\n" in printed
+    assert f"  public (not protected): {'; '.join(unit['public'])}\n" in printed
+    assert "who lives with whom (household membership)" in printed
+
+
+def test_the_run_summary_says_how_many_households_were_dropped_and_why(released):
+    _, printed = released
+    assert "3414 households, 6349 persons in the input (public totals)" in printed
+    assert (
+        '799 households of more than 3 persons dropped (input.larger_households = "drop");'
+        " not in the totals above"
+    ) in printed
+
+
+def test_a_summary_of_a_config_that_refuses_larger_households_counts_no_drop():
+    summary = SynthSummary(Path("out"), "mwem", Fraction(1, 2), 3.0, 1e-9, 10, 20, 1.0)
+    assert "dropped" not in summary.text()
+    summary.dropped_oversize, summary.max_members = 0, 4
+    assert "  0 households of more than 4 persons dropped" in summary.text()
 
 
 def test_secret_never_reaches_the_output(release, secret):

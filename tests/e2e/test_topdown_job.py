@@ -44,6 +44,9 @@ def test_release_writes_the_delta_tables_and_manifest(spark, release):
     assert manifest["guarantee_checks"] == TOPDOWN_GUARANTEES_HELD
     assert manifest["privacy"]["rho"] == "293764/114921"
     assert manifest["nodes"]["block"] == 1092 and manifest["nodes"]["county"] == 1
+    unit = manifest["privacy"]["unit"]
+    assert unit["neighbours"].startswith("neighbouring inputs differ in one person's record")
+    assert any("(invariants, released exact)" in public for public in unit["public"])
 
 
 def test_noisy_measurements_cover_every_node_and_query_and_hold_no_truth(spark, release):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,49 @@ def test_the_synth_budget_splits_rho_exactly_as_the_methods_spend_it(capsys, mon
     select = Fraction(out.split("rho ")[3].split()[0])
     measure = Fraction(out.split(" to select, ")[1].split()[0])
     assert initial * each + rounds * (select + measure) == Fraction(1, 10)
+
+
+def test_budget_epsilon_is_the_group_size_release_s_exact_epsilon(capsys, monkeypatch):
+    """As ``censusdp group-sizes --epsilon 1/2``: the total replaced, each level its share."""
+    from censusdp_spark.group_sizes.config import budget_text, load_pgsr_config, with_epsilon
+
+    monkeypatch.chdir(ROOT)
+    assert main(["budget", "--config", "conf/pgsr_calm.toml", "--epsilon", "1/2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("budget of conf/pgsr_calm.toml (pgsr_calm) at --epsilon 1/2\n")
+    assert out.splitlines()[-1] == "total epsilon = 1/2 (pure DP, exact)"
+    released = with_epsilon(load_pgsr_config("conf/pgsr_calm.toml"), Fraction(1, 2))
+    assert budget_text(released) in out  # what the run with --epsilon 1/2 spends
+    assert main(["budget", "--config", "conf/pgsr_calm.toml", "--epsilon", "half"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[budget.epsilon] --epsilon 'half' is not an exact" in err
+
+
+@pytest.mark.parametrize("delta", [None, "1e-6"])
+def test_budget_epsilon_is_the_synth_release_s_epsilon_at_delta(delta, capsys, monkeypatch):
+    """As ``censusdp synth --epsilon 1.5 [--delta 1e-6]``: the same ρ, rounded down."""
+    from censusdp_spark.synth.config import load_synth_config
+    from censusdp_spark.synth.job import SynthOptions, resolve_rho
+
+    monkeypatch.chdir(ROOT)
+    extra = [] if delta is None else ["--delta", delta]
+    args = ["budget", "--config", "conf/synth_pums_reduced.toml", "--epsilon", "1.5", *extra]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    config = load_synth_config("conf/synth_pums_reduced.toml")
+    options = SynthOptions("hpd_fixed", epsilon=1.5, delta=None if delta is None else 1e-6)
+    rho, at = resolve_rho(config, options)  # what the run spends
+    assert rho != config.budget.rho and f"rho = {rho} (~" in out
+    assert f"  epsilon = 1.500 at delta = {at:g}" in out
+
+
+def test_budget_epsilon_is_refused_in_one_line_for_topdown(capsys, monkeypatch):
+    """TopDown's run takes no --epsilon: its budget is rho per level and query."""
+    monkeypatch.chdir(ROOT)
+    assert main(["budget", "--config", "conf/ri_2010_demo.toml", "--epsilon", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "conf/ri_2010_demo.toml: [budget] --epsilon: TopDown's budget is rho" in captured.err
 
 
 def test_a_config_of_no_release_is_one_line(tmp_path, capsys):

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from censusdp_spark.model.config import RunOptions
 from censusdp_spark.release.runner import (
     ReleaseContents,
     ReleaseRun,
     ResumeError,
     RunState,
+    SecretError,
     SecretSource,
+    check_secret,
 )
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.job import topdown_contents
@@ -59,3 +62,57 @@ def test_a_resume_with_other_noise_names_the_measured_key(tmp_path):
     other = topdown_contents(load_config(doc, ROOT), False)
     with pytest.raises(ResumeError, match=r"the input or config changed .*\(budget\)"):
         resume(tmp_path, demo_contents(), other)
+
+
+ENV = "CENSUSDP_TEST_SECRET"
+NAMED, EXPORTED = bytes(range(32)), bytes(range(1, 33))
+
+
+def secret_file(tmp_path: Path, secret: bytes, name: str = "secret.hex") -> Path:
+    path = tmp_path / name
+    path.write_text(secret.hex() + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_a_named_secret_file_and_a_different_variable_are_refused_in_one_line(
+    tmp_path, monkeypatch
+):
+    """A variable left set in the shell must not silently replace the file the command names."""
+    named = secret_file(tmp_path, NAMED)
+    monkeypatch.setenv(ENV, EXPORTED.hex())
+    with pytest.raises(SecretError) as refused:
+        SecretSource(named, ENV, named=True).read(tmp_path / "private")
+    message = str(refused.value)
+    assert message.count("\n") == 0 and f"--secret-file {named} (secret " in message
+    assert f"environment variable {ENV} of [run] secret_env" in message
+    assert "hold different secrets" in message
+    assert NAMED.hex() not in message and EXPORTED.hex() not in message
+    with pytest.raises(ValueError, match="hold different secrets"):  # censusdp validate
+        check_secret(RunOptions("r", tmp_path, tmp_path / "p", None, ENV, 1e-9), named)
+    assert not (tmp_path / "private").exists()
+
+
+def test_a_named_secret_file_is_used_when_the_variable_agrees_or_is_unset(tmp_path, monkeypatch):
+    named = secret_file(tmp_path, NAMED)
+    source = SecretSource(named, ENV, named=True)
+    monkeypatch.setenv(ENV, NAMED.hex())
+    assert source.read(tmp_path) == NAMED
+    monkeypatch.delenv(ENV)
+    assert source.read(tmp_path) == NAMED
+    missing = SecretSource(tmp_path / "absent.hex", ENV, named=True)
+    monkeypatch.setenv(ENV, NAMED.hex())
+    with pytest.raises(SecretError, match="absent.hex: secret file not found"):
+        missing.read(tmp_path)  # the variable does not stand in for a file the command names
+
+
+def test_the_config_s_variable_is_read_before_the_config_s_own_file(tmp_path, monkeypatch):
+    """Both come from the config, which so declares the variable its override."""
+    configured = secret_file(tmp_path, NAMED)
+    monkeypatch.setenv(ENV, EXPORTED.hex())
+    assert SecretSource(configured, ENV).read(tmp_path) == EXPORTED
+    assert SecretSource(tmp_path / "absent.hex", ENV).read(tmp_path) == EXPORTED
+    run = RunOptions("r", tmp_path, tmp_path / "p", configured, ENV, 1e-9)
+    assert check_secret(run) == f"from environment variable {ENV}: well formed"
+    monkeypatch.delenv(ENV)
+    assert SecretSource(configured, ENV).read(tmp_path) == NAMED

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.model.errors import ConfigError
-from censusdp_spark.synth.config import load_synth_config
+from censusdp_spark.synth.config import (
+    household_count,
+    load_synth_config,
+    mwem_fit_text,
+    mwem_refusal,
+    refuse_unfit_method,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,3 +125,32 @@ def test_rounds_scale_with_the_square_root_of_rho_when_a_reference_is_set(tmp_pa
     assert [budget.rounds_for(Fraction(1, 50 * 4**k)) for k in range(4)] == [60, 30, 15, 8]
     assert budget.rounds_for(Fraction(1, 10**9)) == 1
     assert load(tmp_path, MINIMAL).budget.rounds_for(Fraction(1, 10**6)) == 5  # no reference
+
+
+def test_a_domain_too_large_for_mwem_is_refused_from_the_config_alone(tmp_path):
+    """Two household levels times the 2 + 3 + 4 multisets of one to three persons of two
+    levels: 18 households. The inputs named do not exist: nothing is read to decide."""
+    config = load(tmp_path, MINIMAL + "\n[mwem]\nmax_domain = 17\n")
+    assert not config.input.households.exists() and config.domain.explicit_size() == 18
+    with pytest.raises(ConfigError) as refused:
+        refuse_unfit_method(config, "mwem")
+    message = str(refused.value)
+    assert message.count("\n") == 0 and message.startswith(f"{tmp_path / 'synth.toml'}: ")
+    assert "[mwem.max_domain]" in message and "18 households, above the limit 17" in message
+    for method in ("hpd_fixed", "hpd_gen", "independent"):
+        refuse_unfit_method(config, method)  # they never enumerate the domain
+    assert mwem_refusal(load(tmp_path, MINIMAL + "\n[mwem]\nmax_domain = 18\n")) is None
+
+
+def test_mwem_domain_sizes_of_the_shipped_configs_are_reported_before_any_run():
+    full = load_synth_config(ROOT / "conf" / "synth_pums.toml", ROOT)
+    reduced = load_synth_config(ROOT / "conf" / "synth_pums_reduced.toml", ROOT)
+    assert mwem_refusal(reduced) is None
+    assert mwem_fit_text(reduced) == (
+        "MWEM's explicit domain: 134,976 households, limit mwem.max_domain = 2,000,000 (fits)"
+    )
+    assert "~2.63e57 households" in mwem_fit_text(full) and "--method mwem is refused" in (
+        mwem_fit_text(full)
+    )
+    assert household_count(10**12 - 1) == "999,999,999,999"
+    assert household_count(2 * 10**400) == "~2.00e400"  # past what a float holds

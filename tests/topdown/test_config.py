@@ -245,6 +245,30 @@ def test_a_schema_cell_left_unmapped_is_refused_naming_it(tmp_path):
         load_config(path, ROOT)
 
 
+def test_every_unmapped_cell_is_named_in_one_refusal(tmp_path):
+    source = tmp_path / "source.toml"
+    source.write_text(
+        DEMO.read_text().replace(
+            '  { votingage = "18plus", hisprace = "nhpi", expr = "vap_nhpi" },\n', ""
+        )
+    )
+    path = edited(
+        tmp_path,
+        '  { votingage = "under18", hisprace = "two_or_more", expr = "pop_two - vap_two" },\n',
+        "",
+        source=source,
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, ROOT)
+    message = str(refused.value)
+    assert message.count("\n") == 0 and "(2 cell(s) left out)" in message
+    assert (
+        "[input.cells] cells {votingage = 'under18', hisprace = 'two_or_more'},"
+        " {votingage = '18plus', hisprace = 'nhpi'} are neither mapped nor in"
+        " [estimation] structural_zeros"
+    ) in message
+
+
 def test_an_unmapped_cell_declared_structurally_zero_is_accepted(tmp_path):
     source = tmp_path / "source.toml"
     source.write_text(
@@ -370,6 +394,23 @@ def test_a_bad_legacy_input_section_names_its_key(tmp_path, old, new, key, rule)
     with pytest.raises(ConfigError) as refused:
         load_config(edited(tmp_path, old, new, E2E), ROOT)
     assert f"[{key}]" in str(refused.value) and rule in str(refused.value), refused.value
+
+
+def test_every_problem_of_a_legacy_map_is_named_in_one_refusal(tmp_path):
+    """A code missing from the map and a level that is not one, together."""
+    path = edited(
+        tmp_path,
+        'map = { "1" = "not_hispanic", "2" = "hispanic" }',
+        'map = { "1" = "not_hispanic", "3" = "latino" }',
+        E2E,
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, ROOT)
+    message = str(refused.value)
+    assert message.count("\n") == 0 and "[input.attributes.hispanic.map]" in message
+    assert "['3'] are not codes of CENHISP" in message
+    assert "codes ['2'] of CENHISP are not mapped" in message
+    assert "maps to ['latino'], which are not levels of hispanic" in message
 
 
 def test_legacy_keys_are_refused_with_other_formats(tmp_path):

@@ -126,6 +126,30 @@ def test_extra_column_is_named(spark, demo, tmp_path):
         read(spark, demo, path)
 
 
+def test_every_missing_and_unused_column_is_named_in_one_refusal(spark, demo, tmp_path):
+    names = HEADER.split(",")
+    keep = [i for i, name in enumerate(names) if name not in ("vap_nhpi", "vap_two")]
+    header = ",".join([names[i] for i in keep] + ["surprise", "notes"])
+    rows = [",".join([r.split(",")[i] for i in keep] + ["1", "x"]) for r in GOOD]
+    with pytest.raises(InputError) as refused:
+        read(spark, demo, csv(tmp_path, rows, header))
+    message = str(refused.value)
+    assert message.count("\n") == 0
+    assert (
+        "columns vap_nhpi, vap_two: missing (named in the config's [input]);"
+        " columns surprise, notes: not used by the config; list them in input.ignore if intended"
+    ) in message
+
+
+def test_a_bad_geocode_is_shown_as_read(spark, demo, tmp_path):
+    with pytest.raises(InputError) as refused:
+        read(spark, demo, csv(tmp_path, bad_row(0, "44001030100100")))
+    assert str(refused.value).endswith(
+        "row 2, column GEOID: geocode must be exactly 15 digits; got '44001030100100'"
+        " (14 characters)"
+    )
+
+
 def test_missing_file_is_named(spark, demo, tmp_path):
     with pytest.raises(InputError, match=r"nope.csv: file: not found"):
         read(spark, demo, tmp_path / "nope.csv")
