@@ -1,4 +1,5 @@
-"""Shared fixtures: one real local Spark session with Delta for the whole test run."""
+"""Shared fixtures: one real local Spark session with Delta for the whole test run; and the
+markers ``e2e`` and ``statistical``, given by folder."""
 
 from __future__ import annotations
 
@@ -9,6 +10,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+FOLDER_MARKERS = {"e2e": pytest.mark.e2e, "statistical": pytest.mark.statistical}
+"""The marker every test under ``tests/<folder>/`` carries, so ``-m`` can select by folder."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by ``-m``
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve()
+        for folder, marker in FOLDER_MARKERS.items():
+            if path.is_relative_to(TESTS / folder):
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session", autouse=True)

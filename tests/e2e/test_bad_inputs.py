@@ -20,12 +20,11 @@ import pytest
 
 from censusdp_spark.cli import main
 from censusdp_spark.io.pl94_layout import SEGMENTS, LegacyFiles
-from tests.e2e.test_faults import censusdp
-from tests.e2e.test_secret_policy import error_lines
-from tests.e2e.test_synth_job import _duplicate_person, real_tables
-from tests.io.test_pl94 import copy_of_sample, edit_line, field, lines, plus, to
-from tests.io.test_pl94_layout import SAMPLE
-from tests.topdown.test_readers import GOOD, HEADER, adults, bad_row
+from tests.helpers.blocks import GOOD, HEADER, adults, bad_row
+from tests.helpers.cli import censusdp, error_lines
+from tests.helpers.group_sizes import huge_n_config
+from tests.helpers.pl94 import SAMPLE, copy_of_sample, edit_line, field, lines, plus, to
+from tests.helpers.pums import duplicate_person, real_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
@@ -106,41 +105,6 @@ def pgsr(edit: Callable[[list[str]], list[str]]) -> Callable[[Path, Path], list[
     return make
 
 
-HUGE_N = """[run]
-name = "huge_n"
-private_dir = "{private}"
-[geography]
-levels = [{{ name = "all", digits = 0 }}, {{ name = "block", digits = 2 }}]
-spine = {{ path = "{spine}", geocode = "block" }}
-[groups]
-max_size = 100_000_000
-topcode = true
-[input]
-path = "{households}"
-layout = "households"
-geocode = "block"
-household = "hh"
-size = "n"
-[budget]
-epsilon = "1"
-"""
-
-
-def huge_n_config(folder: Path) -> Path:
-    """A valid group-size config and input whose N = 10^8 sizes no worker could hold."""
-    (folder / "households.csv").write_text("block,hh,n\n01,a,2\n02,b,5\n")
-    (folder / "spine.csv").write_text("block\n01\n02\n03\n")
-    config = folder / "huge_n.toml"
-    config.write_text(
-        HUGE_N.format(
-            private=folder / "private",
-            spine=folder / "spine.csv",
-            households=folder / "households.csv",
-        )
-    )
-    return config
-
-
 def pgsr_huge_n(folder: Path, output: Path) -> list[str]:
     return [
         *("pgsr", "--config", str(huge_n_config(folder)), "--output", str(output)),
@@ -149,7 +113,7 @@ def pgsr_huge_n(folder: Path, output: Path) -> list[str]:
 
 
 def synth_duplicate_person(folder: Path, output: Path) -> list[str]:
-    households, persons = _duplicate_person(*real_tables(40))
+    households, persons = duplicate_person(*real_tables(40))
     households.to_csv(folder / "households.csv", index=False)
     persons.to_csv(folder / "persons.csv", index=False)
     config = folder / "synth.toml"

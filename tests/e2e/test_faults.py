@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from censusdp_spark.cli import main
 from tests.conftest import assert_same_tables
+from tests.helpers.cli import censusdp
 
 pytestmark = pytest.mark.slow  # every test here runs the CLI in a JVM subprocess (issue 14)
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def censusdp(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "censusdp"), *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 def topdown_args(

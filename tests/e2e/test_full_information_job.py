@@ -16,7 +16,7 @@ from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.topdown.config import load_config
 from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
-from tests.e2e.test_faults import censusdp
+from tests.helpers.cli import censusdp
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"

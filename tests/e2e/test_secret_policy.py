@@ -12,6 +12,8 @@ import pytest
 
 from censusdp_spark.cli import main
 from tests.conftest import with_method
+from tests.helpers.cli import error_lines
+from tests.helpers.pl94 import copy_of_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDown input
@@ -79,11 +81,6 @@ def noisy_rows(spark, out: Path) -> set:
 
 def fingerprint(out: Path) -> str:
     return json.loads((out / "manifest.json").read_text())["secret_fingerprint"]
-
-
-def error_lines(captured: str) -> list[str]:
-    """stderr without the stage lines (``[censusdp] read_and_validate: 1.2 s``)."""
-    return [ln for ln in captured.strip().splitlines() if not ln.startswith("[censusdp]")]
 
 
 def make_secret(folder: Path, byte: str) -> Path:
@@ -363,8 +360,6 @@ def test_a_refused_overwrite_leaves_the_parent_folder_as_it_was(
 
 
 def test_an_output_inside_the_input_folder_is_refused_in_one_line(spark, tmp_path, capsys):
-    from tests.io.test_pl94 import copy_of_sample
-
     folder = tmp_path / "pl94"
     folder.mkdir()
     copy_of_sample(folder)

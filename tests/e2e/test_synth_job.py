@@ -26,6 +26,7 @@ from censusdp_spark.synth.workloads import (
     size_workload,
     totals_of,
 )
+from tests.helpers.pums import duplicate_person, real_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 REDUCED = ROOT / "conf" / "synth_pums_reduced.toml"
@@ -220,15 +221,6 @@ def bad_input_run(tmp_path, secret, households, persons, config_edit=lambda t: t
     return out
 
 
-def real_tables(n: int = 300) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The first ``n`` real households and their persons (small, so each run is quick)."""
-    households = pd.read_csv(ROOT / "data" / "pums" / "households.csv", dtype=str).head(n)
-    persons = pd.read_csv(ROOT / "data" / "pums" / "persons.csv", dtype=str)
-    return households, persons[persons["SERIALNO"].isin(households["SERIALNO"])].reset_index(
-        drop=True
-    )
-
-
 def _orphan(h: pd.DataFrame, p: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return h[h["SERIALNO"] != p.loc[9, "SERIALNO"]], p  # data row 10's household is gone
 
@@ -250,14 +242,6 @@ def _two_heads(h: pd.DataFrame, p: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataF
     serial = p.loc[p["RELP"] == "1", "SERIALNO"].iloc[0]  # a household with a spouse
     p.loc[(p["SERIALNO"] == serial) & (p["RELP"] == "1"), "RELP"] = "0"
     return h, p
-
-
-def _duplicate_person(h: pd.DataFrame, p: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Person 2 of the first two-person household listed twice: it is no head, and with
-    larger households dropped every per-household rule still holds."""
-    serial = next(s for s, n in p["SERIALNO"].value_counts(sort=False).items() if n == 2)
-    second = p.index[(p["SERIALNO"] == serial) & (p["SPORDER"] == "2")][0]
-    return h, pd.concat([p.loc[:second], p.loc[second:]], ignore_index=True)
 
 
 def _twice(p: pd.DataFrame) -> tuple[int, str]:
@@ -296,7 +280,7 @@ def _row_of(frame: pd.DataFrame, column: str, value: str) -> int:
         ),
         (_two_heads, lambda h, p: "members of relationship = 'householder' (column RELP)"),
         (
-            _duplicate_person,
+            duplicate_person,
             lambda h, p: (
                 f"persons.csv: row {_twice(p)[0]}, column SERIALNO+SPORDER: person '2' of"
                 f" household {_twice(p)[1]!r} appears 2 times"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
+from tests.helpers.group_sizes import huge_n_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "conf").glob("*.toml"))
@@ -130,8 +131,6 @@ def test_validate_refuses_a_bad_group_size_input_in_one_line(spark, tmp_path, ca
 def test_validate_refuses_a_config_whose_n_exceeds_worker_memory_as_the_run_does(
     spark, tmp_path, capsys, monkeypatch
 ):
-    from tests.e2e.test_bad_inputs import huge_n_config
-
     monkeypatch.delenv("CENSUSDP_WORKER_MEMORY", raising=False)
     config = huge_n_config(tmp_path)
     assert main(["validate", "--config", str(config)]) == 2

@@ -3,8 +3,6 @@ every refusal is one ``InputError`` naming the file, the line, the column and th
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -13,25 +11,22 @@ import pytest
 from censusdp_spark.io.pl94 import read_legacy
 from censusdp_spark.io.pl94_layout import (
     CELLS,
-    GEOHEADER_FIELDS,
-    RECORD_KEY,
-    SEGMENTS,
     LegacyFiles,
 )
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
-from tests.io.test_pl94_layout import SAMPLE
+from tests.helpers.pl94 import (
+    SAMPLE,
+    Edit,
+    copy_of_sample,
+    edit_line,
+    field,
+    lines,
+    plus,
+    to,
+)
 
 CHECKED = ("140", "150")  # the sample's state and county records are the whole county's
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines()
-
-
-def field(n: int, name: str) -> int:
-    """Where field ``name`` is on a line of file ``n`` (0 the geoheader, 1-3 the segments)."""
-    return (GEOHEADER_FIELDS if n == 0 else (*RECORD_KEY, *SEGMENTS[n - 1])).index(name)
 
 
 def test_the_shipped_files_give_their_569_blocks_with_every_cell(spark):
@@ -61,32 +56,6 @@ def test_the_state_record_carries_the_county_total_not_the_sum_of_the_blocks(spa
         " the sum of its blocks in the file (input.summary_levels checks ['040', '050', '140',"
         " '150']; a level whose blocks are not all in the file cannot be checked)"
     )
-
-
-Edit = Callable[[LegacyFiles, Path], None]
-
-
-def edit_line(n: int, line: int, changes: dict[str, Callable[[str], str]]) -> Edit:
-    """Change fields of ``line`` (1-based) of file ``n``."""
-
-    def edit(files: LegacyFiles, folder: Path) -> None:
-        path = files.file(n)
-        text = lines(path)
-        fields = text[line - 1].split("|")
-        for name, change in changes.items():
-            fields[field(n, name)] = change(fields[field(n, name)])
-        text[line - 1] = "|".join(fields)
-        path.write_text("\n".join(text) + "\n")
-
-    return edit
-
-
-def plus(k: int) -> Callable[[str], str]:
-    return lambda v: str(int(v) + k)
-
-
-def to(value: str) -> Callable[[str], str]:
-    return lambda _: value
 
 
 def drop_last_line(n: int) -> Edit:
@@ -219,13 +188,6 @@ CASES: dict[str, tuple[Edit, int, str]] = {
         "line 41, column GEOCODE: block 440070001011002 is listed twice (also on line 40)",
     ),
 }
-
-
-def copy_of_sample(folder: Path) -> LegacyFiles:
-    for path in SAMPLE.paths:
-        shutil.copy(path, folder / path.name)
-        (folder / path.name).chmod(0o644)
-    return LegacyFiles(folder, SAMPLE.state, SAMPLE.vintage)
 
 
 @pytest.mark.parametrize("case", list(CASES))

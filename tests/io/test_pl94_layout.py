@@ -18,13 +18,11 @@ from censusdp_spark.io.pl94_layout import (
     SEGMENTS,
     TABLES,
     TEXT_FIELDS,
-    LegacyFiles,
     first_broken_record,
     record_rules,
 )
+from tests.helpers.pl94 import SAMPLE
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = LegacyFiles(ROOT / "data" / "pl94_2018_e2e_providence_ri", "ri", "2018_2020Style")
 MAX = 10**9
 RULES = record_rules(MAX)
 

@@ -9,7 +9,7 @@ from censusdp_spark.synth.hpd import FixedModel, GenModel, Layout
 from censusdp_spark.synth.product import Target, loss_and_grad
 from censusdp_spark.synth.sampling import sample_product_mixture
 from censusdp_spark.synth.workloads import marginal_workloads, size_workload
-from tests.synth.test_synth_workloads import HEAD, small_domain
+from tests.helpers.synth import HEAD, small_domain
 
 EPS = 1e-6
 

@@ -26,7 +26,7 @@ from censusdp_spark.synth.workloads import (
     relationship_workloads,
     totals_of,
 )
-from tests.synth.test_synth_workloads import random_households, small_domain
+from tests.helpers.synth import random_households, small_domain
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = bytes(range(1, 33))

@@ -33,7 +33,7 @@ from censusdp_spark.synth.workloads import (
     marginal_workloads,
     normalise,
 )
-from tests.synth.test_synth_workloads import small_domain
+from tests.helpers.synth import small_domain
 
 SECRET = bytes(range(32))
 TOTALS = Totals(households=1000, individuals=2500, family_individuals=2000)

@@ -31,33 +31,7 @@ from censusdp_spark.synth.workloads import (
     totals_of,
 )
 from censusdp_spark.synth.workloads import answers as workload_answers
-
-HEAD, SPOUSE, CHILD, OTHER = range(4)
-
-
-def attribute(name: str, n: int) -> Attribute:
-    return Attribute(name, tuple(f"{name}{i}" for i in range(n)), Binning(name))
-
-
-def small_domain(max_members: int = 4, family_max: int = 3) -> HouseholdDomain:
-    group = (attribute("tenure", 2), attribute("vehicles", 3))
-    individual = (attribute("rel", 4), attribute("sex", 2), attribute("age", 3))
-    roles = Roles(0, HEAD, frozenset({SPOUSE}), frozenset({CHILD}), family_max)
-    return HouseholdDomain(group, individual, max_members, roles)
-
-
-def random_households(domain: HouseholdDomain, n: int, seed: int) -> Households:
-    rng = np.random.default_rng(seed)
-    m = domain.max_members
-    group = np.stack([rng.integers(0, s, n) for s in domain.group_sizes], axis=1).astype(np.int16)
-    members = np.stack(
-        [rng.integers(0, s, (n, m)) for s in domain.individual_sizes], axis=2
-    ).astype(np.int16)
-    members[:, 0, 0] = HEAD
-    members[:, 1:, 0] = rng.integers(1, 4, (n, m - 1))
-    size = rng.integers(1, m + 1, n)
-    members[np.arange(m)[None, :] >= size[:, None]] = ABSENT
-    return Households(group, members)
+from tests.helpers.synth import CHILD, HEAD, OTHER, SPOUSE, random_households, small_domain
 
 
 def brute_force(domain: HouseholdDomain, h: Households, workloads) -> np.ndarray:

@@ -22,8 +22,7 @@ from censusdp_spark.topdown.solvers.bottom_up import (
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.subproblem import PrecisionProblem
 from censusdp_spark.topdown.solvers.symmetric_covariance import SymmetricMatrix, covariance_layout
-from tests.topdown.test_least_squares import marginal_queries
-from tests.topdown.test_symmetric_covariance import random_schema
+from tests.helpers.solvers import marginal_queries, random_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 

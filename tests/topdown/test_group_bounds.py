@@ -22,8 +22,7 @@ from censusdp_spark.topdown.solvers import (
     solve_to_targets,
 )
 from censusdp_spark.topdown.solvers.subproblem import GroupBounds
-from tests.topdown.test_least_squares import marginal_queries
-from tests.topdown.test_rounding import deviation
+from tests.helpers.solvers import deviation, marginal_queries
 
 DIMS = (2, 3)  # group 0: the first level's 3 cells, group 1: the second's
 MEMBERS = np.array([[True] * 3 + [False] * 3, [False] * 3 + [True] * 3])

@@ -28,17 +28,17 @@ from censusdp_spark.topdown.solvers import (
     weighted_squared_error,
 )
 from tests.conftest import with_method
-from tests.topdown.test_least_squares import (
+from tests.helpers.solvers import (
     assert_feasible,
     assert_masked_feasible,
     clarabel_solution,
+    deviation,
     enumerated_optimum,
     kkt_violation,
     masked_problem,
     random_precision_problem,
     random_problem,
 )
-from tests.topdown.test_rounding import deviation
 
 TOTAL = 0  # random_problem's first query is the total (subset ())
 

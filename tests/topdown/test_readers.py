@@ -7,14 +7,9 @@ import pytest
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.readers import read_blocks
+from tests.helpers.blocks import GOOD, HEADER, adults, bad_row
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADER = "GEOID,state,county,vtd,pop,pop_white,pop_black,pop_hisp,pop_aian,pop_asian,pop_nhpi,pop_other,pop_two,vap,vap_white,vap_black,vap_hisp,vap_aian,vap_asian,vap_nhpi,vap_other,vap_two"
-GOOD = [
-    "440010301001000,44,001,,23,19,0,4,0,0,0,0,0,12,8,0,4,0,0,0,0,0",
-    "440010301001001,44,001,,17,17,0,0,0,0,0,0,0,14,14,0,0,0,0,0,0,0",
-    "440010301001002,44,001,,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0",
-]
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +39,6 @@ def test_good_rows_become_sparse_histograms(spark, demo, tmp_path):
     assert dict(zip(first["cells"], first["counts"], strict=True)) == {1: 11, 9: 8, 8: 4}
     assert sum(first["counts"]) == 23
     assert rows["440010301001002"]["cells"] == []
-
-
-def bad_row(field: int, value: str) -> list[str]:
-    parts = GOOD[1].split(",")
-    parts[field] = value
-    return [GOOD[0], ",".join(parts), GOOD[2]]
-
-
-def adults(row: str, n: int) -> str:
-    """``row`` with ``n`` more white adults (its file totals kept consistent)."""
-    parts = row.split(",")
-    for field in (4, 5, 13, 14):  # pop, pop_white, vap, vap_white
-        parts[field] = str(int(parts[field]) + n)
-    return ",".join(parts)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from scipy.optimize import milp
 
 from censusdp_spark.topdown.solvers import ChildrenProblem, round_children, solve_children
 from censusdp_spark.topdown.solvers.laminar_rounding import is_laminar, round_laminar
-from tests.topdown.test_least_squares import masked_problem
+from tests.helpers.solvers import deviation, masked_problem
 
 
 def small_problem(
@@ -36,15 +36,6 @@ def small_problem(
         None if root else parent,
         children.sum(axis=1).astype(np.int64) if with_totals else None,
     )
-
-
-def deviation(problem: ChildrenProblem, x: np.ndarray, x_hat: np.ndarray) -> float:
-    """``sum_q sum_c ||Q_q x_c - Q_q x_hat_c||_1``."""
-    total = 0.0
-    for m, s in zip(problem.marginals, problem.marginal_sizes, strict=True):
-        for row, row_hat in zip(x, x_hat, strict=True):
-            total += float(np.abs(np.bincount(m, row - row_hat, minlength=s)).sum())
-    return total
 
 
 def meets_constraints(problem: ChildrenProblem, x: np.ndarray, grand_total: int) -> bool:

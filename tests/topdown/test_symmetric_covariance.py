@@ -12,68 +12,7 @@ from censusdp_spark.topdown.solvers.symmetric_covariance import (
     covariance_layout,
     information_matrix,
 )
-
-
-def product_query(shape: tuple[int, ...], groups: list[np.ndarray]) -> tuple[np.ndarray, int]:
-    """``(cell_to_marginal, size)`` of the Kronecker query grouping axis ``a`` by
-    ``groups[a]`` (identity: kept; all zeros: summed out; else a recode)."""
-    levels = np.indices(shape).reshape(len(shape), -1)
-    index = np.zeros(levels.shape[1], dtype=np.int64)
-    size = 1
-    for a, group in enumerate(groups):
-        m = int(group.max()) + 1
-        index = index * m + group[levels[a]]
-        size *= m
-    return index, size
-
-
-def random_schema(
-    rng: np.random.Generator, levels: int, max_cells: int = 96
-) -> tuple[tuple[int, ...], list[int], list[list[tuple[np.ndarray, int]]], set[int]]:
-    """A random product schema where some attributes are recoded by some query and some are only
-    kept or summed out; structural zeros that depend only on recoded attributes.
-
-    Returns ``(shape, structural_zero_cells, queries per level, the symmetric axes)``; the last
-    level has the detailed query; the schema has at most ``max_cells`` cells."""
-    shape: tuple[int, ...] = ()
-    while not shape or np.prod(shape) > max_cells:
-        k = int(rng.integers(2, 5))
-        recoded = set(int(a) for a in rng.choice(k, size=int(rng.integers(1, k)), replace=False))
-        # A recode needs at least 3 levels (a grouping of 2 keeps them or sums them).
-        shape = tuple(
-            max(3, int(m)) if a in recoded else int(m)
-            for a, m in enumerate(rng.integers(2, 5, size=k))
-        )
-    symmetric = set(range(k)) - recoded
-    per_level = []
-    for level in range(levels):
-        queries = []
-        for _ in range(int(rng.integers(1, 5))):
-            groups = []
-            for a, m in enumerate(shape):
-                role = int(rng.integers(3 if a in recoded else 2))
-                if role == 0:
-                    groups.append(np.arange(m))
-                elif role == 1:
-                    groups.append(np.zeros(m, dtype=np.int64))
-                else:
-                    groups.append(np.sort(rng.integers(0, 2, size=m)))
-            queries.append(product_query(shape, groups))
-        if level == levels - 1:
-            queries.append(product_query(shape, [np.arange(m) for m in shape]))
-        per_level.append(queries)
-    # Every recoded attribute is recoded by at least one query somewhere.
-    for a in recoded:
-        groups = [np.zeros(m, dtype=np.int64) for m in shape]
-        groups[a] = np.array([0] * (shape[a] - 1) + [1])
-        per_level[0].append(product_query(shape, groups))
-    levels_of = np.indices(shape).reshape(k, -1)
-    zero_on = sorted(recoded)[: int(rng.integers(0, 3))]
-    zero = np.ones(levels_of.shape[1], dtype=bool)
-    for a in zero_on:
-        zero &= levels_of[a] == shape[a] - 1
-    cells = np.flatnonzero(zero).tolist() if zero_on else []
-    return shape, cells, per_level, symmetric
+from tests.helpers.solvers import product_query, random_schema
 
 
 def random_layout(rng: np.random.Generator) -> SymmetricLayout:

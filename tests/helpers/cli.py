@@ -1,0 +1,31 @@
+"""The command line as a user meets it: the installed ``censusdp`` in a subprocess of its own,
+and the error lines it leaves on stderr."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def censusdp(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The installed ``censusdp`` run from the repository root (its JVM a process of its own),
+    with ``env`` added to this process's environment."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "censusdp"), *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def error_lines(captured: str) -> list[str]:
+    """stderr without the stage lines (``[censusdp] read_and_validate: 1.2 s``)."""
+    return [ln for ln in captured.strip().splitlines() if not ln.startswith("[censusdp]")]
