@@ -1,5 +1,5 @@
 """Group-size release: post-processing time of M_c (cumulative) against M_H^dp as the number of
-sizes N grows, and against the previous cumulative solver (issue 17). Writes
+sizes N grows, and against the previous cumulative solver. Writes
 benchmarks/results/cumulative_scaling.md.
 
     .venv/bin/python benchmarks/bench_cumulative_scaling.py [--sizes 7 100 400 1000 5000]

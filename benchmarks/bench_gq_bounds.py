@@ -1,4 +1,4 @@
-"""What the group-quarters bounds do (issue 15): the shipped Providence P5 release
+"""What the group-quarters bounds do: the shipped Providence P5 release
 (``conf/pl94_e2e_providence_gq.toml``: households and the seven GQ types, each type with a
 facility at least one person, at most 99,999; households at most 99 a housing unit) against
 the same config without its ``at_least`` / ``at_most`` (the zeros kept), with the same secret,

@@ -1,4 +1,4 @@
-"""What the group bounds cost the least squares (issue 15): ``solve_children`` on families whose
+"""What the group bounds cost the least squares: ``solve_children`` on families whose
 unbounded solution breaks some children's lower bounds, against the same family solved
 without bounds (the baseline, same run), by the default fallback (the multipliers' Newton
 method, then the interior-point QP) and by the interior-point QP alone.

@@ -1,5 +1,5 @@
 """Group-size release: peak memory of one Spark Python call of each mechanism, per cell, the
-figures behind ``censusdp_spark/group_sizes/memory.py`` (issue 17: a config whose N would make a
+figures behind ``censusdp_spark/group_sizes/memory.py`` (a config whose N would make a
 mechanism exceed memory is refused at the door). Writes benchmarks/results/mechanism_memory.md.
 
     .venv/bin/python benchmarks/bench_mechanism_memory.py [--sizes 1000 4000 16000]

@@ -1,4 +1,4 @@
-"""What the occupancy rule does to accuracy (issue 15): the shipped Providence persons release
+"""What the occupancy rule does to accuracy: the shipped Providence persons release
 (``conf/pl94_e2e_providence.toml``, whose ``[[estimation.occupancy]]`` gives no persons to a
 block without housing units or group-quarters population) against the same config without
 the rule, with the same secret, so both post-process the same noisy measurements.

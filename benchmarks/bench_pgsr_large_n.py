@@ -1,4 +1,4 @@
-"""Group-size release at large N (issue 17): L1 and EMD per level and post-processing time of
+"""Group-size release at large N: L1 and EMD per level and post-processing time of
 every mechanism on a synthetic heavy-tailed count-of-counts hierarchy, with and without
 top-coding. Writes benchmarks/results/pgsr_large_n.md.
 

@@ -1,4 +1,4 @@
-"""Both estimation methods on the 2,016-cell production schema (issue 19): accuracy per level and
+"""Both estimation methods on the 2,016-cell production schema: accuracy per level and
 query against the input, and run time per stage.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_production.py [--inputs perry ri]
@@ -41,7 +41,7 @@ from gls_reference import gls_reference, release_config
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "pl94_2020_production.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "topdown_production.md"
-BLUEDOWN = {  # issue 19: BlueDown's L1 per query over ours (TopDown), Perry County, two secrets
+BLUEDOWN = {  # BlueDown's L1 per query over ours (TopDown), Perry County, two secrets
     "state": "0.20-0.59",
     "county": "0.20-0.59",
     "tract": "0.39-0.62",

@@ -1,5 +1,5 @@
 """The memory a group-size mechanism needs, estimated at the door from public quantities only,
-and the rule that refuses a config beyond the budget before any noise is drawn (issue 17).
+and the rule that refuses a config beyond the budget before any noise is drawn.
 
 What is estimated. Every mechanism runs in Spark's Python workers, a level at a time, one
 Arrow batch per call (``engine.families``): at most ``R`` rows

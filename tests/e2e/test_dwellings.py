@@ -1,4 +1,4 @@
-"""Occupancy from a block table of dwelling counts (``[estimation] dwellings``, issue 15): the
+"""Occupancy from a block table of dwelling counts (``[estimation] dwellings``): the
 person/unit consistency for microdata input on a spine. Real Spark and Delta, the real Perry
 County PPMF with its spine widened by empty blocks; the dwelling counts are made up per block
 from the file (households where it has household persons, facilities where it has group

@@ -12,7 +12,7 @@ from censusdp_spark.cli import main
 from tests.conftest import assert_same_tables
 from tests.helpers.cli import censusdp
 
-pytestmark = pytest.mark.slow  # every test here runs the CLI in a JVM subprocess (issue 14)
+pytestmark = pytest.mark.slow  # every test here runs the CLI in a JVM subprocess
 
 
 def topdown_args(

@@ -1,4 +1,4 @@
-"""The geography spine (issue 15): the released geography, and so every noise stream, depends
+"""The geography spine: the released geography, and so every noise stream, depends
 on the public block list alone, never on which blocks hold a record; real Spark, the CLI, real
 PPMF and CALM data."""
 

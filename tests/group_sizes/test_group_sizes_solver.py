@@ -601,7 +601,7 @@ def big_tree(rng: np.random.Generator, factor: int) -> GroupTree:
 
 @pytest.mark.parametrize("faithfulness", ["level", "node"])
 def test_relaxed_qp_at_counts_times_10000_is_certified_and_below_the_integer_optimum(faithfulness):
-    """Unscaled, Clarabel reported "Solved" at 14x the optimum (issue 17): the step from the
+    """Unscaled, Clarabel reported "Solved" at 14x the optimum: the step from the
     clipped counts keeps the noise above its tolerances, and the dual bound confirms it."""
     rng = np.random.default_rng(17)
     for _ in range(3):

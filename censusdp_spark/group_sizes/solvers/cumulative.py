@@ -102,7 +102,7 @@ or lowers (a > b) ``H[c, a..b-1]`` by one. ``solve_cumulative_family``:
    [f_c(H') - 2 s . H'^c] + 2 s . P >= sum_c [f_c(H) - 2 s . H^c] + 2 s . P = sum_c
    f_c(H)``: H is the integer optimum.
 
-Why this design (issue 17). The old solver balanced one unit per Bellman-Ford on the dense
+Why this design. The old solver balanced one unit per Bellman-Ford on the dense
 hub graph, with ``(k, m, m)`` arrays for the one-chain fits: O(units x m^2) time, 2.5 GB and
 more than 20 minutes at N = 4,919; profiling showed 80% of the time in the Bellman-Ford loop
 and ~1-2 units of excess per column left by its start. Here the start comes from the dual
