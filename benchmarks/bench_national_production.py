@@ -319,6 +319,7 @@ def main() -> None:
             rows = sorted([*rows, row], key=lambda r: (r["fraction"], r["schema"]))
             print(json.dumps(row), flush=True)
             args.results.write_text(markdown(rows, command))
+    args.results.write_text(markdown(rows, command))  # also for rows carried in alone
     if args.resume_check is not None:
         check = resume_check(args.resume_check, args.work, args.master)
         print(json.dumps({"resume_check": check}), flush=True)
