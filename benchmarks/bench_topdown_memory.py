@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from bench_mechanism_memory import _status  # benchmarks/ is the script's folder
 
 from censusdp_spark.engine.families import _one_by_one, _streamed, _through_pandas
 from censusdp_spark.topdown.capacity import NOISE_CELL_BYTES
@@ -69,13 +70,6 @@ def blocks_batch(k: int, n_cells: int) -> pa.RecordBatch:
             "group": ["11001"] * k,
         }
     )
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def _measured(k: int) -> tuple[int, float, int]:

@@ -51,15 +51,25 @@ def test_a_run_beyond_the_free_space_is_refused_with_the_estimate(tmp_path):
     assert check_disk(config, DC, tmp_path / "out", free=50 * 2**30).total < 2**30
 
 
-def test_the_job_refuses_before_any_secret_or_write(spark, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(capacity, "free_disk", lambda path: 1)
+@pytest.mark.parametrize(
+    ("measure", "answer", "refusal"),
+    [
+        ("free_disk", lambda path: 1, "on disk, more than the 0 MiB free"),
+        ("physical_memory", lambda: 2**30, "more than the 1.0 GiB of this machine"),
+    ],
+    ids=["disk", "memory"],
+)
+def test_the_job_refuses_before_any_secret_or_write(
+    spark, tmp_path, monkeypatch, capsys, measure, answer, refusal
+):
+    monkeypatch.setattr(capacity, measure, answer)
     out = tmp_path / "release"
     config = ROOT / "conf" / "ri_2010_demo.toml"
     args = ["topdown", "--config", str(config), "--output", str(out), "--master", "local[2]"]
     monkeypatch.delenv("CENSUSDP_SECRET", raising=False)
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("censusdp: error: ") and "on disk, more than the 0 MiB free" in err
+    assert err.startswith("censusdp: error: ") and refusal in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -110,17 +120,3 @@ def test_the_session_says_its_local_cores_and_heap(spark):
     local = local_mode(spark)
     assert local == LocalMode(cores=2, heap=parse_memory(os.environ.get(
         "CENSUSDP_DRIVER_MEMORY", "6g"), "CENSUSDP_DRIVER_MEMORY"))  # fmt: skip
-
-
-def test_the_job_refuses_beyond_the_machine_memory_before_any_secret_or_write(
-    spark, tmp_path, monkeypatch, capsys
-):
-    monkeypatch.setattr(capacity, "physical_memory", lambda: 2**30)
-    out = tmp_path / "release"
-    config = ROOT / "conf" / "ri_2010_demo.toml"
-    args = ["topdown", "--config", str(config), "--output", str(out), "--master", "local[2]"]
-    monkeypatch.delenv("CENSUSDP_SECRET", raising=False)
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("censusdp: error: ") and "more than the 1.0 GiB of this machine" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
