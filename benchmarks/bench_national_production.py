@@ -123,14 +123,17 @@ def memory_estimate_gib(folder: Path, master: str) -> float:
 
 
 RESUMED_TABLES = ("noisy_measurements", "bottom_up", "estimates", "microdata", "pl94_tables")
+RESUME_RESULTS = ROOT / "benchmarks" / "results" / "national_production_resume.md"
 
 
 def resume_check(fraction: float, work: Path, master: str) -> dict:
     """Kill the production run of ``fraction`` after its tract estimates (the job's test fault
-    ``driver_after_level:estimate_tract``), resume it, and compare every table with the
-    uninterrupted release of this invocation, made with the same secret (``--reuse-secret``:
-    the same measurements again, on purpose)."""
+    ``driver_after_level:tract``: the driver exits at once, as a killed one would), resume it,
+    and compare every table with the uninterrupted release of the same secret in ``work``
+    (``--reuse-secret``: the same measurements again, on purpose), made first if missing."""
     reference = work / f"release_production_{fraction:g}"
+    if not (reference / "manifest.json").exists():
+        run("production", production_input(fraction, work), work, fraction, master)
     secret = work / f"secret_{fraction:g}.hex"
     secret.write_text((reference.parent / f"{reference.name}.private" / "run_secret").read_text())
     secret.chmod(0o600)
@@ -156,21 +159,49 @@ def resume_check(fraction: float, work: Path, master: str) -> dict:
     from censusdp_spark.engine.session import spark_session
 
     spark = spark_session("bench-resume-check", "local[2]")
-    differing = []
+    rows, differing = {}, []
     for table in RESUMED_TABLES:
         left = spark.read.format("delta").load(str(reference / table))
         right = spark.read.format("delta").load(str(release / table))
+        rows[table] = left.count()
         if left.exceptAll(right).count() or right.exceptAll(left).count():
             differing.append(table)
     spark.stop()
+    manifest = json.loads((reference / "manifest.json").read_text())
     return {
         "fraction": fraction,
+        "blocks": manifest["nodes"]["block"],
+        "reference_run_s": manifest["elapsed_s"],
         "killed_after": "estimate_tract",
         "killed_run_s": killed_s,
         "resumed_run_s": resumed_s,
-        "tables_compared": list(RESUMED_TABLES),
+        "rows": rows,
         "differing": differing,
     }
+
+
+def resume_markdown(check: dict, command: str) -> str:
+    verdict = "identical" if not check["differing"] else f"DIFFERENT: {check['differing']}"
+    tables = ", ".join(f"`{t}` ({n:,} rows)" for t, n in check["rows"].items())
+    return "\n".join([
+        "## Killed and resumed: the production release at national scale",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, {check.get('master', '')} "
+        f"on {os.cpu_count()} CPUs). The {check['fraction']:g} fraction of the SYNTHETIC "
+        f"national persons ({check['blocks']:,} blocks), `conf/national_production.toml`: the "
+        "uninterrupted release, then a run of the same secret whose driver exits right after "
+        "the tract estimates are written (the job's fault `driver_after_level:tract`, exit "
+        "17, as a killed driver), then `--resume` of that run.",
+        "",
+        "| uninterrupted (s) | killed after tract estimates (s) | resumed (s) "
+        "| killed + resumed / uninterrupted | tables, resumed vs uninterrupted |",
+        "|---|---|---|---|---|",
+        f"| {check['reference_run_s']:.0f} | {check['killed_run_s']:.0f} | "
+        f"{check['resumed_run_s']:.0f} | "
+        f"{(check['killed_run_s'] + check['resumed_run_s']) / check['reference_run_s']:.2f}× | "
+        f"{verdict}: {tables} |",
+        "",
+    ])  # fmt: skip
 
 
 def linear_fit(rows: list[dict], stage: str) -> tuple[float, float]:
@@ -298,7 +329,8 @@ def main() -> None:
         "--resume-check",
         type=float,
         help="after the runs, kill this fraction's production run mid-way, resume it and "
-        "compare the tables with its release in --work (run earlier with the same --work)",
+        "compare the tables with its uninterrupted release in --work (made first if missing); "
+        "writes benchmarks/results/national_production_resume.md",
     )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -319,18 +351,12 @@ def main() -> None:
             rows = sorted([*rows, row], key=lambda r: (r["fraction"], r["schema"]))
             print(json.dumps(row), flush=True)
             args.results.write_text(markdown(rows, command))
-    args.results.write_text(markdown(rows, command))  # also for rows carried in alone
+    if rows:  # also for rows carried in alone
+        args.results.write_text(markdown(rows, command))
     if args.resume_check is not None:
-        check = resume_check(args.resume_check, args.work, args.master)
+        check = {**resume_check(args.resume_check, args.work, args.master), "master": args.master}
         print(json.dumps({"resume_check": check}), flush=True)
-        verdict = "identical" if not check["differing"] else f"DIFFERENT: {check['differing']}"
-        args.results.write_text(
-            markdown(rows, command)
-            + f"\nResume: the {check['fraction']:g} production run killed after "
-            f"{check['killed_after']} ({check['killed_run_s']:.0f} s), then `--resume` "
-            f"({check['resumed_run_s']:.0f} s): {', '.join(check['tables_compared'])} {verdict} "
-            "to the uninterrupted release of the same secret.\n"
-        )
+        RESUME_RESULTS.write_text(resume_markdown(check, command))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,14 @@ GROUPS = [
     ),
     (
         "National scale",
-        ["generate", "national", "national_methods", "national_production", "topdown_memory"],
+        [
+            "generate",
+            "national",
+            "national_methods",
+            "national_production",
+            "national_production_resume",
+            "topdown_memory",
+        ],
     ),
     (
         "Group sizes",
