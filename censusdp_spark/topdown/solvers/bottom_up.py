@@ -37,6 +37,10 @@ compact ``update`` is the information form ``C = (I + S A)^{-1} S``, ``m = s + C
 (``A = M^T R^{-1} M``, ``h = M^T R^{-1} y``: the Kalman step by Woodbury's identity, also
 without an inverse of ``S``); the dense path keeps the Joseph form, so its numbers are
 unchanged.
+
+Batches. ``leaf_estimates`` and ``hold_zeros`` take many leaves at once; each leaf's result
+is the same bits whichever leaves share its batch (``rows_times``), so a retried, resumed or
+differently partitioned run writes the same table.
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ from censusdp_spark.topdown.solvers.symmetric_covariance import (
     SymmetricMatrix,
     information_matrix,
 )
+
+def rows_times(rows: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+    """``rows @ matrix``, each row's product computed alone (a stack of vector-matrix
+    products): a row's result does not depend on the other rows of ``rows``, which one matrix
+    product does not promise (BLAS blocks the rows, and a row's sums then depend on where the
+    batch puts it)."""
+    return (rows[:, None, :] @ matrix)[:, 0, :]
+
 
 IDENTIFIED_TOLERANCE = 1e-10
 """The information matrix is singular when its smallest eigenvalue is below this times its
@@ -186,12 +198,12 @@ def leaf_estimates(
         return _compact_leaf_estimates(design, design.layout, answers, totals)
     matrix, weight = design.matrix()
     information = matrix.T @ (weight[:, None] * matrix)
-    linear = design.stacked_answers(answers) @ (weight[:, None] * matrix)
+    linear = rows_times(design.stacked_answers(answers), weight[:, None] * matrix)
     n = design.n_cells
     if totals is None:
         _require_identified(design, _eigenvalues(information))
         covariance = _symmetric(np.linalg.inv(information))
-        return linear @ covariance, covariance
+        return rows_times(linear, covariance), covariance
     totals = np.asarray(totals, dtype=np.float64)
     if n == 1:
         return totals[:, None].copy(), np.zeros((1, 1))
@@ -201,7 +213,7 @@ def leaf_estimates(
     _require_identified(design, _eigenvalues(reduced), with_total=True, scale=scale)
     covariance = _symmetric(basis @ np.linalg.inv(reduced) @ basis.T)
     start = np.outer(totals, np.full(n, 1.0 / n))
-    means = start + (linear - start @ information) @ covariance
+    means = start + rows_times(linear - rows_times(start, information), covariance)
     return means, covariance
 
 
@@ -241,7 +253,7 @@ def hold_zeros(
     gain = covariance[:, zeros] @ np.linalg.pinv(
         covariance[np.ix_(zeros, zeros)], rcond=DETERMINED_TOLERANCE, hermitian=True
     )
-    held_means = means - means[:, zeros] @ gain.T
+    held_means = means - rows_times(means[:, zeros], gain.T)
     held = _symmetric(covariance - gain @ covariance[zeros, :])
     held_means[:, zeros] = 0.0
     held[zeros, :] = 0.0
