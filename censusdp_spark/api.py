@@ -202,7 +202,8 @@ def open_release(path: str | Path) -> Release:
 
     Returns:
         The release; reading it starts no Spark until ``spark`` (or ``to_pandas`` without the
-        ``deltalake`` package) is called.
+        ``deltalake`` package) is called. Its paths are absolute, resolved against the current
+        directory now: a Spark session started elsewhere reads the same folder.
 
     Raises:
         FileNotFoundError: ``path`` holds no ``manifest.json``.
@@ -217,7 +218,7 @@ def open_release(path: str | Path) -> Release:
     manifest = output / MANIFEST
     if not manifest.is_file():
         raise FileNotFoundError(f"{output}: no {MANIFEST}, so no finished release")
-    return Release(output, json.loads(manifest.read_text()))
+    return Release(output.absolute(), json.loads(manifest.read_text()))
 
 
 def _finished(summary: Any) -> Release:

@@ -21,9 +21,14 @@ TRANSCRIPT = re.compile(r"^\$ censusdp (.*)\n((?:(?!\$ ).*\n)*)", re.MULTILINE)
 COUNTY_POPULATION = 49_875  # Bristol County, RI, Census 2010
 
 
+WORKED_EXAMPLE = "## A worked example"
+"""The heading of the page's section run here (the next ``## `` heading ends it)."""
+
+
 def _blocks(language: str) -> list[str]:
-    """The page's fenced blocks of ``language``, in order."""
-    return re.findall(rf"```{language}\n(.*?)```", TUTORIAL.read_text(), re.DOTALL)
+    """The fenced blocks of ``language`` of the page's worked example, in order."""
+    section = TUTORIAL.read_text().split(WORKED_EXAMPLE, 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
 
 
 def test_the_page_holds_one_config_two_transcripts_one_run_and_one_recipe():

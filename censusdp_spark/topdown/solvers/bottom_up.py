@@ -56,6 +56,7 @@ from censusdp_spark.topdown.solvers.symmetric_covariance import (
     information_matrix,
 )
 
+
 def rows_times(rows: np.ndarray, matrix: np.ndarray) -> np.ndarray:
     """``rows @ matrix``, each row's product computed alone (a stack of vector-matrix
     products): a row's result does not depend on the other rows of ``rows``, which one matrix
