@@ -12,6 +12,7 @@ import pytest
 
 from censusdp_spark.cli import main
 from tests.conftest import with_method
+from tests.helpers.blocks import quick_demo_config
 from tests.helpers.cli import error_lines
 from tests.helpers.pl94 import copy_of_sample
 
@@ -21,10 +22,18 @@ TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDow
 
 @pytest.fixture(scope="module")
 def tract_csv(tmp_path_factory) -> Path:
+    """The tract's blocks, with the quick TopDown config of these tests beside them."""
     lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
     path = tmp_path_factory.mktemp("tract") / "tract.csv"
     path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(TRACT)]]) + "\n")
+    quick_demo_config(path.parent)
     return path
+
+
+def topdown_config(tract_csv: Path) -> Path:
+    """The demo over three levels (``quick_demo_config``): every rule here is the runner's, not
+    the hierarchy's, and each release costs half the demo's Spark jobs."""
+    return tract_csv.parent / "quick_demo.toml"
 
 
 def changed_copy(source: Path, folder: Path) -> Path:
@@ -47,7 +56,7 @@ def changed_copy(source: Path, folder: Path) -> Path:
 def release_args(kind: str, tract_csv: Path) -> list[str]:
     """The command of a quick release of each kind (input and output added by the caller)."""
     if kind == "topdown":
-        return ["topdown", "--config", str(ROOT / "conf" / "ri_2010_demo.toml")]
+        return ["topdown", "--config", str(topdown_config(tract_csv))]
     if kind == "pgsr":
         return ["pgsr", "--config", str(ROOT / "conf" / "pgsr_calm.toml"), "--mechanism", "dp"]
     return [
@@ -306,8 +315,7 @@ def test_resume_refuses_another_estimation_method_naming_the_key(
     out = tmp_path / "out"
     assert run("topdown", tract_csv, out, "--variances") == 0
     config = tmp_path / "topdown.toml"
-    demo = (ROOT / "conf" / "ri_2010_demo.toml").read_text()
-    config.write_text(with_method(demo.replace('"data/', f'"{ROOT}/data/'), "topdown"))
+    config.write_text(with_method(topdown_config(tract_csv).read_text(), "topdown"))
     before = listing(tmp_path)
     capsys.readouterr()
     args = ["topdown", "--config", str(config), "--input", str(tract_csv), "--output", str(out)]
