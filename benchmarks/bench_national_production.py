@@ -159,13 +159,17 @@ def resume_check(fraction: float, work: Path, master: str) -> dict:
     from censusdp_spark.engine.session import spark_session
 
     spark = spark_session("bench-resume-check", "local[2]")
-    rows, differing = {}, []
+    rows, differing, by_level = {}, [], {}
     for table in RESUMED_TABLES:
         left = spark.read.format("delta").load(str(reference / table))
         right = spark.read.format("delta").load(str(release / table))
         rows[table] = left.count()
-        if left.exceptAll(right).count() or right.exceptAll(left).count():
+        only_left = left.exceptAll(right)
+        if only_left.count() or right.exceptAll(left).count():
             differing.append(table)
+            if "level" in left.columns:  # where the difference starts
+                counts = only_left.groupBy("level").count().collect()
+                by_level[table] = {r["level"]: r["count"] for r in counts}
     spark.stop()
     manifest = json.loads((reference / "manifest.json").read_text())
     return {
@@ -177,6 +181,7 @@ def resume_check(fraction: float, work: Path, master: str) -> dict:
         "resumed_run_s": resumed_s,
         "rows": rows,
         "differing": differing,
+        "differing_rows_by_level": by_level,
     }
 
 
@@ -201,6 +206,15 @@ def resume_markdown(check: dict, command: str) -> str:
         f"{(check['killed_run_s'] + check['resumed_run_s']) / check['reference_run_s']:.2f}× | "
         f"{verdict}: {tables} |",
         "",
+        *[
+            f"Rows of the uninterrupted `{table}` the resumed one lacks, by level: "
+            + ", ".join(f"{level} {n:,}" for level, n in sorted(counts.items()))
+            + ".\n"
+            for table, counts in check.get("differing_rows_by_level", {}).items()
+        ],
+        *(["Rows of the tract level or above were written before the kill, by a run of the "
+           "same secret: where they differ, two runs of one secret differ, not the resume."]
+          if check["differing"] else []),
     ])  # fmt: skip
 
 

@@ -33,5 +33,11 @@ def test_the_resume_report_says_identical_only_when_no_table_differs():
     row = same.splitlines()[-1]
     assert row.startswith("| 1300 | 900 | 520 | 1.09× | identical:")
     assert "`estimates` (10 rows)" in row
-    different = bench.resume_markdown(_check(["microdata"]), "bench").splitlines()[-1]
-    assert "DIFFERENT: ['microdata']" in different and "identical" not in different
+    check = {**_check(["estimates"]), "differing_rows_by_level": {"estimates": {"tract": 260}}}
+    lines = bench.resume_markdown(check, "bench").splitlines()
+    (row,) = [ln for ln in lines if ln.startswith("| 1300")]
+    assert "DIFFERENT: ['estimates']" in row and "identical" not in row
+    assert (
+        "Rows of the uninterrupted `estimates` the resumed one lacks, by level: tract 260." in lines
+    )
+    assert lines[-1].startswith("Rows of the tract level or above were written before the kill")
