@@ -70,7 +70,7 @@ from censusdp_spark.io import delta
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.estimate import (
     ESTIMATE_SCHEMA,
-    ROUNDING_TIME_LIMIT_S,
+    ROUNDING_NODE_LIMIT,
     LevelPlan,
     child_bits,
     estimate_rows,
@@ -655,7 +655,7 @@ def solve_family_from_bottom_up(
                 plan, active, x_hat, parent_active, totals, problem.held_totals, allowed, bounds
             ),
             x_hat,
-            time_limit=ROUNDING_TIME_LIMIT_S,
+            node_limit=ROUNDING_NODE_LIMIT,
         )
     return estimate_rows(plan.level, geocodes, active, x)
 

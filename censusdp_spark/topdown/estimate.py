@@ -50,9 +50,10 @@ from censusdp_spark.topdown.solvers.rounding import round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
 
 ESTIMATE_SCHEMA = "level string, geocode string, cells array<int>, counts array<bigint>"
-# Rounding is an exact MILP; a family that HiGHS cannot prove optimal within this many seconds
-# keeps the best feasible rounding found (every constraint still holds exactly).
-ROUNDING_TIME_LIMIT_S = 20.0
+# Rounding is an exact MILP; a family that HiGHS cannot prove optimal at its root node keeps the
+# best rounding found there (every constraint still holds exactly). A count of nodes, not a
+# clock, so a rerun or a resumed run with the same secret rounds every family the same way.
+ROUNDING_NODE_LIMIT = 1
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def solve_family(
         )
         if plan.total_first:
             problem = total_pass(problem, names.index(TOTAL))
-        x = round_children(problem, solve_children(problem), time_limit=ROUNDING_TIME_LIMIT_S)
+        x = round_children(problem, solve_children(problem), node_limit=ROUNDING_NODE_LIMIT)
     return estimate_rows(plan.level, geocodes, active, x)
 
 

@@ -334,6 +334,37 @@ def test_crossing_queries_and_huge_families_take_the_milp_and_nested_ones_the_fl
     assert meets_constraints(problem, x, 0)
 
 
+@pytest.mark.parametrize("seed", [11, 16])  # families whose LP relaxation is fractional
+def test_a_node_limit_reaches_every_milp_call_and_the_rounding_meets_every_constraint(
+    seed: int, monkeypatch
+) -> None:
+    """A release rounds with a node limit, not a clock, so a rerun rounds alike: HiGHS gets it
+    on the branch and bound (scipy pops it from the options it is given, so each call needs
+    its own), and the rounding it stops at still meets every sum and is the same every time."""
+    import censusdp_spark.topdown.solvers.rounding as rounding
+
+    options: list[dict] = []
+
+    def recording_milp(*args, **kwargs):
+        if np.any(kwargs["integrality"]):
+            options.append(dict(kwargs["options"]))
+        return milp(*args, **kwargs)
+
+    monkeypatch.setattr(rounding, "milp", recording_milp)
+    rng = np.random.default_rng(seed)
+    problem, x_hat = random_estimate(
+        rng, crossing_queries(), int(rng.integers(4, 12)), parent=True, totals=seed % 2 == 0
+    )
+    runs = [round_children(problem, x_hat, node_limit=1) for _ in range(3)]
+    assert options == [{"mip_rel_gap": 0.0, "node_limit": 1}] * 3
+    assert all(np.array_equal(run, runs[0]) for run in runs)
+    assert meets_constraints(problem, runs[0], 0)
+    floor = np.floor(x_hat + 1e-9)
+    assert np.all((runs[0] == floor) | (runs[0] == floor + 1))
+    best = round_children(problem, x_hat)
+    assert deviation(problem, runs[0], x_hat) >= deviation(problem, best, x_hat) - 1e-9
+
+
 def test_a_cycle_through_one_child_twice_is_split_into_a_negative_exact_one() -> None:
     """Each child gives up two round-ups and takes two, through its total: the two passes share
     the total's node, so the cycle is split; the part kept must still gain, by its cost."""

@@ -36,7 +36,7 @@ Which method solves it:
   a minimum-cost flow with convex costs on one tree per child. Its constraint matrix is totally
   unimodular, so the best integral flow is optimal among all roundings, and
   ``laminar_rounding`` finds it by cancelling negative cycles until none is left, which
-  certifies optimality (see that module). It ignores ``time_limit``, and is used while its
+  certifies optimality (see that module). It ignores the MILP's limits, and is used while its
   ``k (n + 1)^2`` table of move costs has at most ``FLOW_SIZE_LIMIT`` entries (memory).
 * Otherwise (crossing marginals, e.g. votingage and hisprace together) a small mixed-integer
   program: one binary per fractional entry and one continuous variable per affected marginal
@@ -45,8 +45,10 @@ Which method solves it:
   optimum of the relaxation is optimal for the program (its value bounds every rounding's),
   which on the production schema's block families is the common case (10 of 12 DC block
   groups) at a fraction of the branch and bound's time.
+  A ``node_limit`` bounds its branch and bound by a count, so the result depends on the
+  problem alone; a ``time_limit`` bounds it by the clock, so a busy machine may round otherwise.
 * Large crossing families (more than ``MILP_SIZE_LIMIT`` fractional entries, or when HiGHS finds
-  no rounding within the time limit) use the cell-level rounding instead: minimise the L1
+  no rounding within its limit) use the cell-level rounding instead: minimise the L1
   deviation of the detailed cells only, sum_{c,j} |b_{c,j} - f_{c,j}| = sum f + sum (1 - 2 f) b,
   under the same sum constraints and with every child's total held (where the problem does not
   fix it, at ``round_totals``' L1-closest rounding of the child's estimated total, so the
@@ -57,6 +59,8 @@ Which method solves it:
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sparse
@@ -71,12 +75,19 @@ INTEGRAL_TOLERANCE = 1e-9
 MILP_SIZE_LIMIT = 4000
 """Fractional entries above which the query-level MILP is skipped for the cell-level rounding."""
 
+_STOPPED_WITH_A_SOLUTION = (0, 1, 4)
+"""``milp`` statuses that can carry a rounding: optimal, time limit, and HiGHS's node limit
+(reported as 4, "other"); the rounding is then checked against the sum rows."""
+
 FLOW_SIZE_LIMIT = 4_000_000
 """Largest ``k (n + 1)^2`` (entries of the move-cost table, 8 bytes each) for the flow path."""
 
 
 def round_children(
-    problem: ChildrenProblem, x_hat: np.ndarray, time_limit: float | None = None
+    problem: ChildrenProblem,
+    x_hat: np.ndarray,
+    time_limit: float | None = None,
+    node_limit: int | None = None,
 ) -> np.ndarray:
     """Integer histograms closest to ``x_hat`` in every query's answers, meeting the invariants.
 
@@ -87,16 +98,19 @@ def round_children(
     result's totals are ``round_totals(problem, x_hat)``.
 
     Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow
-    unless the family is very large. Otherwise, without ``time_limit`` the rounding is proven optimal, which for
-    thousands of fractional entries under crossing marginals can take minutes; with
+    unless the family is very large. Otherwise, without limits the rounding is proven optimal,
+    which for thousands of fractional entries under crossing marginals can take minutes. With
+    ``node_limit`` (branch-and-bound nodes; 1 is the root's cuts and heuristics alone) or
     ``time_limit`` (seconds) the best rounding HiGHS has found by then is returned: it meets
-    every constraint but may not be optimal; ``RuntimeError`` if it has found none.
+    every constraint but may not be optimal. Only ``node_limit`` gives the same rounding on
+    every run and machine; a release uses it.
 
     Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off,
     does not meet the constraints closely enough for a rounding to exist, or is not 0 on an
     entry that ``allowed`` forbids.
     """
-    return _allowed_only(problem, _round_children(problem, x_hat, time_limit))
+    limits = _MilpLimits(time_limit, node_limit)
+    return _allowed_only(problem, _round_children(problem, x_hat, limits))
 
 
 def _allowed_only(problem: ChildrenProblem, rounded: np.ndarray) -> np.ndarray:
@@ -106,9 +120,21 @@ def _allowed_only(problem: ChildrenProblem, rounded: np.ndarray) -> np.ndarray:
     return rounded
 
 
-def _round_children(
-    problem: ChildrenProblem, x_hat: np.ndarray, time_limit: float | None
-) -> np.ndarray:
+class _MilpLimits(NamedTuple):
+    time_limit: float | None
+    node_limit: int | None
+
+    def options(self) -> dict[str, float]:
+        """A fresh HiGHS options dict (``scipy.optimize.milp`` pops keys from the one it gets)."""
+        options: dict[str, float] = {"mip_rel_gap": 0.0}
+        if self.time_limit is not None:
+            options["time_limit"] = self.time_limit
+        if self.node_limit is not None:
+            options["node_limit"] = self.node_limit
+        return options
+
+
+def _round_children(problem: ChildrenProblem, x_hat: np.ndarray, limits: _MilpLimits) -> np.ndarray:
     floor, fraction = _split(problem, x_hat)
     moving = fraction > 0
     column_need, row_need = _needs(problem, x_hat, floor, fraction)
@@ -124,9 +150,9 @@ def _round_children(
     if children.shape[0] <= MILP_SIZE_LIMIT:
         rows, row_bounds = _sum_constraints(children, cells, column_need, row_need)
         ups = _round_queries(
-            problem, (children, cells), fractional, (rows, row_bounds), bounds, time_limit
+            problem, (children, cells), fractional, (rows, row_bounds), bounds, limits
         )
-    if ups is None:  # too large for the MILP, or no rounding found in time: cell by cell
+    if ups is None:  # too large for the MILP, or no rounding found within its limits
         ups = _round_cells(
             _cell_level_rows(problem, (x_hat, floor, fraction), column_need, row_need, bounds),
             fractional,
@@ -211,11 +237,11 @@ def _round_queries(
     fractional: np.ndarray,
     sums: tuple[sparse.csr_matrix, np.ndarray],
     bounds: _RangeRows | None,
-    time_limit: float | None,
+    limits: _MilpLimits,
 ) -> np.ndarray | None:
     """The query-level MILP's 0/1 round-ups on the ``moving`` ``(children, cells)`` entries
     (fractional parts ``fractional``) under the sum rows ``sums`` and the binding group
-    ``bounds``; None if HiGHS finds no rounding within ``time_limit``."""
+    ``bounds``; None if HiGHS finds no rounding within ``limits``."""
     children, cells = moving
     rows, row_lower = sums
     row_upper = row_lower
@@ -227,9 +253,6 @@ def _round_queries(
     binary_cost, deviation, lower, upper = _deviation_terms(problem, children, cells, fractional)
     n_deviation = lower.size // 3
     matrix = _stacked(rows, deviation, (lower.size, n_binary + n_deviation))
-    options: dict[str, float] = {"mip_rel_gap": 0.0}
-    if time_limit is not None:
-        options["time_limit"] = time_limit
     program = {
         "c": np.concatenate([binary_cost, np.ones(n_deviation)]),
         "constraints": LinearConstraint(
@@ -243,15 +266,20 @@ def _round_queries(
     integrality = np.concatenate([np.ones(n_binary), np.zeros(n_deviation)])
     # The LP relaxation first: when its optimum is integral it is the MILP's (most families of
     # the production schema's blocks), at a fraction of the branch and bound's time.
-    relaxed = milp(**program, integrality=np.zeros_like(integrality), options=options)
+    relaxed = milp(**program, integrality=np.zeros_like(integrality), options=limits.options())
     if relaxed.x is not None and relaxed.status == 0:
         ups = relaxed.x[:n_binary]
         if np.max(np.abs(ups - np.round(ups)), initial=0.0) <= INTEGRAL_TOLERANCE:
             return np.round(ups).astype(np.int64)
-    result = milp(**program, integrality=integrality, options=options)
-    if result.x is None or result.status not in (0, 1):
+    result = milp(**program, integrality=integrality, options=limits.options())
+    if result.x is None or result.status not in _STOPPED_WITH_A_SOLUTION:
         return None
-    return np.round(result.x[:n_binary]).astype(np.int64)
+    ups = np.round(result.x[:n_binary]).astype(np.int64)
+    sums = rows @ ups
+    meets = np.all(row_lower - INTEGRAL_TOLERANCE <= sums) and np.all(
+        sums <= row_upper + INTEGRAL_TOLERANCE
+    )
+    return ups if meets else None
 
 
 def _round_cells(rows: _RangeRows, fraction: np.ndarray) -> np.ndarray:
