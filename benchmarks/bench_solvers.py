@@ -33,6 +33,7 @@ from censusdp_spark.topdown.solvers import (
     weighted_squared_error,
 )
 from censusdp_spark.topdown.solvers.least_squares import EXACT_SIZE_LIMIT
+from censusdp_spark.topdown.solvers.rounding import MilpLimits
 
 # (children k, attribute sizes whose product is n, query subsets over the attributes)
 SIZES: list[tuple[int, tuple[int, ...], list[tuple[int, ...]]]] = [
@@ -152,7 +153,7 @@ def rounding_ms(problem: ChildrenProblem, x_hat: np.ndarray) -> str:
     """round_children's time, or how it failed (no feasible rounding within the limit)."""
     start = time.perf_counter()
     try:
-        round_children(problem, x_hat, ROUNDING_TIME_LIMIT)
+        round_children(problem, x_hat, MilpLimits(time_limit=ROUNDING_TIME_LIMIT))
     except RuntimeError:
         return f"none in {time.perf_counter() - start:.0f} s"
     return f"{(time.perf_counter() - start) * 1e3:.0f}"
@@ -173,7 +174,12 @@ def main() -> None:
             ours.append(best_of(REPEATS, lambda p=problem: solve_children(p)))
             theirs.append(min(clarabel_solve(problem)[1] for _ in range(REPEATS)))
             rounding.append(
-                best_of(1, lambda p=problem, x=x_hat: round_children(p, x, ROUNDING_TIME_LIMIT))
+                best_of(
+                    1,
+                    lambda p=problem, x=x_hat: round_children(
+                        p, x, MilpLimits(time_limit=ROUNDING_TIME_LIMIT)
+                    ),
+                )
             )
         n = int(np.prod(dims))
         ours_ms = statistics.median(ours) * 1e3

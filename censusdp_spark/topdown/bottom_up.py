@@ -70,7 +70,7 @@ from censusdp_spark.io import delta
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.estimate import (
     ESTIMATE_SCHEMA,
-    ROUNDING_NODE_LIMIT,
+    RELEASE_ROUNDING,
     LevelPlan,
     child_bits,
     estimate_rows,
@@ -655,7 +655,7 @@ def solve_family_from_bottom_up(
                 plan, active, x_hat, parent_active, totals, problem.held_totals, allowed, bounds
             ),
             x_hat,
-            node_limit=ROUNDING_NODE_LIMIT,
+            RELEASE_ROUNDING,
         )
     return estimate_rows(plan.level, geocodes, active, x)
 

@@ -46,14 +46,14 @@ from censusdp_spark.topdown.queries import TOTAL
 from censusdp_spark.topdown.readers import OCCUPIED
 from censusdp_spark.topdown.solvers.least_squares import solve_children
 from censusdp_spark.topdown.solvers.passes import total_pass
-from censusdp_spark.topdown.solvers.rounding import round_children
+from censusdp_spark.topdown.solvers.rounding import MilpLimits, round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
 
 ESTIMATE_SCHEMA = "level string, geocode string, cells array<int>, counts array<bigint>"
-# Rounding is an exact MILP; a family that HiGHS cannot prove optimal at its root node keeps the
-# best rounding found there (every constraint still holds exactly). A count of nodes, not a
-# clock, so a rerun or a resumed run with the same secret rounds every family the same way.
-ROUNDING_NODE_LIMIT = 1
+RELEASE_ROUNDING = MilpLimits(node_limit=1, abs_gap=2.0)
+"""The rounding MILP stops at its root node, or once proven within 2 of the least summed query
+deviation (persons over the whole family), keeping the best rounding found (every constraint
+still holds exactly). No clock: a rerun or a resumed run of one secret rounds alike."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def solve_family(
         )
         if plan.total_first:
             problem = total_pass(problem, names.index(TOTAL))
-        x = round_children(problem, solve_children(problem), node_limit=ROUNDING_NODE_LIMIT)
+        x = round_children(problem, solve_children(problem), RELEASE_ROUNDING)
     return estimate_rows(plan.level, geocodes, active, x)
 
 

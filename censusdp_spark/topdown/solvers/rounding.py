@@ -45,8 +45,9 @@ Which method solves it:
   optimum of the relaxation is optimal for the program (its value bounds every rounding's),
   which on the production schema's block families is the common case (10 of 12 DC block
   groups) at a fraction of the branch and bound's time.
-  A ``node_limit`` bounds its branch and bound by a count, so the result depends on the
-  problem alone; a ``time_limit`` bounds it by the clock, so a busy machine may round otherwise.
+  ``MilpLimits`` may stop it early: a node limit and an absolute gap depend on the problem
+  alone, so every run rounds alike; a time limit depends on the clock, so a busy machine may
+  round otherwise.
 * Large crossing families (more than ``MILP_SIZE_LIMIT`` fractional entries, or when HiGHS finds
   no rounding within its limit) use the cell-level rounding instead: minimise the L1
   deviation of the detailed cells only, sum_{c,j} |b_{c,j} - f_{c,j}| = sum f + sum (1 - 2 f) b,
@@ -60,11 +61,12 @@ Which method solves it:
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sparse
-from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, linprog, milp
 
 from censusdp_spark.topdown.solvers.laminar_rounding import is_laminar, round_laminar
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem
@@ -86,8 +88,7 @@ FLOW_SIZE_LIMIT = 4_000_000
 def round_children(
     problem: ChildrenProblem,
     x_hat: np.ndarray,
-    time_limit: float | None = None,
-    node_limit: int | None = None,
+    limits: MilpLimits | None = None,
 ) -> np.ndarray:
     """Integer histograms closest to ``x_hat`` in every query's answers, meeting the invariants.
 
@@ -98,19 +99,16 @@ def round_children(
     result's totals are ``round_totals(problem, x_hat)``.
 
     Nested queries (see the module docstring) are rounded optimally by a minimum-cost flow
-    unless the family is very large. Otherwise, without limits the rounding is proven optimal,
-    which for thousands of fractional entries under crossing marginals can take minutes. With
-    ``node_limit`` (branch-and-bound nodes; 1 is the root's cuts and heuristics alone) or
-    ``time_limit`` (seconds) the best rounding HiGHS has found by then is returned: it meets
-    every constraint but may not be optimal. Only ``node_limit`` gives the same rounding on
-    every run and machine; a release uses it.
+    unless the family is very large. Otherwise, without ``limits`` the rounding is proven
+    optimal, which for thousands of fractional entries under crossing marginals can take
+    minutes. With ``limits`` the best rounding HiGHS has found when one is reached is
+    returned: it meets every constraint but may not be optimal.
 
     Raises ``ValueError`` if ``x_hat`` has the wrong shape, is negative beyond round-off,
     does not meet the constraints closely enough for a rounding to exist, or is not 0 on an
     entry that ``allowed`` forbids.
     """
-    limits = _MilpLimits(time_limit, node_limit)
-    return _allowed_only(problem, _round_children(problem, x_hat, limits))
+    return _allowed_only(problem, _round_children(problem, x_hat, limits or MilpLimits()))
 
 
 def _allowed_only(problem: ChildrenProblem, rounded: np.ndarray) -> np.ndarray:
@@ -120,21 +118,29 @@ def _allowed_only(problem: ChildrenProblem, rounded: np.ndarray) -> np.ndarray:
     return rounded
 
 
-class _MilpLimits(NamedTuple):
-    time_limit: float | None
-    node_limit: int | None
+class MilpLimits(NamedTuple):
+    """When the query-level MILP may stop short of a proven optimum (none by default)."""
+
+    node_limit: int | None = None
+    """Branch-and-bound nodes; 1 is the root's cuts and heuristics alone."""
+    abs_gap: float = 0.0
+    """Stop once the rounding is proven within this much of the least summed deviation."""
+    time_limit: float | None = None
+    """Seconds of wall clock: the one limit under which two runs may round differently."""
 
     def options(self) -> dict[str, float]:
         """A fresh HiGHS options dict (``scipy.optimize.milp`` pops keys from the one it gets)."""
         options: dict[str, float] = {"mip_rel_gap": 0.0}
-        if self.time_limit is not None:
-            options["time_limit"] = self.time_limit
+        if self.abs_gap:
+            options["mip_abs_gap"] = self.abs_gap
         if self.node_limit is not None:
             options["node_limit"] = self.node_limit
+        if self.time_limit is not None:
+            options["time_limit"] = self.time_limit
         return options
 
 
-def _round_children(problem: ChildrenProblem, x_hat: np.ndarray, limits: _MilpLimits) -> np.ndarray:
+def _round_children(problem: ChildrenProblem, x_hat: np.ndarray, limits: MilpLimits) -> np.ndarray:
     floor, fraction = _split(problem, x_hat)
     moving = fraction > 0
     column_need, row_need = _needs(problem, x_hat, floor, fraction)
@@ -237,7 +243,7 @@ def _round_queries(
     fractional: np.ndarray,
     sums: tuple[sparse.csr_matrix, np.ndarray],
     bounds: _RangeRows | None,
-    limits: _MilpLimits,
+    limits: MilpLimits,
 ) -> np.ndarray | None:
     """The query-level MILP's 0/1 round-ups on the ``moving`` ``(children, cells)`` entries
     (fractional parts ``fractional``) under the sum rows ``sums`` and the binding group
@@ -266,12 +272,12 @@ def _round_queries(
     integrality = np.concatenate([np.ones(n_binary), np.zeros(n_deviation)])
     # The LP relaxation first: when its optimum is integral it is the MILP's (most families of
     # the production schema's blocks), at a fraction of the branch and bound's time.
-    relaxed = milp(**program, integrality=np.zeros_like(integrality), options=limits.options())
+    relaxed = _highs(program, np.zeros_like(integrality), limits)
     if relaxed.x is not None and relaxed.status == 0:
         ups = relaxed.x[:n_binary]
         if np.max(np.abs(ups - np.round(ups)), initial=0.0) <= INTEGRAL_TOLERANCE:
             return np.round(ups).astype(np.int64)
-    result = milp(**program, integrality=integrality, options=limits.options())
+    result = _highs(program, integrality, limits)
     if result.x is None or result.status not in _STOPPED_WITH_A_SOLUTION:
         return None
     ups = np.round(result.x[:n_binary]).astype(np.int64)
@@ -280,6 +286,14 @@ def _round_queries(
         sums <= row_upper + INTEGRAL_TOLERANCE
     )
     return ups if meets else None
+
+
+def _highs(program: dict, integrality: np.ndarray, limits: MilpLimits) -> OptimizeResult:
+    """``milp`` under ``limits``; HiGHS takes ``mip_abs_gap`` though scipy warns it does not
+    know the name."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Unrecognized options detected", RuntimeWarning)
+        return milp(**program, integrality=integrality, options=limits.options())
 
 
 def _round_cells(rows: _RangeRows, fraction: np.ndarray) -> np.ndarray:
