@@ -19,7 +19,7 @@ import pytest
 import censusdp_spark.api
 from censusdp_spark import open_release
 from censusdp_spark.topdown.config import load_config
-from tests.conftest import TOPDOWN_GUARANTEES_HELD
+from tests.helpers.release import TOPDOWN_GUARANTEES_HELD
 
 ROOT = Path(__file__).resolve().parents[2]
 

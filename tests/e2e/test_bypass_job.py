@@ -12,7 +12,7 @@ import pytest
 
 from censusdp_spark.cli import main
 from censusdp_spark.topdown.config import load_config
-from tests.conftest import TOPDOWN_GUARANTEES_HELD, with_method
+from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_same_tables
-from tests.e2e.cluster import spark_submit, standalone_cluster
+from tests.helpers.cluster import spark_submit, standalone_cluster
+from tests.helpers.release import assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
 
 
+@pytest.fixture(scope="module")
+def master(tmp_path_factory) -> Iterator[str]:
+    """One standalone cluster (a master and two workers on 127.0.0.1) for the module's jobs."""
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as url:
+        yield url
+
+
 def test_cluster_release_is_identical_to_local(
-    spark, county_csv, fixed_secret, reference_release, tmp_path
+    spark, master, county_csv, fixed_secret, reference_release, tmp_path
 ):
     """The reference release ran in local mode with the same config, input and secret."""
     args = [
@@ -26,15 +34,10 @@ def test_cluster_release_is_identical_to_local(
         "--secret-file",
         str(fixed_secret),
     ]
-    with standalone_cluster(tmp_path) as master:
-        run = spark_submit(
-            master,
-            "jobs/topdown.py",
-            *args,
-            "--output",
-            str(tmp_path / "cluster"),
-            log=tmp_path / "cluster.log",
-        )
+    run = spark_submit(
+        master, "jobs/topdown.py", *args, "--output", str(tmp_path / "cluster"),
+        log=tmp_path / "cluster.log",
+    )  # fmt: skip
     assert run.returncode == 0, (tmp_path / "cluster.log").read_text()[-3000:]
     assert "TopDown release written to" in (tmp_path / "cluster.log").read_text()
     assert_same_tables(spark, reference_release, tmp_path / "cluster")
@@ -67,7 +70,7 @@ def small_production_input(folder: Path, tracts: int = 3) -> Path:
     return small / "persons"
 
 
-def test_the_production_schema_on_a_cluster_is_identical_to_local(spark, tmp_path):
+def test_the_production_schema_on_a_cluster_is_identical_to_local(spark, master, tmp_path):
     """The 2,016-cell production release of SYNTHETIC national persons (a few DC tracts, the
     spine found beside them), on a standalone cluster and in local mode, same secret."""
     from censusdp_spark.cli import main
@@ -80,11 +83,10 @@ def test_the_production_schema_on_a_cluster_is_identical_to_local(spark, tmp_pat
     args += ["--secret-file", str(secret)]
     local = tmp_path / "local"
     assert main(["topdown", *args, "--output", str(local), "--master", "local[2]"]) == 0
-    with standalone_cluster(tmp_path) as master:
-        run = spark_submit(
-            master, "jobs/topdown.py", *args, "--output", str(tmp_path / "cluster"),
-            log=tmp_path / "cluster.log",
-        )  # fmt: skip
+    run = spark_submit(
+        master, "jobs/topdown.py", *args, "--output", str(tmp_path / "cluster"),
+        log=tmp_path / "cluster.log",
+    )  # fmt: skip
     assert run.returncode == 0, (tmp_path / "cluster.log").read_text()[-3000:]
     tables = ("noisy_measurements", "bottom_up", "estimates", "microdata", "pl94_tables")
     assert_same_tables(spark, local, tmp_path / "cluster", tables)

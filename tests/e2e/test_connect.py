@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_same_tables
-from tests.e2e.cluster import free_port
-from tests.e2e.connect import connect_server, run_cli
+from tests.helpers.cluster import free_port
+from tests.helpers.connect import connect_server, run_cli
+from tests.helpers.release import assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "conf" / "ri_2010_demo.toml")

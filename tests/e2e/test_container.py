@@ -17,7 +17,7 @@ import yaml  # PyYAML, in the dev extras
 
 from censusdp_spark.engine import session
 from censusdp_spark.model.errors import SetupError
-from tests.e2e.cluster import master_command, submit_command, worker_command
+from tests.helpers.cluster import master_command, submit_command, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

@@ -21,7 +21,7 @@ from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.job import TopDownOptions
 from censusdp_spark.topdown.job import run_topdown as run_job
 from censusdp_spark.topdown.readers import OCCUPIED, read_blocks
-from tests.conftest import OCCUPANCY_GUARANTEES_HELD
+from tests.helpers.release import OCCUPANCY_GUARANTEES_HELD
 
 ROOT = Path(__file__).resolve().parents[2]
 PPMF = ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from tests.conftest import assert_same_tables
-from tests.helpers.cli import censusdp
+from tests.helpers.cli import ROOT, censusdp
+from tests.helpers.release import assert_same_tables
 
-pytestmark = pytest.mark.slow  # every test here runs the CLI in a JVM subprocess
+pytestmark = pytest.mark.slow  # the faults run the CLI in a JVM subprocess of its own
 
 
 def topdown_args(
@@ -21,7 +21,7 @@ def topdown_args(
     return [
         "topdown",
         "--config",
-        "conf/ri_2010_demo.toml",
+        str(ROOT / "conf" / "ri_2010_demo.toml"),
         "--input",
         str(county_csv),
         "--secret-file",
@@ -31,6 +31,16 @@ def topdown_args(
         "--master",
         master,
     ]
+
+
+def resume_in_process(
+    county_csv: Path, secret: Path, output: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """``--resume`` through ``main`` in this process, on the tests' Spark session: the run
+    after a fault is not about a process, only the fault is. Returns the exit code and stderr."""
+    capsys.readouterr()  # what earlier steps printed
+    code = main([*topdown_args(county_csv, secret, output), "--resume"])
+    return code, capsys.readouterr().err
 
 
 def noisy_commits(output: Path) -> list[str]:
@@ -81,28 +91,28 @@ def plain_parquet_rows(spark, table: Path) -> int:
 
 
 def test_killed_driver_resumes_from_the_last_complete_level(
-    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path
+    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path, capsys
 ):
     out = tmp_path / "out"
     copy_of(killed_after_tract, out)
     commits_before = noisy_commits(out)
-    resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "estimate_tract" not in resumed.stderr and "[censusdp] measure" not in resumed.stderr
-    assert "estimate_block_group" in resumed.stderr
+    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    assert code == 0, err[-3000:]
+    assert "estimate_tract" not in err and "[censusdp] measure" not in err
+    assert "estimate_block_group" in err
     assert noisy_commits(out) == commits_before == ["00000000000000000000.json"]
     assert_same_tables(spark, reference_release, out)
 
 
-def test_resume_refuses_a_run_with_another_config(county_csv, fixed_secret, tmp_path):
+def test_resume_refuses_a_run_with_another_config(county_csv, fixed_secret, tmp_path, capsys):
     out = tmp_path / "out"
-    resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
-    assert resumed.returncode == 2
-    assert "no run state to resume from" in resumed.stderr
+    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    assert code == 2
+    assert "no run state to resume from" in err
 
 
 def test_resume_removes_the_parquet_files_no_delta_commit_references(
-    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path
+    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path, capsys
 ):
     """A block write killed mid-way leaves data files outside the Delta log: a plain-Parquet
     reader would count them. The resumed run removes them before it writes."""
@@ -115,17 +125,17 @@ def test_resume_removes_the_parquet_files_no_delta_commit_references(
     for orphan in orphans:
         orphan.parent.mkdir(exist_ok=True)
         shutil.copy(written, orphan)
-    resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    assert code == 0, err[-3000:]
     assert not any(orphan.exists() for orphan in orphans)
-    assert "removed 2 uncommitted file(s) from estimates" in resumed.stderr
+    assert "removed 2 uncommitted file(s) from estimates" in err
     delta_rows = spark.read.format("delta").load(str(estimates)).count()
     assert plain_parquet_rows(spark, estimates) == delta_rows
     assert_same_tables(spark, reference_release, out)
 
 
 def test_resume_redoes_a_level_the_run_state_claims_but_its_table_lacks(
-    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path
+    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path, capsys
 ):
     out = tmp_path / "out"
     private = copy_of(killed_after_tract, out)
@@ -133,10 +143,10 @@ def test_resume_redoes_a_level_the_run_state_claims_but_its_table_lacks(
     assert state["steps_done"][-1] == "tract"
     state["steps_done"] += ["block_group", "block"]  # claimed, never written
     (private / "state.json").write_text(json.dumps(state))
-    resumed = censusdp(*topdown_args(county_csv, fixed_secret, out), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "block_group is done but its table is missing or incomplete" in resumed.stderr
-    assert "estimate_tract" not in resumed.stderr and "estimate_block_group" in resumed.stderr
+    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    assert code == 0, err[-3000:]
+    assert "block_group is done but its table is missing or incomplete" in err
+    assert "estimate_tract" not in err and "estimate_block_group" in err
     assert_same_tables(spark, reference_release, out)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.engine.jars import DELTA_ARTIFACTS, DELTA_VERSION, MAVEN_URL_ENV
-from tests.conftest import TOPDOWN_GUARANTEES_HELD
+from tests.helpers.release import TOPDOWN_GUARANTEES_HELD
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "censusdp_spark")

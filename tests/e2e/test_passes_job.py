@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
+from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"

@@ -19,8 +19,8 @@ from censusdp_spark.io.pl94_tables import table_fields
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.readers import read_blocks
-from tests.conftest import OCCUPANCY_GUARANTEES_HELD
 from tests.helpers.pl94 import SAMPLE
+from tests.helpers.release import OCCUPANCY_GUARANTEES_HELD
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pl94_e2e_providence.toml"

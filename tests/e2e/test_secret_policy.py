@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from tests.conftest import with_method
 from tests.helpers.blocks import quick_demo_config
 from tests.helpers.cli import error_lines
 from tests.helpers.pl94 import copy_of_sample
+from tests.helpers.release import with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDown input

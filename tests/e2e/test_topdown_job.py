@@ -9,7 +9,7 @@ import pytest
 
 from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
-from tests.conftest import TOPDOWN_GUARANTEES_HELD, assert_same_tables
+from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, assert_same_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 

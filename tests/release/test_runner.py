@@ -20,7 +20,7 @@ from censusdp_spark.release.runner import (
 )
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.job import topdown_contents
-from tests.conftest import with_method
+from tests.helpers.release import with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"

@@ -8,7 +8,7 @@ import pytest
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown.config import load_config
-from tests.conftest import SHIPPED_METHOD, with_method
+from tests.helpers.release import SHIPPED_METHOD, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"

@@ -27,7 +27,7 @@ from censusdp_spark.topdown.solvers import (
     total_pass_to_targets,
     weighted_squared_error,
 )
-from tests.conftest import with_method
+from tests.helpers.release import with_method
 from tests.helpers.solvers import (
     assert_feasible,
     assert_masked_feasible,

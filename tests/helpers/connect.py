@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from censusdp_spark.engine.session import delta_jars
-from tests.e2e.cluster import cluster_env, free_port, on_path
+from tests.helpers.cluster import cluster_env, free_port, on_path
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
