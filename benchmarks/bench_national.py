@@ -50,8 +50,8 @@ MEMORY_ESTIMATE = re.compile(r"^\[censusdp\] memory estimate: ~([0-9.]+) (GiB|Mi
 STAGE = re.compile(r"^\[censusdp\] (\w+): ([0-9.]+) s(?: \((\d+) nodes\))?")
 
 
-def _tree_rss_bytes(root_pid: int) -> int:
-    """Sum of RSS over ``root_pid`` and all its descendants (Linux /proc)."""
+def _tree_rss_bytes(*root_pids: int) -> int:
+    """Sum of RSS over ``root_pids`` and all their descendants (Linux /proc)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -64,7 +64,7 @@ def _tree_rss_bytes(root_pid: int) -> int:
             continue
         children.setdefault(ppid, []).append(pid)
         rss[pid] = pages * os.sysconf("SC_PAGE_SIZE")
-    total, stack = 0, [root_pid]
+    total, stack = 0, list(root_pids)
     while stack:
         pid = stack.pop()
         total += rss.get(pid, 0)
@@ -109,15 +109,33 @@ def run_job(
         sys.executable, "-m", "censusdp_spark.cli", *job_args,
         "--input", str(blocks), "--output", str(output), "--overwrite", "--master", master,
     ]  # fmt: skip
+    result = measure_job(command, job)
+    if job == "pgsr":
+        manifest = json.loads((output / "manifest.json").read_text())
+        result.update(stages=manifest["timings_s"], nodes=manifest["nodes"])
+    return result
+
+
+def measure_job(
+    command: list[str],
+    job: str = "topdown",
+    env: dict[str, str] | None = None,
+    also_measured: tuple[int, ...] = (),
+) -> dict:
+    """Run a release's ``command``; its wall time, stages and nodes (its ``[censusdp]`` lines)
+    and the peak memory of its process tree plus the trees of ``also_measured`` (a standalone
+    cluster's daemons, whose executors are their children)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+    )
     peak = 0
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss_bytes(proc.pid))
+            peak = max(peak, _tree_rss_bytes(proc.pid, *also_measured))
             time.sleep(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -144,9 +162,6 @@ def run_job(
         raise RuntimeError(
             f"{job} failed with exit code {code}: {' '.join(command)}\n" + "".join(tail)
         )
-    if job == "pgsr":
-        manifest = json.loads((output / "manifest.json").read_text())
-        stages, nodes = manifest["timings_s"], manifest["nodes"]
     return {
         "wall_s": time.perf_counter() - started,
         "stages": stages,

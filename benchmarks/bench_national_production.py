@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from bench_national import method_config, run_job  # benchmarks/ is the script's folder
+from bench_national import measure_job, method_config, run_job  # benchmarks/ is the script's folder
 
 from censusdp_spark.engine.families import NOISE_GROUP_DEPTH
 from censusdp_spark.engine.session import LocalMode
@@ -131,12 +131,7 @@ def resume_check(fraction: float, work: Path, master: str) -> dict:
     ``driver_after_level:tract``: the driver exits at once, as a killed one would), resume it,
     and compare every table with the uninterrupted release of the same secret in ``work``
     (``--reuse-secret``: the same measurements again, on purpose), made first if missing."""
-    reference = work / f"release_production_{fraction:g}"
-    if not (reference / "manifest.json").exists():
-        run("production", production_input(fraction, work), work, fraction, master)
-    secret = work / f"secret_{fraction:g}.hex"
-    secret.write_text((reference.parent / f"{reference.name}.private" / "run_secret").read_text())
-    secret.chmod(0o600)
+    reference, secret = reference_release(fraction, work, master)
     release = work / f"release_resumed_{fraction:g}"
     base = [
         sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config", str(PRODUCTION),
@@ -156,9 +151,36 @@ def resume_check(fraction: float, work: Path, master: str) -> dict:
     if resumed.returncode != 0:
         raise RuntimeError(f"the resumed run failed: {resumed.stderr[-2000:]}")
     resumed_s = time.perf_counter() - started
+    manifest = json.loads((reference / "manifest.json").read_text())
+    return {
+        "fraction": fraction,
+        "blocks": manifest["nodes"]["block"],
+        "reference_run_s": manifest["elapsed_s"],
+        "killed_after": "estimate_tract",
+        "killed_run_s": killed_s,
+        "resumed_run_s": resumed_s,
+        **compare_tables(reference, release),
+    }
+
+
+def reference_release(fraction: float, work: Path, master: str) -> tuple[Path, Path]:
+    """The uninterrupted local release of ``fraction`` in ``work`` (made if missing) and a file
+    holding its run secret, for a second run of the same secret (``--reuse-secret``)."""
+    reference = work / f"release_production_{fraction:g}"
+    if not (reference / "manifest.json").exists():
+        run("production", production_input(fraction, work), work, fraction, master)
+    secret = work / f"secret_{fraction:g}.hex"
+    secret.write_text((reference.parent / f"{reference.name}.private" / "run_secret").read_text())
+    secret.chmod(0o600)
+    return reference, secret
+
+
+def compare_tables(reference: Path, release: Path) -> dict:
+    """Rows of every table of ``reference`` and which tables of ``release`` differ (with the
+    rows ``release`` lacks, by level)."""
     from censusdp_spark.engine.session import spark_session
 
-    spark = spark_session("bench-resume-check", "local[2]")
+    spark = spark_session("bench-compare-releases", "local[2]")
     rows, differing, by_level = {}, [], {}
     for table in RESUMED_TABLES:
         left = spark.read.format("delta").load(str(reference / table))
@@ -171,17 +193,48 @@ def resume_check(fraction: float, work: Path, master: str) -> dict:
                 counts = only_left.groupBy("level").count().collect()
                 by_level[table] = {r["level"]: r["count"] for r in counts}
     spark.stop()
+    return {"rows": rows, "differing": differing, "differing_rows_by_level": by_level}
+
+
+CLUSTER_RESULTS = ROOT / "benchmarks" / "results" / "national_production_cluster.md"
+CLUSTER_WORKERS, WORKER_MEMORY, EXECUTOR_MEMORY, DRIVER_MEMORY = 2, "8g", "7g", "4g"
+
+
+def cluster_check(fraction: float, work: Path, master: str, local_peak_gib: float) -> dict:
+    """The production release of ``fraction`` by ``spark-submit`` on a standalone cluster on
+    127.0.0.1 (a master and ``CLUSTER_WORKERS`` one-core workers), with the secret of the local
+    release in ``work``: its time and peak memory beside the local run's, and every table
+    compared with the local one's."""
+    sys.path.insert(0, str(ROOT))
+    from censusdp_spark.engine.session import delta_jars
+    from tests.helpers.cluster import cluster_env, on_path, standalone_cluster, submit_command
+
+    reference, secret = reference_release(fraction, work, master)
+    release = work / f"release_cluster_{fraction:g}"
+    logs = work / f"cluster_{fraction:g}_logs"
+    logs.mkdir(exist_ok=True)
+    args = [
+        "--config", str(PRODUCTION), "--input", str(work / f"production_{fraction:g}" / "persons"),
+        "--output", str(release), "--secret-file", str(secret), "--reuse-secret", "--overwrite",
+    ]  # fmt: skip
+    options = ("--driver-memory", DRIVER_MEMORY, "--executor-memory", EXECUTOR_MEMORY)
+    with standalone_cluster(logs, CLUSTER_WORKERS, 1, WORKER_MEMORY) as cluster:
+        jars = [str(j) for j in delta_jars()]
+        script = str(ROOT / "jobs" / "topdown.py")
+        command = on_path(submit_command(cluster.url, jars, script, *args, options=options))
+        result = measure_job(command, env=cluster_env(), also_measured=cluster.pids)
+    # spark-submit's driver logs the stages elsewhere: the manifest has them
     manifest = json.loads((reference / "manifest.json").read_text())
     return {
         "fraction": fraction,
         "blocks": manifest["nodes"]["block"],
-        "reference_run_s": manifest["elapsed_s"],
-        "killed_after": "estimate_tract",
-        "killed_run_s": killed_s,
-        "resumed_run_s": resumed_s,
-        "rows": rows,
-        "differing": differing,
-        "differing_rows_by_level": by_level,
+        "local_run_s": manifest["elapsed_s"],
+        "local_peak_gib": local_peak_gib,
+        "cluster_run_s": result["wall_s"],
+        "cluster_peak_gib": result["peak_gib"],
+        "cluster_stages": json.loads((release / "manifest.json").read_text())["timings_s"],
+        "local_stages": manifest.get("timings_s", {}),
+        **compare_tables(reference, release),
     }
 
 
@@ -215,6 +268,44 @@ def resume_markdown(check: dict, command: str) -> str:
         *(["Rows of the tract level or above were written before the kill, by a run of the "
            "same secret: where they differ, two runs of one secret differ, not the resume."]
           if check["differing"] else []),
+    ])  # fmt: skip
+
+
+def cluster_markdown(check: dict, command: str) -> str:
+    verdict = "identical" if not check["differing"] else f"DIFFERENT: {check['differing']}"
+    tables = ", ".join(f"`{t}` ({n:,} rows)" for t, n in check["rows"].items())
+    stages = [s for s in check["cluster_stages"] if s in check["local_stages"]]
+    return "\n".join([
+        "## On a cluster: the production release at national scale",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, on {os.cpu_count()} CPUs). "
+        f"The {check['fraction']:g} fraction of the SYNTHETIC national persons "
+        f"({check['blocks']:,} blocks), `conf/national_production.toml`: the local release "
+        f"({check.get('master', '')}), then `spark-submit jobs/topdown.py` of the same secret "
+        f"(`--reuse-secret`) on a Spark standalone cluster on 127.0.0.1: a master and "
+        f"{CLUSTER_WORKERS} workers of one core each (worker memory {WORKER_MEMORY}, "
+        f"`--executor-memory {EXECUTOR_MEMORY} --driver-memory {DRIVER_MEMORY}`), the "
+        "cluster's driver in client mode. Both share this machine's two cores, so the ratio "
+        "is the cost of the cluster's plumbing (executors in their own JVMs, shuffles over "
+        "the loopback network), not a speed-up.",
+        "",
+        "| local wall (s) | cluster wall (s) | cluster / local | peak RSS local / cluster, "
+        "whole process trees with the daemons (GiB) | tables, cluster vs local |",
+        "|---|---|---|---|---|",
+        f"| {check['local_run_s']:.0f} | {check['cluster_run_s']:.0f} | "
+        f"{check['cluster_run_s'] / check['local_run_s']:.2f}× | "
+        f"{check['local_peak_gib']:.1f} / {check['cluster_peak_gib']:.1f} | {verdict}: {tables} |",
+        "",
+        "Wall time per stage (s):",
+        "",
+        "| stage | local | cluster | cluster / local |",
+        "|---|---|---|---|",
+        *[
+            f"| {s} | {check['local_stages'][s]:.1f} | {check['cluster_stages'][s]:.1f} | "
+            f"{check['cluster_stages'][s] / max(check['local_stages'][s], 1e-9):.2f}× |"
+            for s in stages
+        ],
+        "",
     ])  # fmt: skip
 
 
@@ -346,6 +437,13 @@ def main() -> None:
         "compare the tables with its uninterrupted release in --work (made first if missing); "
         "writes benchmarks/results/national_production_resume.md",
     )
+    parser.add_argument(
+        "--cluster-check",
+        type=float,
+        help="after the runs, release this fraction again with the same secret on a Spark "
+        "standalone cluster on 127.0.0.1 and compare its time and tables with the local one; "
+        "writes benchmarks/results/national_production_cluster.md",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -371,6 +469,15 @@ def main() -> None:
         check = {**resume_check(args.resume_check, args.work, args.master), "master": args.master}
         print(json.dumps({"resume_check": check}), flush=True)
         RESUME_RESULTS.write_text(resume_markdown(check, command))
+    if args.cluster_check is not None:
+        local = [
+            r for r in rows if (r["fraction"], r["schema"]) == (args.cluster_check, "production")
+        ]
+        local_peak = local[0]["peak_gib"] if local else float("nan")
+        check = cluster_check(args.cluster_check, args.work, args.master, local_peak)
+        check["master"] = args.master
+        print(json.dumps({"cluster_check": check}), flush=True)
+        CLUSTER_RESULTS.write_text(cluster_markdown(check, command))
 
 
 if __name__ == "__main__":

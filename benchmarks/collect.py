@@ -37,6 +37,7 @@ GROUPS = [
             "national_methods",
             "national_production",
             "national_production_resume",
+            "national_production_cluster",
             "topdown_memory",
         ],
     ),

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def master(tmp_path_factory) -> Iterator[str]:
     """One standalone cluster (a master and two workers on 127.0.0.1) for the module's jobs."""
-    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as url:
-        yield url
+    with standalone_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster.url
 
 
 def test_cluster_release_is_identical_to_local(

@@ -14,7 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from censusdp_spark.engine.session import delta_jars
@@ -59,11 +61,15 @@ def worker_command(master: str, host: str, cores: int, memory: str, ui_port: int
     ]
 
 
-def submit_command(master: str, jars: list[str], script: str, *args: str) -> list[str]:
+def submit_command(
+    master: str, jars: list[str], script: str, *args: str, options: tuple[str, ...] = ()
+) -> list[str]:
+    """``spark-submit`` of ``script``; ``options`` (e.g. ``--executor-memory 6g``) go before it."""
     return [
         "spark-submit",
         "--master",
         master,
+        *options,
         "--jars",
         ",".join(jars),
         "--conf",
@@ -108,9 +114,17 @@ def _alive_workers(ui_port: int) -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class Cluster:
+    url: str  # the master's spark:// URL
+    pids: tuple[int, ...]  # the daemons' processes (executors are their workers' children)
+
+
 @contextmanager
-def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: str = "2g"):
-    """Yield the master URL of a running cluster; kill every daemon on exit."""
+def standalone_cluster(
+    log_dir: Path, workers: int = 2, cores: int = 1, memory: str = "2g"
+) -> Iterator[Cluster]:
+    """Yield a running cluster; kill every daemon on exit."""
     port, ui = free_port(), free_port()
     env = cluster_env()
     procs: list[subprocess.Popen] = []
@@ -141,7 +155,7 @@ def standalone_cluster(log_dir: Path, workers: int = 2, cores: int = 1, memory: 
             if time.time() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"standalone cluster did not come up; logs in {log_dir}")
             time.sleep(1)
-        yield url
+        yield Cluster(url, tuple(p.pid for p in procs))
     finally:
         for p in procs:
             with suppress(ProcessLookupError):
