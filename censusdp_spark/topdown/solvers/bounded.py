@@ -123,10 +123,12 @@ def solve_bounded(
     linear: np.ndarray,
     may_hold: np.ndarray,
     sums: tuple[np.ndarray | None, np.ndarray | None],
-    bounds: GroupBounds,
+    bounds: GroupBounds | None,
 ) -> np.ndarray:
     """The ``(k, n)`` minimiser of ``sum_c 0.5 x_c^T H_c x_c - g_c^T x_c`` under the sums,
-    ``x >= 0``, ``x = 0`` where ``may_hold`` is False and the group ``bounds``.
+    ``x >= 0``, ``x = 0`` where ``may_hold`` is False and the group ``bounds`` (None: none;
+    the exact active-set method then starts from this answer when it cannot settle a problem
+    alone).
 
     ``hessian``: ``(n, n)`` shared or ``(k, n, n)``; ``linear``: ``(k, n)``; ``sums``: the
     column sums (the parent, length ``n``) and row sums (length ``k``), each None when free.
@@ -146,11 +148,15 @@ def solve_bounded(
     s_scale = max(
         1.0,
         *(float(np.max(v)) for v in (columns, rows) if v is not None and v.size),
-        float(np.max(bounds.lower, initial=0.0)),
+        float(np.max(bounds.lower, initial=0.0)) if bounds is not None else 0.0,
     )
     quadratic = _block_diagonal(hessians, child, cell) / h_scale
     equality_rows, equality_rhs = _equalities(child, cell, columns, rows)
-    bound_rows, bound_rhs = _bound_rows(child, cell, bounds)
+    bound_rows, bound_rhs = (
+        _bound_rows(child, cell, bounds)
+        if bounds is not None
+        else (sparse.csr_matrix((0, size)), np.zeros(0))
+    )
     matrix = sparse.vstack(
         [equality_rows, -sparse.identity(size, format="csr"), bound_rows], format="csc"
     )

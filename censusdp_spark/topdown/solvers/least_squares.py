@@ -92,6 +92,9 @@ children) is at most this, and the first-order method above it."""
 
 _MAX_PDAS_STEPS = 30
 _MAX_PRIMAL_STEPS = 5_000
+_MAX_PRIMAL_STEPS_FROM_GUESS = 200
+"""From an interior-point answer's support the exact steps are few when they converge at all;
+past this many, that answer itself is returned."""
 _MAX_PROXIMAL_STEPS = 50
 
 
@@ -496,16 +499,49 @@ def _solve_definite(
     """
     k, n = linear.shape
     free = sums.only_allowed(np.ones((k, n), dtype=bool) if start is None else start.copy())
-    free = _keep_feasible(free, np.ones((k, n)), sums)
-    face = _Face(hessian, linear, free)
+    face = _Face(hessian, linear, _keep_feasible(free, np.ones((k, n)), sums))
     scale = _tolerance_scale(hessian, linear, sums)
+    found, last = _primal_dual_active_set(face, sums, scale)
+    if found is not None:
+        return found
+    # Cycling or out of steps (an ill-conditioned Hessian with many entries at zero): an
+    # interior-point answer's support is a face near the optimum, from which the exact steps
+    # settle; the primal method, started there, always ends.
+    guess = _interior_point_guess(hessian, linear, sums)
+    if guess is not None:
+        support = _keep_feasible(sums.only_allowed(guess > SUPPORT * scale.x), guess, sums)
+        face.move_to(support)
+        found, _ = _primal_dual_active_set(face, sums, scale)
+        if found is not None:
+            return found
+        start_there = _on_support(guess, support, sums)
+        try:
+            return _primal_active_set(
+                face, hessian, linear, sums, start_there, scale, _MAX_PRIMAL_STEPS_FROM_GUESS
+            )
+        except RuntimeError:
+            # the interior point's answer to its tolerance (1e-12 of the data's scale), on
+            # its support: the rounding that follows makes it integral anyway
+            return start_there
+    return _primal_active_set(face, hessian, linear, sums, last, scale)
+
+
+SUPPORT = 1e-7
+"""An interior-point answer's entries above this (relative to the largest sum) start free."""
+
+
+def _primal_dual_active_set(
+    face: _Face, sums: _Constraints, scale: _Scale
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """Primal-dual active-set steps from ``face``: the minimiser (None if the steps cycle or
+    run out) and the last face minimiser."""
     seen: set[bytes] = set()
     solution = _solve_face(face, sums)
     for _ in range(_MAX_PDAS_STEPS):
         if _is_optimal(solution, face, sums, scale):
             solution = _solve_face(face.refreshed(), sums)
             if _is_optimal(solution, face, sums, scale):
-                return _clean(solution, face)
+                return _clean(solution, face), solution.x
             continue
         negative = face.free & (solution.x < -1e-12 * scale.x)
         blocked = _blocked(solution, face, sums, scale)
@@ -516,7 +552,35 @@ def _solve_definite(
             break
         face.move_to(free)
         solution = _solve_face(face, sums)
-    return _primal_active_set(face, hessian, linear, sums, solution.x, scale)
+    return None, solution.x
+
+
+def _on_support(guess: np.ndarray, support: np.ndarray, sums: _Constraints) -> np.ndarray:
+    """``guess`` with the entries off ``support`` set to 0 and the sums restored by scaling
+    rows and columns in turn (the mass moved is the interior point's round-off), so that the
+    primal method starts on that face rather than with every entry free."""
+    x = np.where(support, np.maximum(guess, 0.0), 0.0)
+    for _ in range(50):
+        if sums.column_sums is not None:
+            columns = x.sum(axis=0)
+            x *= np.divide(sums.column_sums, columns, out=np.ones_like(columns), where=columns > 0)
+        if sums.row_sums is not None:
+            rows = x.sum(axis=1)
+            x *= np.divide(sums.row_sums, rows, out=np.ones_like(rows), where=rows > 0)[:, None]
+    return x
+
+
+def _interior_point_guess(
+    hessian: np.ndarray, linear: np.ndarray, sums: _Constraints
+) -> np.ndarray | None:
+    """The interior-point method's answer to the problem (``bounded.solve_bounded`` without
+    group bounds), or None when it finds none."""
+    k, n = linear.shape
+    may_hold = sums.only_allowed(np.ones((k, n), dtype=bool))
+    try:
+        return solve_bounded(hessian, linear, may_hold, (sums.column_sums, sums.row_sums), None)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -579,8 +643,10 @@ def _primal_active_set(
     sums: _Constraints,
     guess: np.ndarray,
     scale: _Scale,
+    max_steps: int = _MAX_PRIMAL_STEPS,
 ) -> np.ndarray:
-    """A primal active-set method started from a feasible point near ``guess``.
+    """A primal active-set method started from a feasible point near ``guess``; raises
+    ``RuntimeError`` after ``max_steps`` steps.
 
     Iterates stay feasible and the objective never increases: a face minimiser that is not
     feasible is approached until the first entry reaches zero, which is then fixed; at a
@@ -588,7 +654,7 @@ def _primal_active_set(
     """
     x = _feasible_point_near(guess, sums)
     face.move_to(_keep_feasible(x > 0, x, sums))
-    for _ in range(_MAX_PRIMAL_STEPS):
+    for _ in range(max_steps):
         solution = _solve_face(face, sums)
         step = solution.x - x
         decreasing = face.free & (step < 0)
