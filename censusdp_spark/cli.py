@@ -16,7 +16,7 @@ from censusdp_spark.generate.cli import add_generate_parser
 from censusdp_spark.group_sizes.cli import add_group_sizes_parser
 from censusdp_spark.release.flags import CommandParser, add_config_flag, add_validate_flags
 from censusdp_spark.synth.cli import add_synth_parser
-from censusdp_spark.topdown.cli import add_topdown_parser
+from censusdp_spark.topdown.cli import add_optimizer_flags, add_topdown_parser, run_budget_optimizer
 
 DESCRIPTION = """\
 Differentially private statistics on Apache Spark. Three releases, each run
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         " (rounded down); TopDown takes none (its budget is rho)",
     )
     budget.add_argument("--delta", type=float, help="synth, with --epsilon (default: [run].delta)")
+    add_optimizer_flags(budget)
     budget.set_defaults(run=_budget)
     validate = sub.add_parser(
         "validate",
@@ -120,6 +121,9 @@ def _check(args: argparse.Namespace) -> int:
 
 def _budget(args: argparse.Namespace) -> int:
     from censusdp_spark.api import budget, load_any_config, privacy_unit
+
+    if args.optimize:
+        return run_budget_optimizer(args)
 
     config = load_any_config(args.config)
     table = budget(config, epsilon=args.epsilon, delta=args.delta)

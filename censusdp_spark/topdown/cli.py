@@ -6,6 +6,7 @@ Building the parser imports no Spark; running it imports the job.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from censusdp_spark.release.flags import (
@@ -47,6 +48,34 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def add_optimizer_flags(parser: argparse.ArgumentParser) -> None:
+    """``censusdp budget``'s options of the budget optimizer (TopDown configs)."""
+    parser.add_argument(
+        "--optimize",
+        action="store_true",
+        help="TopDown: print the [budget] that minimises --workload's expected error at the"
+        " config's rho, from the config and its public spine alone (no count is read)",
+    )
+    parser.add_argument(
+        "--workload",
+        default="pl94",
+        metavar="pl94|FILE",
+        help="with --optimize: a TOML file of tables, queries and level weights, or pl94"
+        " (P1-P4 at county, tract and block group, equal weights; the default)",
+    )
+    add_input_flag(parser)
+    parser.add_argument(
+        "--write-config",
+        type=Path,
+        metavar="PATH",
+        help="with --optimize: write the config with the optimized [budget] to PATH (a new file)",
+    )
+    parser.add_argument(
+        "--plot", type=Path, metavar="PNG", help="with --optimize: a figure of the errors"
+    )
+    add_spark_flags(parser)
+
+
 def run_topdown_from_args(args: argparse.Namespace) -> int:
     """``censusdp topdown``: user errors propagate to the CLI, which prints one line and
     exits 2."""
@@ -76,4 +105,55 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options)
     print(summary.text())
+    return 0
+
+
+def run_budget_optimizer(args: argparse.Namespace) -> int:
+    """``censusdp budget --optimize``: the allocation of the config's rho that minimises the
+    workload's expected error on the config's spine (read for its node counts alone)."""
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.model.config import release_kind
+    from censusdp_spark.model.errors import ConfigError
+    from censusdp_spark.topdown import strategy
+    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.readers import spine_node_counts
+
+    if release_kind(args.config) != "topdown":
+        raise ConfigError(str(args.config), "-", "--optimize chooses TopDown budgets only")
+    config = load_config(args.config)
+    if config.spine is None:
+        raise ConfigError(
+            str(args.config),
+            "geography.spine",
+            "--optimize reads the public spine for the tree's shape and nothing else: the"
+            " config needs [geography] spine",
+        )
+    if args.write_config is not None and args.write_config.exists():
+        raise ConfigError(str(args.write_config), "-", "exists: --write-config writes a new file")
+    workload = strategy.load_workload(args.workload, config)
+    spine = config.spine
+    if args.input is not None:
+        spine = spine.for_input(args.input)
+    spark = spark_session(f"censusdp-budget-{config.run.name}", args.master)
+    nodes = spine_node_counts(spark, spine, config.hierarchy)
+    model = strategy.ErrorModel(config, nodes, workload)
+    optimized = strategy.optimize(model)
+    print(
+        f"budget optimizer: {args.config} ({config.estimation_method}) at rho ="
+        f" {config.budget.total_rho}, workload {workload.source}"
+    )
+    print(
+        f"spine {config.document.shown(spine.path)}: "
+        + ", ".join(f"{level} {count:,}" for level, count in nodes.items())
+        + " nodes"
+    )
+    print(strategy.report(model, optimized))
+    print()
+    print(strategy.budget_section(config, optimized.allocation), end="")
+    if args.plot is not None:
+        strategy.plot(model, optimized, args.plot)
+        print(f"plot written to {args.plot}")
+    if args.write_config is not None:
+        strategy.write_config(args.config, config, optimized.allocation, args.write_config)
+        print(f"config with this [budget] written to {args.write_config}")
     return 0

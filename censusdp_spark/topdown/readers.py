@@ -25,11 +25,13 @@ from censusdp_spark.io.readers import (
     nonzero_cells,
     on_spine,
     read_checked,
+    read_spine,
     read_table,
     row_number_of,
 )
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
+from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import BoundExpression, InputSpec, OccupancyGroup
 from censusdp_spark.topdown.schema import Schema
 
@@ -453,3 +455,20 @@ def _groups_held(cells: str, occupancy: tuple[OccupancyGroup, ...]) -> Column:
         cells, lambda c: F.when(c < n_cells, F.element_at(table, c + 1)).otherwise(F.lit(0))
     )
     return F.aggregate(bits, F.lit(0).cast("long"), lambda acc, b: acc.bitwiseOR(b))
+
+
+def spine_node_counts(
+    spark: SparkSession, spine: SpineSpec, hierarchy: Hierarchy
+) -> dict[str, int]:
+    """The number of nodes of every level of the public ``spine`` (distinct geocode prefixes
+    of its leaves), after the spine's own checks (``io.readers.read_spine``); no count of
+    people is read."""
+    leaves = read_spine(spark, spine, hierarchy.leaf.digits)
+    row = leaves.agg(
+        *[
+            F.countDistinct(F.substring("geocode", 1, level.digits)).alias(level.name)
+            for level in hierarchy.levels
+        ]
+    ).first()
+    assert row is not None
+    return {level.name: int(row[level.name]) for level in hierarchy.levels}

@@ -1,0 +1,255 @@
+"""The budget optimizer's allocation against the 2021 production allocation: expected and
+measured error of the P.L. 94-171 workload on the 2,016-cell production schema.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_budget_optimizer.py [--inputs perry,ri]
+        [--secrets 6] [--work DIR]
+
+For each input (``perry``: the shipped Perry County PPMF sample with
+``conf/pl94_2020_production.toml``; ``ri``: the real RI 2010 blocks expanded to 2,016 cells by
+``benchmarks/expand_pl94.py --seed 1`` on the spine of every RI 2010 block, as
+``bench_production.py`` makes it), both with ``full_information``:
+
+1. ``censusdp budget --optimize --workload pl94 --write-config`` writes the optimized config
+   (its wall time is reported): the allocation of the same total rho minimising the expected
+   error of P1-P4 at county, tract and block group, equal weights, from the config and the
+   spine alone;
+2. both configs are released with ``--secrets`` secrets each (distinct secrets: a secret is
+   never spent twice), in one Spark session;
+3. for every level, the measured workload error of a release is the mean over the level's
+   nodes of the L1 error of each table's fields (the released estimates against the input's
+   true counts), summed over P1-P4 — the quantity the optimizer's objective models as
+   ``sum sqrt(2 v / pi)``; the ratio optimized / production is given with the 95% bootstrap
+   interval of the ratio of means over secrets.
+
+Writes benchmarks/results/budget_optimizer.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_production import RESAMPLES, input_path, method_config  # benchmarks/ is its folder
+from gls_reference import read_delta, true_leaf_histograms
+
+from censusdp_spark.topdown import strategy
+from censusdp_spark.topdown.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "budget_optimizer.md"
+METHOD = "full_information"
+ALLOCATIONS = ("production", "optimized")
+
+
+def secret_file(work: Path, name: str, allocation: str, i: int) -> Path:
+    path = work / f"secret_{name}_{allocation}_{i}.hex"
+    seed = f"bench_budget_optimizer {name} {allocation} {i}".encode()
+    path.write_text(hashlib.sha256(seed).hexdigest())
+    path.chmod(0o600)
+    return path
+
+
+def optimized_config(
+    config: Path, work: Path, name: str, source: Path | None
+) -> tuple[Path, float, str]:
+    """``censusdp budget --optimize`` of ``config``: the written config, its wall time and
+    its printed report."""
+    out = work / f"optimized_{name}.toml"
+    out.unlink(missing_ok=True)
+    command = [
+        str(ROOT / ".venv" / "bin" / "censusdp"), "budget", "--config", str(config), "--optimize",
+        "--workload", "pl94", "--write-config", str(out), "--master", "local[2]",
+        *(["--input", str(source)] if source else []),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    return out, time.perf_counter() - started, done.stdout
+
+
+def level_truth(
+    config, leaves: np.ndarray, hist: np.ndarray
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each level's sorted geocodes and true histograms, summed from the leaves."""
+    out = {}
+    for level in config.hierarchy.levels:
+        prefixes = np.array([g[: level.digits] for g in leaves])
+        codes, index = np.unique(prefixes, return_inverse=True)
+        sums = np.zeros((codes.size, hist.shape[1]), dtype=np.int64)
+        np.add.at(sums, index, hist)
+        out[level.name] = (codes, sums)
+    return out
+
+
+def measured_errors(
+    release: Path, truth: dict, workload: strategy.Workload
+) -> dict[str, dict[str, float]]:
+    """Level -> table -> the mean over the level's nodes (every node of the spine, as the
+    manifest counts them) of the L1 error of the table's fields."""
+    estimates = read_delta(release / "estimates")
+    nodes = json.loads((release / "manifest.json").read_text())["nodes"]
+    out: dict[str, dict[str, float]] = {}
+    for level, (true_codes, true) in truth.items():
+        rows = estimates[estimates["level"] == level]
+        codes = np.union1d(true_codes, rows["geocode"].to_numpy().astype(str))
+        error = np.zeros((codes.size, true.shape[1]), dtype=np.int64)
+        at = np.searchsorted(codes, rows["geocode"].to_numpy().astype(str))
+        np.add.at(error, (at, rows["cell"].to_numpy()), rows["count"].to_numpy())
+        error[np.searchsorted(codes, true_codes)] -= true
+        out[level] = {
+            t.name: float(np.abs(error @ t.fields).sum() / nodes[level]) for t in workload.tables
+        }
+    return out
+
+
+def ratio_interval(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """95% bootstrap interval of ``mean(num) / mean(den)``, secrets resampled independently
+    for the two allocations (their secrets differ)."""
+    rng = np.random.default_rng(0)
+    a = num[rng.integers(0, len(num), (RESAMPLES, len(num)))].mean(axis=1)
+    b = den[rng.integers(0, len(den), (RESAMPLES, len(den)))].mean(axis=1)
+    low, high = np.percentile(a / b, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def run_input(name: str, secrets: int, work: Path, spark) -> dict:
+    from censusdp_spark.api import run_topdown
+
+    production = method_config(METHOD, work, name)
+    source = input_path(name, work)
+    optimized, optimize_s, printed = optimized_config(production, work, name, source)
+    configs = {"production": production, "optimized": optimized}
+    runs: dict[str, list[dict]] = {a: [] for a in ALLOCATIONS}
+    loaded = load_config(production)
+    if source is not None:
+        from dataclasses import replace
+
+        assert loaded.input is not None
+        loaded = replace(loaded, input=replace(loaded.input, path=source))
+    workload = strategy.load_workload("pl94", loaded)
+    truth = level_truth(loaded, *true_leaf_histograms(loaded))
+    for i in range(secrets):
+        for allocation in ALLOCATIONS:
+            out = work / f"{name}_{allocation}_{i}"
+            started = time.perf_counter()
+            run_topdown(
+                configs[allocation], spark=spark, input=source, output=out,
+                secret_file=secret_file(work, name, allocation, i), overwrite=True,
+            )  # fmt: skip
+            wall = time.perf_counter() - started
+            errors = measured_errors(out, truth, workload)
+            runs[allocation].append({"secret": i, "wall_s": wall, "errors": errors})
+            print(
+                json.dumps({"input": name, "allocation": allocation, **runs[allocation][-1]}),
+                flush=True,
+            )
+    nodes = json.loads((work / f"{name}_production_0" / "manifest.json").read_text())["nodes"]
+    expected = {}
+    for allocation in ALLOCATIONS:
+        config = load_config(configs[allocation])
+        model = strategy.ErrorModel(config, nodes, workload)
+        rows = model.errors(strategy.Allocation.of(config))
+        expected[allocation] = {(r.level, r.table): r.l1 for r in rows}
+    return {
+        "input": name, "optimize_s": optimize_s, "optimizer_output": printed, "runs": runs,
+        "expected": {a: {f"{lv}|{t}": v for (lv, t), v in e.items()} for a, e in expected.items()},
+        "nodes": nodes, "levels": list(loaded.hierarchy.names),
+        "workload_levels": list(workload.levels), "tables": [t.name for t in workload.tables],
+    }  # fmt: skip
+
+
+def report(results: list[dict], command: str) -> str:
+    lines = [
+        "## The budget optimizer against the 2021 production allocation (P.L. 94-171 workload)",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on "
+        f"{os.cpu_count()} CPUs). `censusdp budget --optimize --workload pl94` (P1-P4 at "
+        "county, tract and block group, equal weights) re-allocates the production config's "
+        "total rho over levels and queries from the config and the spine alone; both configs "
+        "are then released with `full_information`, each with its own secrets. *Expected*: the "
+        "optimizer's own model (linear estimator on a tree with each level's mean fan-out). "
+        "*Measured*: the released estimates against the input's true counts, the mean over a "
+        "level's nodes of the L1 error of every field of P1-P4, summed over the tables; the "
+        "interval is the 95% bootstrap interval of the ratio of the mean errors over secrets.",
+        "",
+    ]
+    for res in results:
+        prod, opt = res["runs"]["production"], res["runs"]["optimized"]
+        lines += [
+            f"### {res['input']}: {len(prod)} secrets per allocation; the optimizer took "
+            f"{res['optimize_s']:.0f} s (Spark start and spine read included)",
+            "",
+            "| level | workload weight | expected, production | expected, optimized "
+            "| expected ratio | measured, production | measured, optimized | measured ratio "
+            "(95% interval) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for level in res["levels"]:
+            exp = [
+                sum(res["expected"][a][f"{level}|{t}"] for t in res["tables"]) for a in ALLOCATIONS
+            ]
+            measured = [
+                np.array([sum(r["errors"][level].values()) for r in runs]) for runs in (prod, opt)
+            ]
+            low, high = ratio_interval(measured[1], measured[0])
+            weight = "1" if level in res["workload_levels"] else "-"
+            lines.append(
+                f"| {level} | {weight} | {exp[0]:.1f} | {exp[1]:.1f} | {exp[1] / exp[0]:.2f}× | "
+                f"{measured[0].mean():.1f} | {measured[1].mean():.1f} | "
+                f"{measured[1].mean() / measured[0].mean():.2f}× ({low:.2f}-{high:.2f}) |"
+            )
+        workload_levels = res["workload_levels"]
+        exp_total = [
+            sum(res["expected"][a][f"{lv}|{t}"] for lv in workload_levels for t in res["tables"])
+            for a in ALLOCATIONS
+        ]
+        measured_total = [
+            np.array([sum(sum(r["errors"][lv].values()) for lv in workload_levels) for r in runs])
+            for runs in (prod, opt)
+        ]
+        low, high = ratio_interval(measured_total[1], measured_total[0])
+        lines += [
+            f"| **workload** | | {exp_total[0]:.1f} | {exp_total[1]:.1f} | "
+            f"**{exp_total[1] / exp_total[0]:.2f}×** | {measured_total[0].mean():.1f} | "
+            f"{measured_total[1].mean():.1f} | "
+            f"**{measured_total[1].mean() / measured_total[0].mean():.2f}×** ({low:.2f}-{high:.2f}) |",
+            "",
+            "Wall time per release (s), production / optimized: "
+            + ", ".join(
+                f"{p['wall_s']:.0f} / {o['wall_s']:.0f}" for p, o in zip(prod, opt, strict=True)
+            )
+            + ".",
+            "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inputs", default="perry,ri")
+    parser.add_argument("--secrets", type=int, default=6)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_budget_optimizer"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    os.environ["CENSUSDP_SECRET_REGISTRY"] = str(args.work / "secret_registry")
+    from censusdp_spark.engine.session import spark_session
+
+    spark = spark_session("bench-budget-optimizer", "local[2]")
+    command = " ".join(["benchmarks/bench_budget_optimizer.py", *sys.argv[1:]])
+    results = []
+    for name in args.inputs.split(","):
+        results.append(run_input(name, args.secrets, args.work, spark))
+        (args.work / "results.json").write_text(json.dumps(results))
+        args.results.write_text(report(results, command))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
