@@ -279,3 +279,23 @@ def test_the_expected_variances_are_the_real_solvers_empirical_ones():
         np.testing.assert_allclose(
             measured[6:], expected[6:], rtol=4 * math.sqrt(2 / draws), err_msg=f"level {level}"
         )
+
+
+def test_leaves_that_do_not_identify_every_cell_are_refused():
+    designs = designs_of([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # no detailed
+    with pytest.raises(ValueError, match="level level2: its queries do not identify every cell"):
+        final_covariances(designs, [1, 2, 3], [False] * 3)
+
+
+def test_a_level_above_the_leaves_may_be_as_poorly_measured_as_an_optimizer_tries():
+    """A leaf ``detailed`` query of weight 1e-9 beside margins of weight 1: the parents'
+    precision is nearly singular (below the leaf check's 1e-10), never unidentified; its
+    covariance is still the whole-tree GLS's."""
+    weights = [[1.0, 1.0, 1.0], [1.0, 1.0, 1e-11], [1.0, 1.0, 1e-9]]
+    with pytest.raises(ValueError, match="level level1"):
+        # the same precision where it is a level's own (TopDown's own-level GLS) is refused
+        final_covariances(designs_of(weights), [1, 4, 40], [False] * 3, "topdown")
+    model = final_covariances(designs_of(weights), [1, 4, 40], [False] * 3)
+    exact = whole_tree_gls(designs_of(weights), [1, 4, 40], [False] * 3)
+    for m, e in zip(model, exact, strict=True):
+        np.testing.assert_allclose(m, e, rtol=1e-3, atol=1e-4 * np.abs(e).max())

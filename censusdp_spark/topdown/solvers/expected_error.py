@@ -121,8 +121,9 @@ def final_blocks(
         precision = informations[-1]
         own = [_covariance(precision, exact_totals[-1], levels[-1])]
         for i in range(len(informations) - 2, -1, -1):
+            # positive definite when the leaves' is: poorly determined, never unidentified
             precision = precision / float(fanouts[i + 1]) + informations[i]
-            own.insert(0, _covariance(precision, exact_totals[i], levels[i]))
+            own.insert(0, _covariance(precision, exact_totals[i], levels[i], identified=True))
     final = [own[0]]
     for i in range(1, len(own)):
         k = float(fanouts[i])
@@ -130,13 +131,17 @@ def final_blocks(
     return final
 
 
-def _covariance(precision: np.ndarray, exact_total: bool, level: str) -> np.ndarray:
-    """The inverse of every block; with an exact total, block 0's inverse on ``1^perp``."""
+def _covariance(
+    precision: np.ndarray, exact_total: bool, level: str, identified: bool = False
+) -> np.ndarray:
+    """The inverse of every block; with an exact total, block 0's inverse on ``1^perp``.
+    Unless ``identified`` (known positive definite), a block too close to singular is refused
+    as leaving a cell unidentified."""
     out = np.empty_like(precision)
     for c, block in enumerate(precision):
         basis = _complement(block.shape[0]) if exact_total and c == 0 else None
         reduced = block if basis is None else basis.T @ block @ basis
-        if reduced.size:
+        if reduced.size and not identified:
             values = np.linalg.eigvalsh(reduced)
             if values[0] <= IDENTIFIED * max(values[-1], 1.0):
                 raise ValueError(
