@@ -21,6 +21,12 @@ For each input (``perry``: the shipped Perry County PPMF sample with
    ``sum sqrt(2 v / pi)``; the ratio optimized / production is given with the 95% bootstrap
    interval of the ratio of means over secrets.
 
+With ``--national DIR`` it also times the optimizer alone on ``conf/national_production.toml``
+with the spine ``DIR/spine`` of every block of the nation (the folder ``censusdp generate
+national --schema production --fraction 1`` writes, or a link named ``spine`` to the 16-cell
+generator's ``blocks``, which lists the same blocks; the input itself is never read); ``--previous`` carries the rows of an earlier
+invocation (its ``results.json``), so the national timing can be added on its own.
+
 Writes benchmarks/results/budget_optimizer.md.
 """
 
@@ -164,7 +170,43 @@ def run_input(name: str, secrets: int, work: Path, spark) -> dict:
     }  # fmt: skip
 
 
-def report(results: list[dict], command: str) -> str:
+NATIONAL = ROOT / "conf" / "national_production.toml"
+
+
+def national_timing(folder: Path) -> dict:
+    """``censusdp budget --optimize`` of the national production config on ``folder``'s spine:
+    its wall time and what it printed."""
+    command = [
+        str(ROOT / ".venv" / "bin" / "censusdp"), "budget", "--config", str(NATIONAL),
+        "--optimize", "--input", str(folder / "persons"), "--master", "local[2]",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    return {"wall_s": time.perf_counter() - started, "printed": done.stdout}
+
+
+def national_lines(national: dict) -> list[str]:
+    printed = national["printed"].splitlines()
+    spine = next(line for line in printed if line.startswith("spine "))
+    objective = next(line for line in printed if line.startswith("weighted workload error"))
+    table = [line for line in printed if line[:1].isalpha() and "  " in line and "x" in line[-6:]]
+    return [
+        "### The nation: the optimizer alone",
+        "",
+        f"`censusdp budget --config conf/national_production.toml --optimize` on the spine of "
+        f"every block of the nation: {national['wall_s']:.0f} s wall on 2 cores (Spark's start "
+        f"and the spine's read included; load average {national.get('load', float('nan')):.1f} "
+        f"while it ran). It printed `{spine}` and `{objective}`; per level and table:",
+        "",
+        "```text",
+        *[line for line in printed if line.startswith("level ")],
+        *table,
+        "```",
+        "",
+    ]
+
+
+def report(results: list[dict], command: str, national: dict | None = None) -> str:
     lines = [
         "## The budget optimizer against the 2021 production allocation (P.L. 94-171 workload)",
         "",
@@ -227,6 +269,8 @@ def report(results: list[dict], command: str) -> str:
             + ".",
             "",
         ]
+    if national is not None:
+        lines += national_lines(national)
     return "\n".join(lines) + "\n"
 
 
@@ -236,19 +280,29 @@ def main() -> None:
     parser.add_argument("--secrets", type=int, default=6)
     parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_budget_optimizer"))
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--national", type=Path, help="a generate national folder to time on")
+    parser.add_argument("--previous", type=Path, help="results.json of an earlier invocation")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["CENSUSDP_SECRET_REGISTRY"] = str(args.work / "secret_registry")
-    from censusdp_spark.engine.session import spark_session
-
-    spark = spark_session("bench-budget-optimizer", "local[2]")
     command = " ".join(["benchmarks/bench_budget_optimizer.py", *sys.argv[1:]])
-    results = []
-    for name in args.inputs.split(","):
-        results.append(run_input(name, args.secrets, args.work, spark))
-        (args.work / "results.json").write_text(json.dumps(results))
-        args.results.write_text(report(results, command))
-    spark.stop()
+    results = [] if args.previous is None else json.loads(args.previous.read_text())
+    names = [name for name in args.inputs.split(",") if name]
+    if names:
+        from censusdp_spark.engine.session import spark_session
+
+        spark = spark_session("bench-budget-optimizer", "local[2]")
+        for name in names:
+            results = [r for r in results if r["input"] != name]
+            results.append(run_input(name, args.secrets, args.work, spark))
+            (args.work / "results.json").write_text(json.dumps(results))
+            args.results.write_text(report(results, command))
+        spark.stop()
+    national = None
+    if args.national is not None:
+        national = {**national_timing(args.national), "load": os.getloadavg()[0]}
+        (args.work / "national.json").write_text(json.dumps(national))
+    args.results.write_text(report(results, command, national))
 
 
 if __name__ == "__main__":
