@@ -13,6 +13,8 @@ The public API, all of it importable from this package:
 
 * :func:`check` and :func:`budget` — validate any release's config without Spark, and print
   how it spends its privacy budget (as ``censusdp check`` and ``censusdp budget``);
+* :func:`optimize_budget` — a TopDown config's shares of ρ re-chosen for the tables a user
+  names, from the config and its public spine (as ``censusdp budget --optimize``);
 * :func:`run_topdown`, :func:`run_group_sizes`, :func:`run_synth` — run a release (as
   ``censusdp topdown``, ``group-sizes`` and ``synth``) and return its :class:`Release`;
 * :func:`open_release` — the :class:`Release` in a folder a run wrote: its ``manifest``,
@@ -59,6 +61,7 @@ from censusdp_spark.api import (
     budget,
     check,
     open_release,
+    optimize_budget,
     run_group_sizes,
     run_synth,
     run_topdown,
@@ -74,6 +77,7 @@ __all__ = [
     "budget",
     "check",
     "open_release",
+    "optimize_budget",
     "run_group_sizes",
     "run_synth",
     "run_topdown",

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from censusdp_spark.synth.config import SynthConfig
     from censusdp_spark.topdown.config import RunConfig
     from censusdp_spark.topdown.schema import Schema
+    from censusdp_spark.topdown.strategy import BudgetChoice
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,77 @@ def _session(spark: SparkSession | None, name: str) -> SparkSession:
     from censusdp_spark.engine.session import spark_session
 
     return spark if spark is not None else spark_session(f"censusdp-{name}")
+
+
+def optimize_budget(
+    config: str | Path,
+    *,
+    workload: str | Path = "pl94",
+    input: Path | None = None,
+    spark: SparkSession | None = None,
+) -> BudgetChoice:
+    """Choose a TopDown config's shares of ρ for a workload (as ``censusdp budget --optimize``).
+
+    The total ρ, the queries and the method stay the config's; the level and query shares are
+    those minimising the workload's expected error under the linear estimator on a tree with
+    each level's mean number of children, read from the config's public spine. No count is
+    read: two inputs on one spine get the same answer, and choosing spends no privacy.
+
+    Args:
+        config: A TopDown config file with a ``[geography] spine``.
+        workload: ``"pl94"`` (P1-P4 at county, tract and block group, weight 1 each) or a
+            TOML file of ``tables`` (P.L. 94-171, through the config's
+            ``[output.pl94_tables]``), ``queries`` (the config's query grammar) and
+            ``[levels]`` weights.
+        input: The input the config would read instead of its ``[input] path``, for a spine
+            kept beside the input (``relative_to = "input"``).
+        spark: The session to read the spine with; default the active one, else a new local
+            session.
+
+    Returns:
+        The choice: its ``budget`` (the ``[budget]`` TOML, exact fractions), ``text()`` (what
+        the command prints: the expected errors beside the config's), ``write_config(path)``
+        and ``plot(path)``.
+
+    Raises:
+        ConfigError: The config is not TopDown's or has no spine, or the workload file breaks
+            a rule (the message names the file and the key).
+        InputError: The spine breaks a rule.
+        ValueError: A level's queries do not identify every cell where they must.
+
+    Example:
+        ```python
+        from censusdp_spark import optimize_budget
+
+        choice = optimize_budget("conf/pl94_2020_production.toml")
+        print(choice.text())          # expected error per level and table, then [budget]
+        choice.write_config(Path("conf/my_optimized.toml"))
+        ```
+    """
+    from censusdp_spark.model.config import release_kind
+    from censusdp_spark.model.errors import ConfigError
+    from censusdp_spark.topdown import strategy
+    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.readers import spine_node_counts
+
+    source = str(config)
+    if release_kind(config) != "topdown":
+        raise ConfigError(source, "-", "--optimize chooses TopDown budgets only")
+    loaded = load_config(config)
+    if loaded.spine is None:
+        raise ConfigError(
+            source,
+            "geography.spine",
+            "--optimize reads the public spine for the tree's shape and nothing else: the"
+            " config needs [geography] spine",
+        )
+    chosen_workload = strategy.load_workload(workload, loaded)
+    spine = loaded.spine if input is None else loaded.spine.for_input(Path(input))
+    nodes = spine_node_counts(_session(spark, "budget"), spine, loaded.hierarchy)
+    model = strategy.ErrorModel(loaded, nodes, chosen_workload)
+    return strategy.BudgetChoice(
+        loaded, source, loaded.document.shown(spine.path), nodes, model, strategy.optimize(model)
+    )
 
 
 def load_any_config(

@@ -16,7 +16,7 @@ from censusdp_spark.generate.cli import add_generate_parser
 from censusdp_spark.group_sizes.cli import add_group_sizes_parser
 from censusdp_spark.release.flags import CommandParser, add_config_flag, add_validate_flags
 from censusdp_spark.synth.cli import add_synth_parser
-from censusdp_spark.topdown.cli import add_optimizer_flags, add_topdown_parser, run_budget_optimizer
+from censusdp_spark.topdown.cli import add_optimizer_flags, add_topdown_parser
 
 DESCRIPTION = """\
 Differentially private statistics on Apache Spark. Three releases, each run
@@ -123,7 +123,7 @@ def _budget(args: argparse.Namespace) -> int:
     from censusdp_spark.api import budget, load_any_config, privacy_unit
 
     if args.optimize:
-        return run_budget_optimizer(args)
+        return _budget_optimizer(args)
 
     config = load_any_config(args.config)
     table = budget(config, epsilon=args.epsilon, delta=args.delta)
@@ -132,6 +132,27 @@ def _budget(args: argparse.Namespace) -> int:
     print(f"budget of {args.config} ({config.run.name}){given}")
     print("\n".join(privacy_unit(config).lines()))
     print(table)
+    return 0
+
+
+def _budget_optimizer(args: argparse.Namespace) -> int:
+    """``censusdp budget --optimize``: the allocation of the config's rho that minimises the
+    workload's expected error on the config's spine (read for its node counts alone)."""
+    from censusdp_spark.api import optimize_budget
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.model.errors import ConfigError
+
+    if args.write_config is not None and args.write_config.exists():
+        raise ConfigError(str(args.write_config), "-", "exists: --write-config writes a new file")
+    spark = spark_session("censusdp-budget-optimizer", args.master)
+    choice = optimize_budget(args.config, workload=args.workload, input=args.input, spark=spark)
+    print(choice.text(), end="")
+    if args.plot is not None:
+        choice.plot(args.plot)
+        print(f"plot written to {args.plot}")
+    if args.write_config is not None:
+        choice.write_config(args.write_config)
+        print(f"config with this [budget] written to {args.write_config}")
     return 0
 
 

@@ -424,3 +424,57 @@ def plot(model: ErrorModel, optimized: Optimized, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """The optimizer's answer for one config, workload and spine (``api.optimize_budget``).
+
+    Attributes:
+        config: The config the shares were chosen for (its rho, queries and method).
+        source: How its file is named in messages (``--config``'s value).
+        spine: The spine read, as messages show it.
+        nodes: The spine's node count per level.
+        model: The expected-error model (``ErrorModel``) of that tree and workload.
+        optimized: The exact shares and the objective at them and at the config's.
+    """
+
+    config: RunConfig
+    source: str
+    spine: str
+    nodes: Mapping[str, int]
+    model: ErrorModel
+    optimized: Optimized
+
+    @property
+    def budget(self) -> str:
+        """The ``[budget]`` TOML of the optimized shares (exact fractions)."""
+        return budget_section(self.config, self.optimized.allocation)
+
+    def text(self) -> str:
+        """What ``censusdp budget --optimize`` prints: the config and spine, the expected
+        error per level and table beside the config's own, then the ``[budget]``."""
+        config = self.config
+        return "\n".join(
+            [
+                f"budget optimizer: {self.source} ({config.estimation_method}) at rho ="
+                f" {config.budget.total_rho}, workload {self.model.workload.source}",
+                f"spine {self.spine}: "
+                + ", ".join(f"{level} {count:,}" for level, count in self.nodes.items())
+                + " nodes",
+                report(self.model, self.optimized),
+                "",
+                self.budget,
+            ]
+        )
+
+    def write_config(self, path: Path) -> None:
+        """The config's file with this ``[budget]`` in place, validated, to the new file
+        ``path`` (``ConfigError`` if it exists)."""
+        if path.exists():
+            raise ConfigError(str(path), "-", "exists: --write-config writes a new file")
+        write_config(Path(self.source), self.config, self.optimized.allocation, path)
+
+    def plot(self, path: Path) -> None:
+        """A PNG of the workload levels' expected errors, the config's against these."""
+        plot(self.model, self.optimized, path)

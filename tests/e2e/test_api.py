@@ -43,6 +43,7 @@ def test_help_lists_the_public_api_with_its_docstrings():
         "budget",
         "check",
         "open_release",
+        "optimize_budget",
         "run_group_sizes",
         "run_synth",
         "run_topdown",

@@ -75,6 +75,18 @@ def test_the_written_config_runs_and_the_plot_is_drawn(spark, folder, capsys, tm
     assert code == 2 and "exists: --write-config writes a new file" in err
 
 
+def test_the_api_gives_what_the_command_prints(spark, folder, capsys):
+    from censusdp_spark import optimize_budget
+
+    choice = optimize_budget(
+        demo_on_a_spine(folder), workload=folder / "workload.toml", spark=spark
+    )
+    code, printed, _ = optimize(folder, capsys)
+    assert code == 0 and printed == choice.text()
+    assert choice.nodes["block"] == 25_181
+    assert choice.optimized.objective < choice.optimized.baseline_objective
+
+
 def test_a_config_without_a_spine_is_refused(folder, capsys, tmp_path):
     config = demo_on_a_spine(tmp_path, spine=False)
     code = main(["budget", "--config", str(config), "--optimize"])
