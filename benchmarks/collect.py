@@ -22,6 +22,7 @@ GROUPS = [
             "topdown_passes",
             "topdown_bypass",
             "topdown_production",
+            "budget_optimizer",
             "pl94_legacy",
             "occupancy",
             "gq_bounds",

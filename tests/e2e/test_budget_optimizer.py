@@ -3,6 +3,8 @@ so two inputs on one spine get the same budget; it writes a config that runs, an
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -41,20 +43,33 @@ def folder(tmp_path_factory) -> Path:
     return folder
 
 
-def optimize(folder: Path, capsys, *extra: str) -> tuple[int, str, str]:
-    config = demo_on_a_spine(folder)
-    code = main(
-        ["budget", "--config", str(config), "--optimize", "--workload",
-         str(folder / "workload.toml"), *extra]
-    )  # fmt: skip
-    out, err = capsys.readouterr()
-    return code, out, err
+def optimize(folder: Path, *extra: str) -> tuple[int, str]:
+    """``censusdp budget --optimize`` of the demo on RI's spine, in this process: its exit
+    status and what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(
+            ["budget", "--config", str(demo_on_a_spine(folder)), "--optimize", "--workload",
+             str(folder / "workload.toml"), *extra]
+        )  # fmt: skip
+    return code, printed.getvalue()
 
 
-def test_two_inputs_on_one_spine_get_the_same_budget(spark, folder, capsys):
-    code, first, _ = optimize(folder, capsys, "--input", str(RI_BLOCKS))
-    assert code == 0
-    code, second, _ = optimize(folder, capsys, "--input", str(folder / "other_input.csv"))
+@pytest.fixture(scope="module")
+def optimized(spark, folder) -> tuple[str, Path, Path]:
+    """One run on the input the config names, writing a config and a plot: what it printed
+    (up to the files' lines), the config and the plot."""
+    written, plot = folder / "optimized.toml", folder / "errors.png"
+    code, printed = optimize(
+        folder, "--input", str(RI_BLOCKS), "--write-config", str(written), "--plot", str(plot)
+    )
+    assert code == 0, printed
+    return printed.split("plot written to")[0], written, plot
+
+
+def test_two_inputs_on_one_spine_get_the_same_budget(optimized, folder):
+    first, _, _ = optimized
+    code, second = optimize(folder, "--input", str(folder / "other_input.csv"))
     assert code == 0
     assert first == second
     assert "county 5, tract 244, block_group 815, block 25,181 nodes" in first
@@ -62,27 +77,25 @@ def test_two_inputs_on_one_spine_get_the_same_budget(spark, folder, capsys):
     assert "weighted workload error:" in first
 
 
-def test_the_written_config_runs_and_the_plot_is_drawn(spark, folder, capsys, tmp_path):
-    written, plot = tmp_path / "optimized.toml", tmp_path / "errors.png"
-    code, out, _ = optimize(folder, capsys, "--write-config", str(written), "--plot", str(plot))
-    assert code == 0, out
+def test_the_written_config_runs_and_the_plot_is_drawn(optimized, folder, capsys):
+    printed, written, plot = optimized
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = load_config(written)
     assert config.budget.total_rho == load_config(demo_on_a_spine(folder)).budget.total_rho
-    assert out.split("[budget]\n", 1)[1].split("\nplot written")[0] in written.read_text()
+    assert printed.split("[budget]\n", 1)[1].strip() in written.read_text()
     assert main(["check", "--config", str(written)]) == 0
-    code, _, err = optimize(folder, capsys, "--write-config", str(written))
-    assert code == 2 and "exists: --write-config writes a new file" in err
+    capsys.readouterr()
+    code = main(["budget", "--config", str(written), "--optimize", "--write-config", str(written)])
+    assert code == 2 and "exists: --write-config writes a new file" in capsys.readouterr().err
 
 
-def test_the_api_gives_what_the_command_prints(spark, folder, capsys):
+def test_the_api_gives_what_the_command_prints(optimized, spark, folder):
     from censusdp_spark import optimize_budget
 
     choice = optimize_budget(
         demo_on_a_spine(folder), workload=folder / "workload.toml", spark=spark
     )
-    code, printed, _ = optimize(folder, capsys)
-    assert code == 0 and printed == choice.text()
+    assert choice.text() == optimized[0]
     assert choice.nodes["block"] == 25_181
     assert choice.optimized.objective < choice.optimized.baseline_objective
 
