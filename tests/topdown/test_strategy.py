@@ -189,3 +189,13 @@ def test_a_production_evaluation_is_fast_enough_to_optimize(production):
     model = strategy.ErrorModel(production, PERRY_NODES, strategy.load_workload("pl94", production))
     covariance = model.covariances(strategy.Allocation.of(production))[3]
     assert covariance.blocks.shape == (4, 15, 15)
+
+
+def test_no_share_falls_below_a_hundredth_of_the_largest(optimized_demo):
+    """The bound that keeps the fits' precisions well-conditioned (``SHARE_RATIO``)."""
+    _, optimized = optimized_demo
+    allocation = optimized.allocation
+    shares = [
+        allocation.levels[lv] * s for lv, qs in allocation.queries.items() for s in qs.values()
+    ]
+    assert min(shares) >= max(shares) / strategy.SHARE_RATIO * Fraction(9, 10)  # exact rounding

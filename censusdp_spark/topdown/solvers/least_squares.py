@@ -527,6 +527,10 @@ def _solve_definite(
 
 
 SUPPORT = 1e-7
+INTERIOR_POINT_MAX_ENTRIES = 20_000_000
+"""The largest Hessian (entries over every child's cells) handed to the interior-point method
+(about 160 MB of values; its factorisation as much again): a family of 50 children of 1,890
+cells would take over 10 GB, so larger ones go on with the exact primal steps alone."""
 """An interior-point answer's entries above this (relative to the largest sum) start free."""
 
 
@@ -577,6 +581,8 @@ def _interior_point_guess(
     group bounds), or None when it finds none."""
     k, n = linear.shape
     may_hold = sums.only_allowed(np.ones((k, n), dtype=bool))
+    if int((may_hold.sum(axis=1) ** 2).sum()) > INTERIOR_POINT_MAX_ENTRIES:
+        return None
     try:
         return solve_bounded(hessian, linear, may_hold, (sums.column_sums, sums.row_sums), None)
     except ValueError:
