@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +55,12 @@ METHOD = "full_information"
 ALLOCATIONS = ("production", "optimized")
 
 
-def secret_file(work: Path, name: str, allocation: str, i: int) -> Path:
-    path = work / f"secret_{name}_{allocation}_{i}.hex"
-    seed = f"bench_budget_optimizer {name} {allocation} {i}".encode()
+def secret_file(work: Path, name: str, config: Path, i: int) -> Path:
+    """Secret ``i`` of a config (its text hashed in: a changed allocation is a new release,
+    with secrets of its own)."""
+    digest = hashlib.sha256(config.read_bytes()).hexdigest()[:16]
+    path = work / f"secret_{name}_{digest}_{i}.hex"
+    seed = f"bench_budget_optimizer {name} {digest} {i}".encode()
     path.write_text(hashlib.sha256(seed).hexdigest())
     path.chmod(0o600)
     return path
@@ -124,7 +128,12 @@ def ratio_interval(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def run_input(name: str, secrets: int, work: Path, spark) -> dict:
+def run_input(
+    name: str, secrets: int, work: Path, spark, keep: bool, progress: Callable[[dict], None]
+) -> dict:
+    """Both allocations' releases of ``name`` with ``secrets`` secrets each; ``progress`` gets
+    the results so far after every secret. ``keep``: a production release already in ``work``
+    is scored again, not rerun (its allocation, secret and code path are the same)."""
     from censusdp_spark.api import run_topdown
 
     production = method_config(METHOD, work, name)
@@ -140,34 +149,42 @@ def run_input(name: str, secrets: int, work: Path, spark) -> dict:
         loaded = replace(loaded, input=replace(loaded.input, path=source))
     workload = strategy.load_workload("pl94", loaded)
     truth = level_truth(loaded, *true_leaf_histograms(loaded))
+
+    def results() -> dict:
+        nodes = json.loads((work / f"{name}_production_0" / "manifest.json").read_text())["nodes"]
+        expected = {}
+        for allocation in ALLOCATIONS:
+            config = load_config(configs[allocation])
+            model = strategy.ErrorModel(config, nodes, workload)
+            rows = model.errors(strategy.Allocation.of(config))
+            expected[allocation] = {f"{r.level}|{r.table}": r.l1 for r in rows}
+        return {
+            "input": name, "optimize_s": optimize_s, "optimizer_output": printed, "runs": runs,
+            "expected": expected, "nodes": nodes, "levels": list(loaded.hierarchy.names),
+            "workload_levels": list(workload.levels), "tables": [t.name for t in workload.tables],
+        }  # fmt: skip
+
     for i in range(secrets):
         for allocation in ALLOCATIONS:
             out = work / f"{name}_{allocation}_{i}"
-            started = time.perf_counter()
-            run_topdown(
-                configs[allocation], spark=spark, input=source, output=out,
-                secret_file=secret_file(work, name, allocation, i), overwrite=True,
-            )  # fmt: skip
-            wall = time.perf_counter() - started
+            manifest = out / "manifest.json"
+            if keep and allocation == "production" and manifest.exists():
+                wall = float(json.loads(manifest.read_text())["elapsed_s"])
+            else:
+                started = time.perf_counter()
+                run_topdown(
+                    configs[allocation], spark=spark, input=source, output=out,
+                    secret_file=secret_file(work, name, configs[allocation], i), overwrite=True,
+                )  # fmt: skip
+                wall = time.perf_counter() - started
             errors = measured_errors(out, truth, workload)
             runs[allocation].append({"secret": i, "wall_s": wall, "errors": errors})
             print(
                 json.dumps({"input": name, "allocation": allocation, **runs[allocation][-1]}),
                 flush=True,
             )
-    nodes = json.loads((work / f"{name}_production_0" / "manifest.json").read_text())["nodes"]
-    expected = {}
-    for allocation in ALLOCATIONS:
-        config = load_config(configs[allocation])
-        model = strategy.ErrorModel(config, nodes, workload)
-        rows = model.errors(strategy.Allocation.of(config))
-        expected[allocation] = {(r.level, r.table): r.l1 for r in rows}
-    return {
-        "input": name, "optimize_s": optimize_s, "optimizer_output": printed, "runs": runs,
-        "expected": {a: {f"{lv}|{t}": v for (lv, t), v in e.items()} for a, e in expected.items()},
-        "nodes": nodes, "levels": list(loaded.hierarchy.names),
-        "workload_levels": list(workload.levels), "tables": [t.name for t in workload.tables],
-    }  # fmt: skip
+        progress(results())
+    return results()
 
 
 NATIONAL = ROOT / "conf" / "national_production.toml"
@@ -282,6 +299,11 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--national", type=Path, help="a generate national folder to time on")
     parser.add_argument("--previous", type=Path, help="results.json of an earlier invocation")
+    parser.add_argument(
+        "--keep-production",
+        action="store_true",
+        help="score the production releases already in --work instead of running them again",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["CENSUSDP_SECRET_REGISTRY"] = str(args.work / "secret_registry")
@@ -293,10 +315,16 @@ def main() -> None:
 
         spark = spark_session("bench-budget-optimizer", "local[2]")
         for name in names:
-            results = [r for r in results if r["input"] != name]
-            results.append(run_input(name, args.secrets, args.work, spark))
-            (args.work / "results.json").write_text(json.dumps(results))
-            args.results.write_text(report(results, command))
+            done = [r for r in results if r["input"] != name]
+
+            def progress(partial: dict, done: list[dict] = done) -> None:
+                (args.work / "results.json").write_text(json.dumps([*done, partial]))
+                args.results.write_text(report([*done, partial], command))
+
+            results = [
+                *done,
+                run_input(name, args.secrets, args.work, spark, args.keep_production, progress),
+            ]
         spark.stop()
     national = None
     if args.national is not None:
