@@ -140,10 +140,10 @@ def _budget_optimizer(args: argparse.Namespace) -> int:
     workload's expected error on the config's spine (read for its node counts alone)."""
     from censusdp_spark.api import optimize_budget
     from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.model.errors import ConfigError
+    from censusdp_spark.topdown.strategy import refuse_existing
 
-    if args.write_config is not None and args.write_config.exists():
-        raise ConfigError(str(args.write_config), "-", "exists: --write-config writes a new file")
+    if args.write_config is not None:  # before any work
+        refuse_existing(args.write_config)
     spark = spark_session("censusdp-budget-optimizer", args.master)
     choice = optimize_budget(args.config, workload=args.workload, input=args.input, spark=spark)
     print(choice.text(), end="")

@@ -374,6 +374,12 @@ def with_budget(text: str, section: str) -> str:
     return "".join(out)
 
 
+def refuse_existing(path: Path) -> None:
+    """``ConfigError`` when ``path`` exists: ``--write-config`` writes a new file only."""
+    if path.exists():
+        raise ConfigError(str(path), "-", "exists: --write-config writes a new file")
+
+
 def write_config(
     config_path: Path, config: RunConfig, allocation: ExactAllocation, out: Path
 ) -> None:
@@ -480,8 +486,7 @@ class BudgetChoice:
     def write_config(self, path: Path) -> None:
         """The config's file with this ``[budget]`` in place, validated, to the new file
         ``path`` (``ConfigError`` if it exists)."""
-        if path.exists():
-            raise ConfigError(str(path), "-", "exists: --write-config writes a new file")
+        refuse_existing(path)
         write_config(Path(self.source), self.config, self.optimized.allocation, path)
 
     def plot(self, path: Path) -> None:
