@@ -76,7 +76,8 @@ def fixed_secret(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def reference_release(spark, county_csv, fixed_secret, tmp_path_factory) -> Path:
-    """An undisturbed TopDown run (with --evaluate) on the county, through the CLI."""
+    """An undisturbed TopDown run (with --evaluate and --variances) on the county, through the
+    CLI."""
     from censusdp_spark.cli import main
 
     out = tmp_path_factory.mktemp("release") / "out"
@@ -92,7 +93,36 @@ def reference_release(spark, county_csv, fixed_secret, tmp_path_factory) -> Path
             "--secret-file",
             str(fixed_secret),
             "--evaluate",
+            "--variances",
         ]
     )
     assert code == 0
+    return out
+
+
+TRACT = "44001030100"  # one real RI 2010 tract of that county: 125 blocks
+
+
+@pytest.fixture(scope="session")
+def quick_tract(tmp_path_factory) -> tuple[Path, Path]:
+    """The tract's blocks and, beside them, the demo config over three levels
+    (``quick_demo_config``): the input of tests about processes and wiring (a cluster, a
+    server, a killed worker), where the hierarchy's depth is not what is tested."""
+    from tests.helpers.blocks import quick_demo_config
+
+    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
+    path = tmp_path_factory.mktemp("quick") / "tract.csv"
+    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(TRACT)]]) + "\n")
+    return path, quick_demo_config(path.parent)
+
+
+@pytest.fixture(scope="session")
+def quick_reference(spark, quick_tract, fixed_secret, tmp_path_factory) -> Path:
+    """An undisturbed release of ``quick_tract`` with ``fixed_secret``, in this process."""
+    from censusdp_spark.cli import main
+
+    csv, config = quick_tract
+    out = tmp_path_factory.mktemp("quick_release") / "out"
+    args = ["topdown", "--config", str(config), "--input", str(csv), "--output", str(out)]
+    assert main([*args, "--secret-file", str(fixed_secret)]) == 0
     return out

@@ -23,24 +23,18 @@ def master(tmp_path_factory) -> Iterator[str]:
 
 
 def test_cluster_release_is_identical_to_local(
-    spark, master, county_csv, fixed_secret, reference_release, tmp_path
+    spark, master, quick_tract, fixed_secret, quick_reference, tmp_path
 ):
     """The reference release ran in local mode with the same config, input and secret."""
-    args = [
-        "--config",
-        "conf/ri_2010_demo.toml",
-        "--input",
-        str(county_csv),
-        "--secret-file",
-        str(fixed_secret),
-    ]
+    csv, config = quick_tract
+    args = ["--config", str(config), "--input", str(csv), "--secret-file", str(fixed_secret)]
     run = spark_submit(
         master, "jobs/topdown.py", *args, "--output", str(tmp_path / "cluster"),
         log=tmp_path / "cluster.log",
     )  # fmt: skip
     assert run.returncode == 0, (tmp_path / "cluster.log").read_text()[-3000:]
     assert "TopDown release written to" in (tmp_path / "cluster.log").read_text()
-    assert_same_tables(spark, reference_release, tmp_path / "cluster")
+    assert_same_tables(spark, quick_reference, tmp_path / "cluster")
 
 
 def small_production_input(folder: Path, tracts: int = 3) -> Path:

@@ -20,19 +20,19 @@ NO_SERVER_LIMIT_S = 30
 
 @pytest.mark.connect
 def test_topdown_over_spark_connect_is_identical_to_local(
-    spark, county_csv, fixed_secret, reference_release, tmp_path, monkeypatch
+    spark, quick_tract, fixed_secret, quick_reference, tmp_path, monkeypatch
 ):
-    """The reference release ran in local mode with the same config, input and secret (and
-    ``--evaluate``, left out here to keep the suite short; the pandas UDF paths of measurement
-    and estimation run on the server's Python workers either way). Progress lines come from
-    the server's progress messages."""
+    """The reference release ran in local mode with the same config, input and secret (the
+    pandas UDF paths of measurement and estimation run on the server's Python workers).
+    Progress lines come from the server's progress messages."""
+    csv, config = quick_tract
     out, log = tmp_path / "connect", tmp_path / "client.log"
     monkeypatch.setenv("CENSUSDP_PROGRESS_SECONDS", "1")
     with connect_server(tmp_path) as remote:
         run = run_cli(
             "topdown",
-            "--config", CONFIG,
-            "--input", str(county_csv),
+            "--config", str(config),
+            "--input", str(csv),
             "--output", str(out),
             "--secret-file", str(fixed_secret),
             "--remote", remote,
@@ -43,7 +43,7 @@ def test_topdown_over_spark_connect_is_identical_to_local(
     assert "log4j" not in log.read_text()  # no JVM started in the client
     assert "[censusdp] progress (" in log.read_text()
     assert (out / "manifest.json").exists()
-    assert_same_tables(spark, reference_release, out)
+    assert_same_tables(spark, quick_reference, out)
 
 
 @pytest.mark.parametrize("how", ["flag", "env", "silent listener"])

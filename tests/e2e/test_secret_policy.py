@@ -4,30 +4,29 @@ run lock, resume and overwrite guards; the secret is made only after the input v
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import io
 import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from censusdp_spark.cli import main
-from tests.helpers.blocks import quick_demo_config
 from tests.helpers.cli import error_lines
 from tests.helpers.pl94 import copy_of_sample
 from tests.helpers.release import with_method
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACT = "44001030100"  # one real RI 2010 tract (Bristol County): a quick TopDown input
 
 
 @pytest.fixture(scope="module")
-def tract_csv(tmp_path_factory) -> Path:
-    """The tract's blocks, with the quick TopDown config of these tests beside them."""
-    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
-    path = tmp_path_factory.mktemp("tract") / "tract.csv"
-    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(TRACT)]]) + "\n")
-    quick_demo_config(path.parent)
-    return path
+def tract_csv(quick_tract) -> Path:
+    """A real RI tract's blocks, with the quick TopDown config of these tests beside them."""
+    return quick_tract[0]
 
 
 def topdown_config(tract_csv: Path) -> Path:
@@ -103,20 +102,47 @@ def make_secret(folder: Path, byte: str) -> Path:
 KINDS = ["topdown", "pgsr", "synth"]
 
 
+@dataclass(frozen=True)
+class FreshPair:
+    """Two fresh runs of one release kind without a secret; the first with ``--evaluate``."""
+
+    evaluated: Path
+    plain: Path
+    evaluated_stdout: str
+
+
+@pytest.fixture(scope="module")
+def fresh_pairs(spark, tract_csv, tmp_path_factory) -> Callable[[str], FreshPair]:
+    """Each kind's pair, made once for the module's tests of fresh runs (noise, overwrite,
+    evaluation)."""
+    made: dict[str, FreshPair] = {}
+
+    def pair(kind: str) -> FreshPair:
+        if kind not in made:
+            folder = tmp_path_factory.mktemp(f"fresh_{kind}")
+            evaluated, plain, stdout = folder / "a", folder / "b", io.StringIO()
+            with contextlib.redirect_stdout(stdout):
+                assert run(kind, tract_csv, evaluated, "--evaluate") == 0
+            assert run(kind, tract_csv, plain) == 0
+            made[kind] = FreshPair(evaluated, plain, stdout.getvalue())
+        return made[kind]
+
+    return pair
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_two_fresh_runs_without_a_secret_never_share_noise(spark, kind, tract_csv, tmp_path):
-    first, second = tmp_path / "a", tmp_path / "b"
-    assert run(kind, tract_csv, first) == 0
-    assert run(kind, tract_csv, second) == 0
+def test_two_fresh_runs_without_a_secret_never_share_noise(spark, kind, fresh_pairs):
+    first, second = fresh_pairs(kind).evaluated, fresh_pairs(kind).plain
     assert fingerprint(first) != fingerprint(second)
     shared = noisy_rows(spark, first) & noisy_rows(spark, second)
     assert len(shared) < 0.5 * len(noisy_rows(spark, first)), kind  # only chance equalities
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_overwriting_without_a_secret_draws_new_noise(spark, kind, tract_csv, tmp_path):
+def test_overwriting_without_a_secret_draws_new_noise(kind, tract_csv, fresh_pairs, tmp_path):
+    """A copy of a fresh release, overwritten by a fresh run at its new place."""
     out = tmp_path / "out"
-    assert run(kind, tract_csv, out) == 0
+    shutil.copytree(fresh_pairs(kind).plain, out)
     before = fingerprint(out)
     assert run(kind, tract_csv, out, "--overwrite") == 0
     assert fingerprint(out) != before
@@ -252,16 +278,14 @@ def test_an_unusable_secret_file_is_one_line_and_writes_nothing(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_evaluation_is_written_beside_the_release_never_inside_it(
-    spark, kind, tract_csv, tmp_path, capsys
-):
-    out = tmp_path / "out"
-    assert run(kind, tract_csv, out, "--evaluate") == 0
-    evaluation = tmp_path / "out.evaluation"
+def test_evaluation_is_written_beside_the_release_never_inside_it(kind, fresh_pairs):
+    fresh = fresh_pairs(kind)
+    out = fresh.evaluated
+    evaluation = out.parent / "a.evaluation"
     assert (evaluation / "table" / "_delta_log").is_dir() and (evaluation / "errors.csv").exists()
     marker = json.loads((evaluation / ".censusdp-evaluation").read_text())
     assert marker["evaluates"] == str(out) and "never for release" in marker["note"]
-    assert str(evaluation) in capsys.readouterr().out  # the summary says where it went
+    assert str(evaluation) in fresh.evaluated_stdout  # the summary says where it went
     manifest = json.loads((out / "manifest.json").read_text())
     assert not any("evaluation" in name for name in [*manifest, *manifest["tables"]]), manifest
     assert not any("evaluation" in p.name or p.name == "errors.csv" for p in out.rglob("*"))
