@@ -117,12 +117,22 @@ def quick_tract(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def quick_reference(spark, quick_tract, fixed_secret, tmp_path_factory) -> Path:
-    """An undisturbed release of ``quick_tract`` with ``fixed_secret``, in this process."""
+def quick_secret(tmp_path_factory) -> Path:
+    """The secret of ``quick_tract``'s releases (a secret makes one release of one input:
+    ``fixed_secret`` is the county's)."""
+    path = tmp_path_factory.mktemp("quick_secret") / "secret.hex"
+    path.write_text("5f" * 32 + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="session")
+def quick_reference(spark, quick_tract, quick_secret, tmp_path_factory) -> Path:
+    """An undisturbed release of ``quick_tract`` with ``quick_secret``, in this process."""
     from censusdp_spark.cli import main
 
     csv, config = quick_tract
     out = tmp_path_factory.mktemp("quick_release") / "out"
     args = ["topdown", "--config", str(config), "--input", str(csv), "--output", str(out)]
-    assert main([*args, "--secret-file", str(fixed_secret)]) == 0
+    assert main([*args, "--secret-file", str(quick_secret)]) == 0
     return out

@@ -830,17 +830,28 @@ def _check_method(fail: Fail, method: str, hierarchy: Hierarchy,
 def _check_leaf_queries(fail: Fail, leaf: str, queries: tuple[MarginalQuery, ...],
                         zeros: tuple[int, ...], n_cells: int) -> None:  # fmt: skip
     active = np.setdiff1d(np.arange(n_cells), zeros)
-    stacked = np.vstack(
-        [np.eye(q.size)[q.cell_to_marginal[active]].T for q in queries]
-        or [np.zeros((0, active.size))]
-    )
-    if np.linalg.matrix_rank(stacked) < active.size:
+    if not _identify_every_cell([q.cell_to_marginal[active] for q in queries], active.size):
         raise fail(
             "estimation.method",
             f'"full_information" needs the leaf level\'s queries to determine every cell;'
             f" those of [budget.levels.{leaf}.queries] ({[q.name for q in queries]}) do"
             ' not: add "detailed" there',
         )
+
+
+def _identify_every_cell(codes: list[np.ndarray], n_cells: int) -> bool:
+    """Whether marginals (each cell's marginal cell, per query) determine all ``n_cells``
+    cells: one of them puts every cell in a cell of its own (``detailed``, at once), or their
+    stacked 0/1 matrix has full column rank, found on its ``n_cells`` square Gram matrix
+    (entry ``i, j``: the queries where cells ``i`` and ``j`` share a marginal cell), whose
+    rank is the stacked matrix's (the production schema's 1,890 active cells: a fraction of a
+    second, where the stacked matrix's SVD took ten)."""
+    if any(np.unique(code).size == n_cells for code in codes):
+        return True
+    gram = np.zeros((n_cells, n_cells))
+    for code in codes:
+        gram += code[:, None] == code[None, :]
+    return int(np.linalg.matrix_rank(gram, hermitian=True)) == n_cells
 
 
 def _passes(

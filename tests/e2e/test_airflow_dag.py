@@ -237,11 +237,11 @@ def test_a_spark_connect_run_is_the_job_with_remote_and_no_spark_submit(
     assert operator_rules["connect"] == ["py", "a.py", "--config", "c", "--remote", "sc://h:1"]
 
 
-def kent_county_blocks(folder: Path) -> Path:
-    """The 1,092 real 2010 blocks of Kent County, RI (geocodes 44001...), with the header."""
+def bristol_county_blocks(folder: Path) -> Path:
+    """The 1,092 real 2010 blocks of Bristol County, RI (geocodes 44001...), with the header."""
     source = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
     county = [source[0]] + [line for line in source[1:] if line.startswith("44001")]
-    path = folder / "kent_county_blocks.csv"
+    path = folder / "bristol_county_blocks.csv"
     path.write_text("\n".join(county) + "\n")
     return path
 
@@ -252,7 +252,7 @@ def test_validate_step_checks_config_input_and_secret_and_writes_nothing(
     from censusdp_spark.topdown.config import load_config
     from censusdp_spark.topdown.validate import validate_release
 
-    blocks = kent_county_blocks(tmp_path)
+    blocks = bristol_county_blocks(tmp_path)
     before = sorted(tmp_path.rglob("*"))
     report = validate_release(
         spark, load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks, secret_file
@@ -275,7 +275,7 @@ def test_validate_step_names_the_row_of_a_broken_input(spark, tmp_path: Path) ->
     from censusdp_spark.topdown.config import load_config
     from censusdp_spark.topdown.validate import validate_release
 
-    blocks = kent_county_blocks(tmp_path)
+    blocks = bristol_county_blocks(tmp_path)
     lines = blocks.read_text().splitlines()
     fields = lines[3].split(",")  # data row 3
     assert lines[0].split(",")[5] == "pop_white"
@@ -289,13 +289,14 @@ def test_validate_step_names_the_row_of_a_broken_input(spark, tmp_path: Path) ->
 
 
 def test_topdown_task_runs_end_to_end_in_local_mode(
-    airflow_env: dict[str, str], tmp_path: Path
+    airflow_env: dict[str, str], quick_tract: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """``airflow tasks test`` runs the TopDown task on Kent County, RI (1,092 real blocks)."""
-    blocks = kent_county_blocks(tmp_path)
-    # The demo config with its own output and private folder, so the demo's run state is untouched.
+    """``airflow tasks test`` runs the TopDown task on a real RI tract (125 blocks) with the
+    demo's schema over three levels: the task's wiring, not the hierarchy's depth."""
+    blocks, quick_config = quick_tract
+    # The config with its own output and private folder, so no other run state is touched.
     config = tmp_path / "topdown.toml"
-    text = (ROOT / "conf" / "ri_2010_demo.toml").read_text()
+    text = quick_config.read_text()
     for key, value in (
         ("output", tmp_path / "config_output"),
         ("private_dir", tmp_path / "private"),
@@ -334,8 +335,8 @@ def test_topdown_task_runs_end_to_end_in_local_mode(
         assert (output / table / "_delta_log").is_dir(), table
     manifest = json.loads((output / "manifest.json").read_text())
     assert manifest["input"] == str(blocks)
-    assert manifest["nodes"]["block"] == 1092
-    assert manifest["privacy"]["rho"] == "293764/114921"
+    assert manifest["nodes"]["block"] == 125
+    assert manifest["privacy"]["rho"] == "1"
     assert secret not in json.dumps(manifest)
     # The DAG finds the run state where the job wrote it: a retry would resume this run.
     resumable = airflow_python(

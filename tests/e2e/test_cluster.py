@@ -23,11 +23,11 @@ def master(tmp_path_factory) -> Iterator[str]:
 
 
 def test_cluster_release_is_identical_to_local(
-    spark, master, quick_tract, fixed_secret, quick_reference, tmp_path
+    spark, master, quick_tract, quick_secret, quick_reference, tmp_path
 ):
     """The reference release ran in local mode with the same config, input and secret."""
     csv, config = quick_tract
-    args = ["--config", str(config), "--input", str(csv), "--secret-file", str(fixed_secret)]
+    args = ["--config", str(config), "--input", str(csv), "--secret-file", str(quick_secret)]
     run = spark_submit(
         master, "jobs/topdown.py", *args, "--output", str(tmp_path / "cluster"),
         log=tmp_path / "cluster.log",
@@ -37,7 +37,7 @@ def test_cluster_release_is_identical_to_local(
     assert_same_tables(spark, quick_reference, tmp_path / "cluster")
 
 
-def small_production_input(folder: Path, tracts: int = 3) -> Path:
+def small_production_input(folder: Path, tracts: int = 1) -> Path:
     """The SYNTHETIC production persons and spine of DC's first ``tracts`` tracts, laid out as
     the generator writes them (``persons/`` beside ``spine/``)."""
     import pyarrow.compute as pc
@@ -65,7 +65,7 @@ def small_production_input(folder: Path, tracts: int = 3) -> Path:
 
 
 def test_the_production_schema_on_a_cluster_is_identical_to_local(spark, master, tmp_path):
-    """The 2,016-cell production release of SYNTHETIC national persons (a few DC tracts, the
+    """The 2,016-cell production release of SYNTHETIC national persons (a DC tract, the
     spine found beside them), on a standalone cluster and in local mode, same secret."""
     from censusdp_spark.cli import main
 

@@ -20,7 +20,7 @@ NO_SERVER_LIMIT_S = 30
 
 @pytest.mark.connect
 def test_topdown_over_spark_connect_is_identical_to_local(
-    spark, quick_tract, fixed_secret, quick_reference, tmp_path, monkeypatch
+    spark, quick_tract, quick_secret, quick_reference, tmp_path, monkeypatch
 ):
     """The reference release ran in local mode with the same config, input and secret (the
     pandas UDF paths of measurement and estimation run on the server's Python workers).
@@ -34,7 +34,7 @@ def test_topdown_over_spark_connect_is_identical_to_local(
             "--config", str(config),
             "--input", str(csv),
             "--output", str(out),
-            "--secret-file", str(fixed_secret),
+            "--secret-file", str(quick_secret),
             "--remote", remote,
             log=log,
         )  # fmt: skip

@@ -9,35 +9,29 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from tests.helpers.cli import ROOT, censusdp
+from tests.helpers.cli import censusdp
 from tests.helpers.release import assert_same_tables
 
 pytestmark = pytest.mark.slow  # the faults run the CLI in a JVM subprocess of its own
 
 
-def topdown_args(county_csv: Path, secret: Path, output: Path) -> list[str]:
+def topdown_args(quick_tract: tuple[Path, Path], secret: Path, output: Path) -> list[str]:
+    """The quick tract's release (nation > tract > block): the faults are about a process and
+    the run state, not the hierarchy's depth."""
+    csv, config = quick_tract
     return [
-        "topdown",
-        "--config",
-        str(ROOT / "conf" / "ri_2010_demo.toml"),
-        "--input",
-        str(county_csv),
-        "--secret-file",
-        str(secret),
-        "--output",
-        str(output),
-        "--master",
-        "local[2]",
+        *("topdown", "--config", str(config), "--input", str(csv)),
+        *("--secret-file", str(secret), "--output", str(output), "--master", "local[2]"),
     ]
 
 
 def resume_in_process(
-    county_csv: Path, secret: Path, output: Path, capsys: pytest.CaptureFixture[str]
+    quick_tract: tuple[Path, Path], secret: Path, output: Path, capsys: pytest.CaptureFixture[str]
 ) -> tuple[int, str]:
     """``--resume`` through ``main`` in this process, on the tests' Spark session: the run
     after a fault is not about a process, only the fault is. Returns the exit code and stderr."""
     capsys.readouterr()  # what earlier steps printed
-    code = main([*topdown_args(county_csv, secret, output), "--resume"])
+    code = main([*topdown_args(quick_tract, secret, output), "--resume"])
     return code, capsys.readouterr().err
 
 
@@ -46,30 +40,26 @@ def noisy_commits(output: Path) -> list[str]:
 
 
 def test_killed_python_worker_is_retried_with_identical_noise(
-    spark, quick_tract, fixed_secret, quick_reference, tmp_path
+    spark, quick_tract, quick_secret, quick_reference, tmp_path
 ):
-    """A retried task draws the same noise: the quick tract's release (the fault is about a
-    task, not the hierarchy's depth) equals the undisturbed one with the same secret."""
-    csv, config = quick_tract
+    """A retried task draws the same noise: the release equals the undisturbed one with the
+    same secret."""
     marker = tmp_path / "worker-killed"
     out = tmp_path / "out"
     # local[2,4]: up to 4 attempts per task, as on a cluster; the hook kills the first estimation worker.
-    run = censusdp(
-        *("topdown", "--config", str(config), "--input", str(csv), "--output", str(out)),
-        *("--secret-file", str(fixed_secret), "--master", "local[2,4]"),
-        env={"CENSUSDP_TEST_FAULT": f"python_worker_once:{marker}"},
-    )
+    args = [*topdown_args(quick_tract, quick_secret, out)[:-1], "local[2,4]"]
+    run = censusdp(*args, env={"CENSUSDP_TEST_FAULT": f"python_worker_once:{marker}"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert marker.exists(), "the fault hook never fired"
     assert_same_tables(spark, quick_reference, out)
 
 
 @pytest.fixture(scope="module")
-def killed_after_tract(county_csv, fixed_secret, tmp_path_factory) -> Path:
+def killed_after_tract(quick_tract, quick_secret, tmp_path_factory) -> Path:
     """The output of a run whose driver was killed once the tract level was committed."""
     out = tmp_path_factory.mktemp("killed") / "out"
     killed = censusdp(
-        *topdown_args(county_csv, fixed_secret, out),
+        *topdown_args(quick_tract, quick_secret, out),
         env={"CENSUSDP_TEST_FAULT": "driver_after_level:tract"},
     )
     assert killed.returncode == 17, killed.stderr[-3000:]
@@ -93,28 +83,28 @@ def plain_parquet_rows(spark, table: Path) -> int:
 
 
 def test_killed_driver_resumes_from_the_last_complete_level(
-    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path, capsys
+    spark, quick_tract, quick_secret, quick_reference, killed_after_tract, tmp_path, capsys
 ):
     out = tmp_path / "out"
     copy_of(killed_after_tract, out)
     commits_before = noisy_commits(out)
-    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    code, err = resume_in_process(quick_tract, quick_secret, out, capsys)
     assert code == 0, err[-3000:]
-    assert "estimate_tract" not in err and "[censusdp] measure" not in err
-    assert "estimate_block_group" in err
+    assert "estimate_nation" not in err and "estimate_tract" not in err
+    assert "[censusdp] measure" not in err and "estimate_block" in err
     assert noisy_commits(out) == commits_before == ["00000000000000000000.json"]
-    assert_same_tables(spark, reference_release, out)
+    assert_same_tables(spark, quick_reference, out)
 
 
-def test_resume_refuses_a_run_with_another_config(county_csv, fixed_secret, tmp_path, capsys):
+def test_resume_refuses_a_run_with_another_config(quick_tract, quick_secret, tmp_path, capsys):
     out = tmp_path / "out"
-    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    code, err = resume_in_process(quick_tract, quick_secret, out, capsys)
     assert code == 2
     assert "no run state to resume from" in err
 
 
 def test_resume_removes_the_parquet_files_no_delta_commit_references(
-    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path, capsys
+    spark, quick_tract, quick_secret, quick_reference, killed_after_tract, tmp_path, capsys
 ):
     """A block write killed mid-way leaves data files outside the Delta log: a plain-Parquet
     reader would count them. The resumed run removes them before it writes."""
@@ -127,29 +117,29 @@ def test_resume_removes_the_parquet_files_no_delta_commit_references(
     for orphan in orphans:
         orphan.parent.mkdir(exist_ok=True)
         shutil.copy(written, orphan)
-    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    code, err = resume_in_process(quick_tract, quick_secret, out, capsys)
     assert code == 0, err[-3000:]
     assert not any(orphan.exists() for orphan in orphans)
     assert "removed 2 uncommitted file(s) from estimates" in err
     delta_rows = spark.read.format("delta").load(str(estimates)).count()
     assert plain_parquet_rows(spark, estimates) == delta_rows
-    assert_same_tables(spark, reference_release, out)
+    assert_same_tables(spark, quick_reference, out)
 
 
 def test_resume_redoes_a_level_the_run_state_claims_but_its_table_lacks(
-    spark, county_csv, fixed_secret, reference_release, killed_after_tract, tmp_path, capsys
+    spark, quick_tract, quick_secret, quick_reference, killed_after_tract, tmp_path, capsys
 ):
     out = tmp_path / "out"
     private = copy_of(killed_after_tract, out)
     state = json.loads((private / "state.json").read_text())
     assert state["steps_done"][-1] == "tract"
-    state["steps_done"] += ["block_group", "block"]  # claimed, never written
+    state["steps_done"] += ["block"]  # claimed, never written
     (private / "state.json").write_text(json.dumps(state))
-    code, err = resume_in_process(county_csv, fixed_secret, out, capsys)
+    code, err = resume_in_process(quick_tract, quick_secret, out, capsys)
     assert code == 0, err[-3000:]
-    assert "block_group is done but its table is missing or incomplete" in err
-    assert "estimate_tract" not in err and "estimate_block_group" in err
-    assert_same_tables(spark, reference_release, out)
+    assert "block is done but its table is missing or incomplete" in err
+    assert "estimate_tract" not in err and "estimate_block" in err
+    assert_same_tables(spark, quick_reference, out)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +148,7 @@ def test_resume_redoes_a_level_the_run_state_claims_but_its_table_lacks(
     ids=["empty", "not_json", "a_list", "missing_fields", "wrong_types"],
 )
 def test_a_garbled_run_state_is_one_line_naming_the_file(
-    spark, county_csv, fixed_secret, tmp_path, capsys, garbled
+    spark, quick_tract, quick_secret, tmp_path, capsys, garbled
 ):
     out = tmp_path / "out"
     private = tmp_path / "out.private"
@@ -175,7 +165,7 @@ def test_a_garbled_run_state_is_one_line_naming_the_file(
             }
         )
     (private / "state.json").write_text(garbled)
-    code = main([*topdown_args(county_csv, fixed_secret, out), "--resume"])
+    code = main([*topdown_args(quick_tract, quick_secret, out), "--resume"])
     err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("[censusdp]")]
     assert code == 2
     assert len(err) == 1 and str(private / "state.json") in err[0], err

@@ -193,26 +193,20 @@ def test_county_detail_is_more_accurate_than_topdown(spark, fi_release, topdown_
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("killed_after", "redone", "kept"),
-    [("block", ["block", "block_group"], []), ("tract", ["county"], ["block", "tract"])],
+    [("block", ["block", "tract"], []), ("tract", ["nation"], ["block", "tract"])],
 )
 def test_killed_driver_resumes_the_bottom_up_pass_where_it_stopped(
-    spark,
-    fi_config,
-    county_csv,
-    fixed_secret,
-    fi_release,
-    tmp_path,
-    capsys,
-    killed_after,
-    redone,
-    kept,
+    spark, quick_tract, quick_secret, quick_reference, tmp_path, capsys, killed_after, redone, kept
 ):
     """Killed after the leaves' commit, before their parents', the resumed run redoes the
     leaves and their parents in one pass (the leaves' rows hold no mean to start the parents
-    from); killed after the tracts', it goes on from the counties. The tables are the same
-    either way. The killed run is a process of its own; the resumed one runs in this one."""
+    from); killed after the tracts', it goes on from the nation. The tables are the same
+    either way. The killed run is a process of its own; the resumed one runs in this one. On
+    the quick tract (nation > tract > block, the demo's method): the pass's wiring, not the
+    hierarchy's depth."""
+    csv, config = quick_tract
     out = tmp_path / "out"
-    args = fi_args(fi_config, county_csv, fixed_secret, out)
+    args = fi_args(config, csv, quick_secret, out)
     fault = f"driver_after_level:bottom_up_{killed_after}"
     killed = censusdp(*args, env={"CENSUSDP_TEST_FAULT": fault})
     assert killed.returncode == 17, killed.stderr[-3000:]
@@ -224,7 +218,10 @@ def test_killed_driver_resumes_the_bottom_up_pass_where_it_stopped(
     assert all(f"bottom_up_{lv}:" in err for lv in redone)
     assert "estimate_block" in err
     assert_same_tables(
-        spark, fi_release, out, tables=("noisy_measurements", "bottom_up", "estimates", "microdata")
+        spark,
+        quick_reference,
+        out,
+        tables=("noisy_measurements", "bottom_up", "estimates", "microdata"),
     )
 
 

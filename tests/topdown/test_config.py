@@ -3,6 +3,7 @@ import tomllib
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from censusdp_spark.model.config import SpineSpec
@@ -550,3 +551,30 @@ def test_occupancy_needs_dwelling_counts_and_one_pass():
         ConfigError, match=r"\[estimation\.passes\] \"total\" first is not supported"
     ):
         load_config(doc, ROOT)
+
+
+def test_cells_are_identified_exactly_when_the_stacked_marginals_have_full_rank():
+    """Against the stacked 0/1 matrix's SVD rank, on random marginal sets of 2-4 attributes
+    with random structural zeros (where marginals without every attribute can identify the
+    cells left): both the one-query shortcut and the Gram rank decide cases."""
+    from censusdp_spark.topdown.config import _identify_every_cell
+
+    rng = np.random.default_rng(5)
+    outcomes = set()
+    for _ in range(300):
+        shape = tuple(rng.integers(2, 4, rng.integers(2, 5)))
+        cells = np.indices(shape).reshape(len(shape), -1).T
+        cells = cells[rng.random(len(cells)) < rng.uniform(0.2, 0.9)]  # the active cells
+        codes = []
+        for _ in range(rng.integers(1, 4)):
+            kept = rng.random(len(shape)) < 0.5
+            sizes = np.array(shape)[kept]
+            codes.append(np.ravel_multi_index(cells[:, kept].T, sizes) if kept.any()
+                         else np.zeros(len(cells), dtype=int))  # fmt: skip
+        if len(cells) == 0:
+            continue
+        stacked = np.vstack([np.eye(code.max() + 1)[code].T for code in codes])
+        expected = bool(np.linalg.matrix_rank(stacked) == len(cells))
+        assert _identify_every_cell(codes, len(cells)) == expected
+        outcomes.add((expected, any(np.unique(c).size == len(cells) for c in codes)))
+    assert outcomes == {(True, True), (True, False), (False, False)}
