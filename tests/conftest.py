@@ -52,26 +52,36 @@ def secret_file(tmp_path: Path) -> Path:
     return path
 
 
+def ri_blocks_under(prefix: str, path: Path) -> Path:
+    """The real RI 2010 blocks whose geocode starts with ``prefix``, with the header, at
+    ``path``."""
+    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
+    path.write_text(
+        "\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(prefix)]]) + "\n"
+    )
+    return path
+
+
+def owner_only_secret(folder: Path, byte: str) -> Path:
+    """A run secret of 32 ``byte`` bytes in ``folder/secret.hex``, mode 0600."""
+    path = folder / "secret.hex"
+    path.write_text(byte * 32 + "\n")
+    path.chmod(0o600)
+    return path
+
+
 COUNTY = "44001"  # Bristol County, RI: 1,092 blocks of the real 2010 file
 
 
 @pytest.fixture(scope="session")
 def county_csv(tmp_path_factory) -> Path:
     """The real RI 2010 blocks of one county, as a small TopDown input."""
-    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
-    path = tmp_path_factory.mktemp("input") / "bristol.csv"
-    path.write_text(
-        "\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(COUNTY)]]) + "\n"
-    )
-    return path
+    return ri_blocks_under(COUNTY, tmp_path_factory.mktemp("input") / "bristol.csv")
 
 
 @pytest.fixture(scope="session")
 def fixed_secret(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("secret") / "secret.hex"
-    path.write_text("5e" * 32 + "\n")
-    path.chmod(0o600)
-    return path
+    return owner_only_secret(tmp_path_factory.mktemp("secret"), "5e")
 
 
 @pytest.fixture(scope="session")
@@ -110,9 +120,7 @@ def quick_tract(tmp_path_factory) -> tuple[Path, Path]:
     server, a killed worker), where the hierarchy's depth is not what is tested."""
     from tests.helpers.blocks import quick_demo_config
 
-    lines = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()
-    path = tmp_path_factory.mktemp("quick") / "tract.csv"
-    path.write_text("\n".join([lines[0], *[ln for ln in lines[1:] if ln.startswith(TRACT)]]) + "\n")
+    path = ri_blocks_under(TRACT, tmp_path_factory.mktemp("quick") / "tract.csv")
     return path, quick_demo_config(path.parent)
 
 
@@ -120,10 +128,7 @@ def quick_tract(tmp_path_factory) -> tuple[Path, Path]:
 def quick_secret(tmp_path_factory) -> Path:
     """The secret of ``quick_tract``'s releases (a secret makes one release of one input:
     ``fixed_secret`` is the county's)."""
-    path = tmp_path_factory.mktemp("quick_secret") / "secret.hex"
-    path.write_text("5f" * 32 + "\n")
-    path.chmod(0o600)
-    return path
+    return owner_only_secret(tmp_path_factory.mktemp("quick_secret"), "5f")
 
 
 @pytest.fixture(scope="session")
