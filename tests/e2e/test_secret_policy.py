@@ -99,6 +99,20 @@ def make_secret(folder: Path, byte: str) -> Path:
     return path
 
 
+def first_release_with_a_user_secret(
+    kind: str, tract_csv: Path, folder: Path, request: pytest.FixtureRequest
+) -> Path:
+    """A secret that has made one release of ``kind`` on its default input: TopDown's is
+    ``quick_secret``, bound by ``quick_reference`` (the same tract and config), so no release
+    runs here; group sizes make theirs at ``folder/first``."""
+    if kind == "topdown":
+        request.getfixturevalue("quick_reference")
+        return request.getfixturevalue("quick_secret")
+    secret = make_secret(folder / "s", "7b")
+    assert run(kind, tract_csv, folder / "first", "--secret-file", str(secret)) == 0
+    return secret
+
+
 KINDS = ["topdown", "pgsr", "synth"]
 
 
@@ -150,10 +164,9 @@ def test_overwriting_without_a_secret_draws_new_noise(kind, tract_csv, fresh_pai
 
 @pytest.mark.parametrize("kind", ["topdown", "pgsr"])
 def test_a_user_secret_is_refused_for_a_second_release_on_changed_data(
-    spark, kind, tract_csv, tmp_path, capsys
+    spark, kind, tract_csv, tmp_path, capsys, request
 ):
-    secret = make_secret(tmp_path / "s", "7a" if kind == "topdown" else "7b")
-    assert run(kind, tract_csv, tmp_path / "first", "--secret-file", str(secret)) == 0
+    secret = first_release_with_a_user_secret(kind, tract_csv, tmp_path, request)
     changed = changed_copy(default_input(kind, tract_csv), tmp_path / "changed")
     capsys.readouterr()
     second = tmp_path / "second"
@@ -176,26 +189,23 @@ def test_a_user_secret_is_refused_for_synth_at_another_budget(spark, tract_csv, 
 
 
 def test_the_same_measurement_again_and_another_estimation_reuse_a_user_secret(
-    spark, tract_csv, tmp_path
+    spark, tract_csv, quick_reference, quick_secret, tmp_path
 ):
     """Same data, same noise: a second identical release (or another estimation of the same
     noisy measurements) reveals nothing new and is allowed."""
-    secret = make_secret(tmp_path / "s", "7d")
-    first, again = tmp_path / "first", tmp_path / "again"
-    assert run("topdown", tract_csv, first, "--secret-file", str(secret)) == 0
-    assert run("topdown", tract_csv, again, "--secret-file", str(secret)) == 0
+    first, again = quick_reference, tmp_path / "again"
+    assert run("topdown", tract_csv, again, "--secret-file", str(quick_secret)) == 0
     assert noisy_rows(spark, first) == noisy_rows(spark, again)
 
 
-def test_reuse_secret_is_an_experiment_marked_not_for_release(spark, tract_csv, tmp_path, capsys):
-    secret = make_secret(tmp_path / "s", "7e")
-    assert run("topdown", tract_csv, tmp_path / "first", "--secret-file", str(secret)) == 0
+def test_reuse_secret_is_an_experiment_marked_not_for_release(
+    spark, tract_csv, quick_reference, quick_secret, tmp_path, capsys
+):
+    """``quick_secret`` made ``quick_reference`` of the unchanged tract."""
     changed = changed_copy(tract_csv, tmp_path / "changed")
     out = tmp_path / "experiment"
-    code = run(
-        "topdown", tract_csv, out, "--secret-file", str(secret), "--reuse-secret", input=changed
-    )
-    assert code == 0
+    reuse = ["--secret-file", str(quick_secret), "--reuse-secret"]
+    assert run("topdown", tract_csv, out, *reuse, input=changed) == 0
     assert json.loads((out / "manifest.json").read_text())["for_release"] is False
     assert "NOT FOR RELEASE" in capsys.readouterr().out
 
