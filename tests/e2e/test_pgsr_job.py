@@ -16,6 +16,7 @@ from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes, load_p
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.release.runner import evaluation_dir_for
+from tests.helpers.release import assert_release_unchanged
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "conf" / "pgsr_calm.toml"
@@ -533,3 +534,9 @@ def test_a_bad_command_line_epsilon_is_one_line_and_writes_nothing(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "budget.epsilon" in err and rule in err, err
     assert not out.exists()
+
+
+def test_the_dp_release_is_the_recorded_one_bit_for_bit(spark, dp):
+    """The shipped CALM config, exact mechanism, the module's fixed secret: every table as
+    recorded (a refactor changes no release)."""
+    assert_release_unchanged(spark, dp, "group_sizes_calm_dp")

@@ -27,6 +27,7 @@ from censusdp_spark.synth.workloads import (
     totals_of,
 )
 from tests.helpers.pums import duplicate_person, real_tables
+from tests.helpers.release import assert_release_unchanged
 
 ROOT = Path(__file__).resolve().parents[2]
 REDUCED = ROOT / "conf" / "synth_pums_reduced.toml"
@@ -378,3 +379,9 @@ def test_spark_domain_rule_maps_exactly_what_the_encoding_maps(spark):
         for levels in ({0}, {1}, {0, 1, 2}):
             hits = frame.select(binning_hits(binning, levels).alias("h")).toPandas()["h"]
             assert hits.tolist() == np.isin(codes, list(levels)).tolist(), (binning, levels)
+
+
+def test_the_release_is_the_recorded_one_bit_for_bit(spark, release):
+    """The reduced PUMS config, HPD-Fixed, the module's fixed secret: every table as recorded
+    (a refactor changes no release)."""
+    assert_release_unchanged(spark, release, "synth_pums_reduced_hpd_fixed")

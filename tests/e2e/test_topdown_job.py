@@ -9,7 +9,11 @@ import pytest
 
 from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
-from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, assert_same_tables
+from tests.helpers.release import (
+    TOPDOWN_GUARANTEES_HELD,
+    assert_release_unchanged,
+    assert_same_tables,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,3 +159,9 @@ def test_secret_never_reaches_output_or_tables(spark, release, secret):
         if path.is_file():
             data = path.read_bytes()
             assert hexsecret.encode() not in data and bytes.fromhex(hexsecret) not in data, path
+
+
+def test_the_demo_config_makes_the_recorded_release_bit_for_bit(spark, reference_release):
+    """The demo config on the county with the fixed secret: every table as recorded (a
+    refactor changes no release)."""
+    assert_release_unchanged(spark, reference_release, "topdown_demo_county")
