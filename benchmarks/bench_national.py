@@ -1,5 +1,5 @@
-"""TopDown or the group-size release on the SYNTHETIC national input at several fractions: the
-scaling curves of issues 7 and 4.
+"""TopDown or the group-size release on the SYNTHETIC national input at several fractions: how
+time and memory scale with the input.
 
     .venv/bin/python benchmarks/bench_national.py [--job topdown|pgsr] [--fractions 0.01,0.1,0.3,1]
         [--methods topdown,full_information] [--work DIR] [--previous ROWS.jsonl]

@@ -1,6 +1,6 @@
 """The exact generalised-least-squares (GLS, best linear unbiased) estimate of every node's
-histogram from all the noisy measurements of a finished TopDown release: the yardstick of
-issue #19, computed independently of the project's estimators.
+histogram from all the noisy measurements of a finished TopDown release: the yardstick the
+estimation methods are measured against, computed independently of the project's estimators.
 
     PYTHONPATH=. .venv/bin/python benchmarks/gls_reference.py --release OUTPUT_DIR \
         [--config FILE] [--input FILE] [--write gls.parquet]

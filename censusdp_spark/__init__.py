@@ -38,18 +38,23 @@ The code, for contributors: three releases over one shared core, imports going o
 * shared core, which imports no release:
   ``privacy`` (exact samplers, keyed ChaCha20 streams, the run secret, exact accounting) ·
   ``model`` (geography, errors, config reading) · ``engine`` (Spark plumbing: session,
-  families, hierarchy) · ``io`` (readers' rules, Delta tables) · ``release`` (the one runner:
-  output, lock, secret policy, resume, clock, manifest; the shared command-line flags);
-* ``topdown`` — the Census TopDown Algorithm: config, schema, queries, readers, measure,
-  estimate, checks, microdata, evaluate, job, cli; ``topdown.solvers`` (pure numpy/scipy:
-  least squares, first order, rounding);
+  families, hierarchy) · ``io`` (readers' rules, the P.L. 94-171 layout, Delta tables) ·
+  ``release`` (the one runner: output, lock, secret policy, resume, clock, manifest; the shared
+  command-line flags);
+* ``topdown`` — the Census TopDown Algorithm: config, schema, queries, readers (with ``pl94``,
+  the P.L. 94-171 files), measure (with ``bypass`` and ``path_cuts``, bypassing single-child
+  parents), estimate, checks, microdata, the P.L. 94-171 tables (``pl94_tables``,
+  ``census_tables``), evaluate, job, cli; ``topdown.solvers`` (pure numpy/scipy: least squares,
+  first order, rounding);
 * ``group_sizes`` — households of each size per region (PGSR): config, readers, the Spark
   part, job, cli; ``group_sizes.solvers`` (cost tables, batch kernels, in-process tree driver,
   cumulative, relaxed QP, reference MILP);
 * ``synth`` — hierarchical synthetic households and persons (numpy core; ``synth.spark``,
   ``synth.job`` and ``synth.cli`` are its Spark part and command);
 * ``generate`` (synthetic national inputs), ``api`` and ``cli`` on top. Releases never import
-  each other; solvers, the privacy core and the numpy synth core import no Spark.
+  each other; within the core, ``release`` is above ``engine`` and ``io``, above ``model``,
+  above ``privacy``; solvers, the privacy core, the numpy synth core, ``model``, ``release``
+  and ``generate`` import no Spark.
 """
 
 from __future__ import annotations

@@ -361,10 +361,10 @@ def budget(
     from censusdp_spark.group_sizes.config import PgsrConfig, parse_epsilon, with_epsilon
     from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
     from censusdp_spark.model.errors import ConfigError
-    from censusdp_spark.privacy.accounting import budget_table
     from censusdp_spark.synth.config import budget_text as synth_budget
     from censusdp_spark.synth.config import total_rho
     from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.manifest import budget_table
 
     loaded = load_any_config(config)
     if isinstance(loaded, RunConfig | PgsrConfig) and delta is not None:

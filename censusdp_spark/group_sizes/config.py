@@ -50,8 +50,8 @@ MECHANISMS: tuple[str, ...] = get_args(Mechanism)
 Norm = Literal["l2", "l1"]
 NORMS: tuple[str, ...] = get_args(Norm)
 Faithfulness = Literal["level", "node"]
-""""level": every level sums to the public G (the paper's and the issue's definition; with
-consistency, the root's sum alone). "node": every node sums to its own G^r (Kuo et al.'s
+""""level": every level sums to the public G (the paper's definition; with consistency, the
+root's sum alone). "node": every node sums to its own G^r (Kuo et al.'s
 stricter invariant; makes every G^r public)."""
 FAITHFULNESS: tuple[str, ...] = get_args(Faithfulness)
 Layout = Literal["households", "size_counts"]

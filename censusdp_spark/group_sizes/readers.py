@@ -1,7 +1,7 @@
 """Read the group-size release's input into per-leaf size histograms, every rule checked first.
 
 Output: one row per leaf ``geocode: string, cells: array<int>, counts: array<bigint>`` (cell =
-size - 1, non-zero cells only, increasing). Layouts (``model.pgsr_config.GroupInputSpec``):
+size - 1, non-zero cells only, increasing). Layouts (``config.GroupInputSpec``):
 ``size_counts`` (a row per leaf, a count column per size), or ``households`` (a row per
 household with its size, or a row per member with a quantity summed per household). Every
 violation raises ``InputError`` naming the file, the row (1-based data row, in file order) or

@@ -15,7 +15,7 @@ size, zeros included), so each level is ``epsilon_l``-DP; nodes of a level are d
 (parallel composition) and levels compose to ``sum_l epsilon_l = epsilon`` (checked exactly by
 ``split_epsilon``). With the paper's even split: scale ``2L/epsilon`` (histograms) and
 ``L/epsilon`` (cumulative). The noise is drawn by *noise group*, as TopDown's
-(``engine.measure``): the nodes of level ``l`` sharing their ancestor ``a``
+(``topdown.measure``): the nodes of level ``l`` sharing their ancestor ``a``
 ``NOISE_GROUP_DEPTH`` levels up (``engine.families.noise_group``), sorted by geocode, take their
 cells node after node from one keyed stream ``keyed_rng(secret, "pgsr", measurement, l, a)``, in
 one ``discrete_laplace`` call per group. A group's members and their order depend only on the

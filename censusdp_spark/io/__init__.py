@@ -1,1 +1,1 @@
-"""Input readers (validated at the door) and Delta Lake writers."""
+"""Input readers (validated at the door), the P.L. 94-171 legacy layout, and Delta Lake tables."""

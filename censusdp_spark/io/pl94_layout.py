@@ -3,7 +3,7 @@
 Pure Python and numpy, no Spark: the fields of the four files, the tables' structure, the
 histograms derived exactly from the tables (:data:`TABLES`), and the rules every record of a
 correct file keeps (:func:`record_rules`, the record keys, the same records in all four files),
-evaluated batch by batch by :func:`first_failures` (``io.pl94`` reads the files and runs it
+evaluated batch by batch by :func:`first_failures` (``topdown.pl94`` reads the files and runs it
 inside Spark).
 
 Sources: the field names are those of the Census Bureau's import scripts for the 2020 files

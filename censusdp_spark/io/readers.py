@@ -7,7 +7,7 @@ order) or column, and the rule; nothing is written before the input has passed.
 
 With a spine (``[geography] spine``, :func:`on_spine`) the rows are exactly the spine's blocks.
 Privacy claim: the released geography (every level's node set, hence every noise group and the
-order of its nodes in their keyed stream, ``engine.measure``) is then a function of the public
+order of its nodes in their keyed stream, ``topdown.measure``) is then a function of the public
 spine alone. Without one, record-level input makes a node of a block only if someone lives
 there, so the released block list would tell which blocks are populated (outside the DP
 guarantee), and one block gaining or losing its only resident would shift the noise of every

@@ -1,4 +1,6 @@
-"""The public model of a release: schema, marginal queries, geography and validated config.
+"""The shared model of a release: the geographic hierarchy, the errors a user can act on, the
+config reading every release shares (``[run]``, ``[geography]``, exact fractions, unknown keys
+refused) and sizes of memory.
 
-Everything here is pure Python/numpy and knows nothing of Spark.
+Everything here is pure Python and knows nothing of Spark.
 """

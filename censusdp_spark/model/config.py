@@ -128,8 +128,8 @@ class SpineSpec:
     """The public list of leaves (blocks), fixed before any response is read.
 
     Every level's node set is derived from it alone: a record off the spine is refused and a
-    spine leaf without records is a node with zero counts (``io.spine``). The leaf geocode is
-    ``geocode_columns`` concatenated in order; the file's other columns are not read.
+    spine leaf without records is a node with zero counts (``io.readers.on_spine``). The leaf
+    geocode is ``geocode_columns`` concatenated in order; the file's other columns are not read.
     """
 
     path: Path

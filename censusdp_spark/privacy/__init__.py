@@ -1,4 +1,5 @@
-"""Privacy core: exact noise samplers, keyed random streams and privacy-loss conversions.
+"""Privacy core: exact noise samplers, keyed random streams and the run secret, exact budget
+accounting, privacy-loss conversions and a release's privacy unit.
 
 Nothing here knows about Spark or the census schema; every module states its privacy claim.
 """

@@ -16,15 +16,8 @@ measured; its share moves to that child, and down a chain of single-child parent
 lowest node. That node, measured at level ``m`` with ``m``'s queries, spends the shares of every
 level of its chain: ``rho(node, q) = (sum over the chain's levels l of level_rho(l)) *
 query_share(m, q)`` (``node_budget``). Each person is in one node per level, and a root-to-leaf
-path crosses the chain whole, so the path still spends every level's rho once: cut the path
-into the chains its measured nodes stand for, add their node rho, and the sum is the configured
-total. ``bypass_paths`` checks this exactly for every way a path can be cut (2^(L-1) for L
-levels, the leaf always measured) and ``path_rho`` for any one path, and the measurement draws
-its noise from ``node_budget`` itself, so what is checked is what is spent. Theorem 2's
-change-one-record argument carries over (the spine paper's Theorem 3): two paths part below a
-node with two or more children, which is measured and ends its chain on both, so below it the
-chains of each path cover the remaining levels once; a record that moves costs half of each
-path's rho below the parting and the full node rho above it, rho in all.
+path crosses the chain whole, so the path still spends every level's rho once; TopDown checks
+this exactly for every way a path can be cut, with the argument (``topdown.path_cuts``).
 
 Pure DP (geometric mechanism). A total epsilon split over levels by shares that sum to 1;
 level l then adds two-sided geometric noise of scale Delta / epsilon_l to each node.
@@ -35,8 +28,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-
-from censusdp_spark.privacy.conversions import bun_steinke_epsilon, zcdp_to_approx_dp
 
 
 class BudgetError(ValueError):
@@ -193,119 +184,6 @@ def allocate_per_query_rho(
         for query, rho in checked[level].items():
             entries.append(QueryBudget(level, query, rho, level_rho / total, rho / level_rho))
     return ZcdpAllocation(total, tuple(entries))
-
-
-PathCut = tuple[tuple[str, ...], ...]
-"""A root-to-leaf path cut into the chains of its measured nodes, root first: each chain is the
-levels one measured node spends (``ZcdpAllocation.node_budget``), its last level the node's."""
-
-
-def path_rho(allocation: ZcdpAllocation, cut: PathCut) -> Fraction:
-    """What a person on a path cut as ``cut`` is charged: the node rho of each chain, added up.
-    Raises ``BudgetError`` unless the chains cover every level of the path once, in order, and
-    the sum is the configured total (Theorem 2's path condition with bypassing)."""
-    levels = tuple(lv for chain in cut for lv in chain)
-    if levels != allocation.levels:
-        raise BudgetError(
-            f"bypass: the chains {[list(c) for c in cut]} do not cover the levels"
-            f" {list(allocation.levels)} once each, in order"
-        )
-    spent = sum((allocation.node_rho(chain) for chain in cut), Fraction(0))
-    if spent != allocation.total_rho:
-        raise BudgetError(
-            f"bypass: the path cut {[list(c) for c in cut]} spends rho {spent},"
-            f" not the total {allocation.total_rho}"
-        )
-    return spent
-
-
-def cut_at(levels: Sequence[str], measured: Sequence[bool]) -> PathCut:
-    """The chains of a path whose node at ``levels[i]`` is measured iff ``measured[i]``: each
-    chain ends at a measured node (the leaf's must be)."""
-    if not measured or not measured[-1]:
-        raise BudgetError("bypass: the leaf of every path is measured")
-    cut, chain = [], []
-    for level, here in zip(levels, measured, strict=True):
-        chain.append(level)
-        if here:
-            cut.append(tuple(chain))
-            chain = []
-    return tuple(cut)
-
-
-def bypass_paths(allocation: ZcdpAllocation) -> list[tuple[PathCut, Fraction]]:
-    """Every way bypassing can cut a root-to-leaf path (any level above the leaf may be a
-    bypassed single-child parent: 2^(L-1) cuts), each with its exactly re-added rho; raises
-    ``BudgetError`` if any differs from the total."""
-    levels = allocation.levels
-    out = []
-    for mask in range(2 ** (len(levels) - 1)):
-        measured = [not (mask >> i) & 1 for i in range(len(levels) - 1)] + [True]
-        cut = cut_at(levels, measured)
-        out.append((cut, path_rho(allocation, cut)))
-    return out
-
-
-def bypass_table(allocation: ZcdpAllocation) -> list[str]:
-    """The lines ``budget_table`` adds for ``[budget] bypass_single_child = true``: each chain
-    a measured node can stand for, with its node rho and query sigmas, then the path check."""
-    levels = allocation.levels
-    lines = [
-        "bypass_single_child = true: a parent with exactly one child (from the geography, never"
-        " the data) is not measured;",
-        "its share moves to the child, down to the lowest node of a single-child chain, which is"
-        " measured with its level's queries at:",
-        f"{'chain (levels spent)':<44}{'measured at':<14}{'node rho':>12}  query sigmas",
-    ]
-    for end in range(len(levels)):
-        for start in range(end):
-            chain = levels[start : end + 1]
-            sigmas = ", ".join(
-                f"{e.query} {float(e.sigma2) ** 0.5:.3f}" for e in allocation.node_budget(chain)
-            )
-            lines.append(
-                f"{'+'.join(chain):<44}{chain[-1]:<14}{float(allocation.node_rho(chain)):>12.6f}"
-                f"  {sigmas}"
-            )
-    paths = bypass_paths(allocation)
-    lines.append(
-        f"every root-to-leaf path: all {len(paths)} ways bypassing can cut it re-added, each"
-        f" spends rho = {allocation.total_rho} exactly"
-    )
-    return lines
-
-
-def budget_table(
-    allocation: ZcdpAllocation, delta: float, bypass_single_child: bool = False
-) -> str:
-    """A printable table: per level and query the shares, rho, sigma; then totals and epsilon;
-    with ``bypass_single_child``, the node budgets of bypass chains and the per-path check."""
-    header = (
-        f"{'level':<14}{'query':<34}{'level share':>14}{'query share':>14}{'rho':>12}{'sigma':>10}"
-    )
-    lines = [header, "-" * len(header)]
-    for e in allocation.entries:
-        sigma = float(e.sigma2) ** 0.5
-        lines.append(
-            f"{e.level:<14}{e.query:<34}{str(e.level_share):>14}{str(e.query_share):>14}"
-            f"{float(e.rho):>12.6f}{sigma:>10.3f}"
-        )
-    lines.append("-" * len(header))
-    for level in dict.fromkeys(e.level for e in allocation.entries):
-        level_rho = allocation.level_rho(level)
-        lines.append(f"{level:<14}{'(level total)':<34}{'':>28}{float(level_rho):>12.6f}")
-    rho = allocation.total_rho
-    lines += [
-        "-" * len(header),
-        f"total rho = {rho} = {float(rho):.6f} (re-added from the entries: exact match)",
-    ]
-    if bypass_single_child:
-        lines += [*bypass_table(allocation), "-" * len(header)]
-    lines.append(
-        f"epsilon at delta={delta:g}: {zcdp_to_approx_dp(rho, delta):.4f} (tight, CKS20 Cor. 13); "
-        f"{bun_steinke_epsilon(rho, delta):.4f} (Bun-Steinke bound)"
-    )
-    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,3 @@
-"""Release jobs: orchestration of the engines for one run, shared by the CLI and spark-submit."""
+"""The one release runner shared by TopDown, group sizes and synth (``runner``: output, lock,
+secret policy, resume, clock), the manifest's common fields (``manifest``) and the command
+line's shared flags (``flags``)."""

@@ -1,6 +1,7 @@
 """Hierarchical synthetic data under zCDP: households (group attributes) and their members.
 
-Pure numpy, no Spark. Layers, each importing only those above it:
+The core is pure numpy, no Spark. Layers, each importing only those above it (but for
+``config``'s budget text, which plans the budget with ``adaptive`` and ``independent``):
 
 * ``domain`` — attributes, binning of raw columns, encoded households (``Households``);
 * ``config`` — the ``conf/synth_*.toml`` file, validated at the door;
@@ -10,5 +11,6 @@ Pure numpy, no Spark. Layers, each importing only those above it:
 * ``mwem``, ``hpd`` (HPD-Fixed, HPD-Gen), ``independent`` — the methods (named in ``methods``);
 * ``sampling`` — synthetic households from a fitted model; ``evaluation`` — errors vs the truth;
 * ``synthesise`` — one run of a method, from true answers to synthetic households;
-* ``spark``, ``job`` and ``cli`` — the Spark part and the ``censusdp synth`` command.
+* ``spark``, ``job``, ``validate`` and ``cli`` — the Spark part, the ``censusdp synth`` command
+  and ``censusdp validate`` of a synth config.
 """

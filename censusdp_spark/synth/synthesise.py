@@ -1,7 +1,7 @@
 """One synthetic-data run, pure numpy: budget split, method, synthetic households.
 
 The caller supplies the true normalised answers of :func:`training_workloads` (computed on the
-driver by :mod:`censusdp_spark.synth.workloads` or on a cluster by ``engine.synth``) and the
+driver by :mod:`censusdp_spark.synth.workloads` or on a cluster by ``synth.spark``) and the
 public totals; this module never sees microdata. Every random draw comes from a keyed stream
 ``keyed_rng(secret, "synth", method, …)``, so the same secret reproduces a run exactly.
 """

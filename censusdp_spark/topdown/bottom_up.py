@@ -42,7 +42,7 @@ chain.
 ``--variances`` table).
 
 Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
-``engine.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
+``topdown.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
 (``solve_to_targets``), then the exact controlled rounding; a lone child takes its parent.
 At the leaves that fit is ``topdown``'s own (``leaves_fit_their_answers``), so the job runs
 ``topdown``'s leaf level there and the leaves' rows of ``bottom_up`` serve only the level above.
@@ -696,7 +696,7 @@ def estimate_level_from_bottom_up(
     fault: str = "",
     layout: SymmetricLayout | None = None,
 ) -> DataFrame:
-    """Estimates of one level's nodes (lazy), as ``engine.estimate.estimate_level`` but fitted
+    """Estimates of one level's nodes (lazy), as ``estimate.estimate_level`` but fitted
     to this level's ``bottom_up`` rows. ``child_is_leaf``: this level is the leaf level (whose
     covariance is not stored); ``layout``: the run's covariance layout (``config_layout``)."""
     children = with_parent_estimates(

@@ -32,7 +32,8 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import single_child_chains
 from censusdp_spark.model.geography import Hierarchy
-from censusdp_spark.privacy.accounting import ZcdpAllocation, cut_at, path_rho
+from censusdp_spark.privacy.accounting import ZcdpAllocation
+from censusdp_spark.topdown.path_cuts import cut_at, path_rho
 
 PLAN_COLUMNS = ("level", "geocode", "measured", "budget_levels")
 

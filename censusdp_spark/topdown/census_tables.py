@@ -1,8 +1,8 @@
 """The released P.L. 94-171 tables (``[output.pl94_tables]``): P1-P5 and H1 of every node in the
 Census's shape, as the Delta table ``pl94_tables`` and one CSV per level in ``pl94_tables_csv/``.
 
-Post-processing of the released ``estimates`` only (``io.pl94_tables`` computes every field from
-a node's estimated cells), so they cost no privacy budget. The geography is the run's node list,
+Post-processing of the released ``estimates`` only (``topdown.pl94_tables`` computes every field
+from a node's estimated cells), so they cost no privacy budget. The geography is the run's node list,
 which depends on the spine alone: a node whose estimates are all zero (absent from the sparse
 ``estimates``) has every field 0. Columns: ``level``, ``SUMLEV`` (the Census summary level of
 the level's digits, null for other digits), ``GEOCODE`` (the node's geocode: ``STATE + COUNTY +
@@ -24,13 +24,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
-from censusdp_spark.io.pl94_tables import (
+from censusdp_spark.topdown.config import Pl94TablesSpec, RunConfig
+from censusdp_spark.topdown.pl94_tables import (
     SUMMARY_LEVEL_OF_DIGITS,
     field_matrix,
     table_fields,
     table_values,
 )
-from censusdp_spark.topdown.config import Pl94TablesSpec, RunConfig
 from censusdp_spark.topdown.schema import Schema
 
 PL94_TABLES = "pl94_tables"

@@ -7,7 +7,7 @@
    node: ``sigma2 = 1 / rho`` of ``ZcdpAllocation.node_budget(budget_levels)`` for its query,
    at the level its ``budget_levels`` end with (its own level alone without bypassing);
 5. every way the geography cuts a root-to-leaf path into measured nodes spends exactly the
-   configured rho (``accounting.path_rho``; with bypassing, the distinct cuts of the run's
+   configured rho (``path_cuts.path_rho``; with bypassing, the distinct cuts of the run's
    leaves, else the one cut where every level is measured).
 The checks are Spark aggregations over the released tables; only violation counts, and for 4
 the few distinct (level, budget_levels, query, sigma2) rows, reach the driver (never counts
@@ -25,13 +25,8 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.model.geography import Hierarchy
-from censusdp_spark.privacy.accounting import (
-    BudgetError,
-    PathCut,
-    ZcdpAllocation,
-    cut_at,
-    path_rho,
-)
+from censusdp_spark.privacy.accounting import BudgetError, ZcdpAllocation
+from censusdp_spark.topdown.path_cuts import PathCut, cut_at, path_rho
 
 
 def check_estimates(

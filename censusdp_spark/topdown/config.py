@@ -25,7 +25,6 @@ from censusdp_spark.io.pl94_layout import (
     LegacyFiles,
     table_cells,
 )
-from censusdp_spark.io.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.model.config import (
     INPUT_FORMATS,
     Budget,
@@ -55,9 +54,10 @@ from censusdp_spark.privacy.accounting import (
     ZcdpAllocation,
     allocate_by_shares,
     allocate_per_query_rho,
-    bypass_paths,
 )
 from censusdp_spark.privacy.unit import PrivacyUnit
+from censusdp_spark.topdown.path_cuts import bypass_paths
+from censusdp_spark.topdown.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
 from censusdp_spark.topdown.schema import Attribute, Recode, Schema
 from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
@@ -66,7 +66,7 @@ InputLayout = Literal["block_counts", "microdata"]
 INPUT_LAYOUTS: tuple[str, ...] = get_args(InputLayout)
 PL94_LEGACY = "pl94_legacy"
 """``[input] format``: a state's P.L. 94-171 redistricting files in the legacy layout
-(``io.pl94``), whose geoheader lists every block (the spine, unless ``[geography] spine``)."""
+(``topdown.pl94``), whose geoheader lists every block (the spine, unless ``[geography] spine``)."""
 TopDownInputFormat = Literal["csv", "parquet", "delta", "pl94_legacy"]
 assert get_args(TopDownInputFormat) == (*INPUT_FORMATS, PL94_LEGACY)
 EstimationMethod = Literal["topdown", "full_information"]
@@ -182,7 +182,7 @@ class BoundExpression:
 
 @dataclass(frozen=True)
 class CensusVariable:
-    """A variable of the P.L. 94-171 tables (``io.pl94_tables.VARIABLES``) held by a schema
+    """A variable of the P.L. 94-171 tables (``topdown.pl94_tables.VARIABLES``) held by a schema
     attribute: each code's level, one level per code and one code per level."""
 
     name: str
@@ -192,7 +192,7 @@ class CensusVariable:
 
 @dataclass(frozen=True)
 class Pl94TablesSpec:
-    """``[output.pl94_tables]``: the tables released in the Census's shape (``io.pl94_tables.
+    """``[output.pl94_tables]``: the tables released in the Census's shape (``topdown.pl94_tables.
     CENSUS_TABLES``) and the variables they are computed over."""
 
     tables: tuple[str, ...]

@@ -12,7 +12,6 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from censusdp_spark.io.pl94 import read_legacy
 from censusdp_spark.io.pl94_layout import CELLS
 from censusdp_spark.io.readers import (
     MAX_COUNT,
@@ -33,6 +32,7 @@ from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import BoundExpression, InputSpec, OccupancyGroup
+from censusdp_spark.topdown.pl94 import read_legacy
 from censusdp_spark.topdown.schema import Schema
 
 
@@ -133,8 +133,8 @@ def read_legacy_blocks(
     spine: SpineSpec | None,
     occupancy: tuple[OccupancyGroup, ...] = (),
 ) -> DataFrame:
-    """P.L. 94-171 legacy files (``io.pl94.read_legacy``: every rule checked on the whole file
-    set first): each schema cell is its expression over the table cells, a sum of the derived
+    """P.L. 94-171 legacy files (``pl94.read_legacy``: every rule checked on the whole file set
+    first): each schema cell is its expression over the table cells, a sum of the derived
     cells mapped to it, each checked non-negative by the reader. The blocks are the
     geoheader's, or with a spine the spine's.
 

@@ -202,7 +202,7 @@ def pl94_total_above_max_count(files: LegacyFiles) -> None:
 
 BLOCKS = in_folder("blocks.csv")
 CASES = {
-    # issue #18: silently accepted (wrong numbers released) or a traceback on main before
+    # rows that would otherwise be silently accepted (wrong numbers released) or end in a traceback
     "more-fields-than-the-header": Case(
         topdown([GOOD[0], GOOD[1] + ",0", GOOD[2]]),
         BLOCKS,
@@ -227,7 +227,7 @@ CASES = {
     "pgsr-count-past-int64": Case(
         pgsr(past_int64), in_folder("sizes.csv"), "row 2, column HHSIZE1: count above MAX_COUNT"
     ),
-    # issue #17: a config whose N would make a mechanism exceed memory
+    # a config whose N would make a mechanism exceed memory
     "pgsr-max-size-beyond-worker-memory": Case(
         pgsr_huge_n,
         in_folder("huge_n.toml"),

@@ -202,7 +202,7 @@ def test_relaxed_baseline_reports_the_violations_rounding_leaves(spark, relaxed)
 def test_relaxed_baselines_at_counts_times_10000_do_not_crash(
     spark, tmp_path_factory, secret, large_counts, mechanism
 ):
-    """Issue 17: the per-family QP stopped with "infeasible" and a traceback at these counts."""
+    """At these counts the per-family QP must not stop with "infeasible" and a traceback."""
     out = release(
         spark, tmp_path_factory, secret, mechanism, "--input", str(large_counts), "--reuse-secret"
     )

@@ -15,9 +15,9 @@ import pytest
 from censusdp_spark.api import run_topdown
 from censusdp_spark.cli import main
 from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, GQ_TYPES, RECORD_KEY, SEGMENTS
-from censusdp_spark.io.pl94_tables import table_fields
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.pl94_tables import table_fields
 from censusdp_spark.topdown.readers import read_blocks
 from tests.helpers.pl94 import SAMPLE
 from tests.helpers.release import OCCUPANCY_GUARANTEES_HELD

@@ -14,12 +14,13 @@ import pytest
 from censusdp_spark.cli import main
 from censusdp_spark.engine.hierarchy import node_histograms
 from censusdp_spark.model.errors import ConfigError
-from censusdp_spark.privacy.accounting import BudgetError, bypass_paths, cut_at, path_rho
+from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
 from censusdp_spark.topdown.checks import check_measurements
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.measure import measure
+from censusdp_spark.topdown.path_cuts import bypass_paths, cut_at, path_rho
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = bytes(range(32))

@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.io.pl94_layout import CELLS, GEOHEADER_FIELDS, RACE_LAYOUT, RECORD_KEY, SEGMENTS
-from censusdp_spark.io.pl94_tables import CENSUS_TABLES, table_fields, table_values
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown.census_tables import table_matrix, write_census_tables
 from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.pl94_tables import CENSUS_TABLES, table_fields, table_values
 from censusdp_spark.topdown.readers import legacy_terms
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -234,7 +234,7 @@ def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path)
 
 
 def test_a_schema_cell_left_unmapped_is_refused_naming_it(tmp_path):
-    """Issue #18: leaving one of the 16 cells out made its people silently 0."""
+    """A schema cell left out of the mapping is refused: its people would silently count 0."""
     path = edited(
         tmp_path, '  { votingage = "18plus", hisprace = "nhpi", expr = "vap_nhpi" },\n', ""
     )

@@ -87,7 +87,7 @@ def test_bad_rows_are_named(spark, demo, tmp_path, rows, where, rule):
 
 
 def test_a_row_whose_cells_do_not_sum_to_the_declared_total_is_refused(spark, demo, tmp_path):
-    """Issue #18: with ``[input] total = "pop"``, the mapped cells must add up to it per row."""
+    """With ``[input] total = "pop"``, the mapped cells must add up to it per row."""
     with pytest.raises(
         InputError,
         match=r"blocks\.csv: row 2, column pop: the cells of input\.cells do not sum to this column",

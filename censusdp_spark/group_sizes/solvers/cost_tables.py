@@ -19,7 +19,7 @@ For every node ``r`` of a tree and size ``j = 1..N`` find integers ``x^r_j`` min
 * validity: ``x^r_j >= 0``, integer;
 * faithfulness, one of two definitions (config ``faithfulness``):
 
-  - ``"level"`` (the paper's condition 4 and the issue's): the counts of every level sum to
+  - ``"level"`` (the paper's condition 4): the counts of every level sum to
     the public ``G``. With consistency every level sums to the root's total, so this is
     ``sum_j x^root_j = G`` alone, and validity then bounds every cell by ``0 <= x^r_j <= G``;
     no per-node total is used or needed. Call this P_level.

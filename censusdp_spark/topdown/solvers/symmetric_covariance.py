@@ -20,9 +20,10 @@ P0_a`` (one per subset ``c``) are orthogonal idempotents summing to the identity
 is an algebra isomorphic to the direct product of ``2^k`` copies of the ``n_N x n_N`` matrices:
 ``(sum E_c (x) B_c)(sum E_c (x) C_c) = sum E_c (x) B_c C_c`` (cross terms vanish because
 ``E_c E_d = 0``), sums and transposes act block by block, and ``X`` is invertible iff every
-``B_c`` is, with ``X^{-1} = sum E_c (x) B_c^{-1}``. It is the same set as the
-``sum_S ((x)_{a in S} J_a (x)_{a not in S} I_a) (x) D_S`` of the issue (expand ``I = P0 + P1``,
-``J = m P0`` one way, ``P0 = J/m``, ``P1 = I - J/m`` the other). Everything the bottom-up pass
+``B_c`` is, with ``X^{-1} = sum E_c (x) B_c^{-1}``. It is the same set as the sums
+``sum_S ((x)_{a in S} J_a (x)_{a not in S} I_a) (x) D_S`` over the subsets ``S`` of the
+symmetric attributes (expand ``I = P0 + P1``, ``J = m P0`` one way, ``P0 = J/m``,
+``P1 = I - J/m`` the other). Everything the bottom-up pass
 computes stays inside it, exactly:
 
 * the information matrix ``sum_q w_q Q_q^T Q_q`` is in it (above), with

@@ -8,13 +8,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from censusdp_spark.io.pl94 import read_legacy
 from censusdp_spark.io.pl94_layout import (
     CELLS,
     LegacyFiles,
 )
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import InputError
+from censusdp_spark.topdown.pl94 import read_legacy
 from tests.helpers.pl94 import (
     SAMPLE,
     Edit,
