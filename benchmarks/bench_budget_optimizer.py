@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 from bench_production import RESAMPLES, input_path, method_config  # benchmarks/ is its folder
-from gls_reference import read_delta, true_leaf_histograms
 
+from censusdp_spark.testing.gls_reference import read_delta, true_leaf_histograms
 from censusdp_spark.topdown import strategy
 from censusdp_spark.topdown.config import load_config
 

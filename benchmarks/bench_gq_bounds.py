@@ -29,7 +29,8 @@ import numpy as np
 import pandas as pd
 from bench_occupancy import _segment
 from bench_production import evaluated_run
-from gls_reference import ESTIMATES, read_delta
+
+from censusdp_spark.testing.gls_reference import ESTIMATES, read_delta
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "pl94_e2e_providence_gq.toml"

@@ -16,8 +16,8 @@ not for release: an experiment, with its own secret registry). The errors are th
 own rows (``mean_l1`` per level and query: the mean over nodes of the L1 error of that marginal;
 ``mae_total`` for total population) and the stage times the manifest's. With ``--gls`` each
 secret also gets the exact GLS from the last method's noisy measurements
-(``gls_reference.py``'s elimination along the tree), scored the same way; a release the work
-folder lacks is made again first and must score exactly as the saved run. Writes
+(``censusdp_spark.testing.gls_reference``'s elimination along the tree), scored the same way;
+a release the work folder lacks is made again first and must score exactly as the saved run. Writes
 benchmarks/results/topdown_production.md (and the per-run figures beside it as JSON).
 """
 
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from gls_reference import gls_reference, release_config
+
+from censusdp_spark.testing.gls_reference import gls_reference, release_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "conf" / "pl94_2020_production.toml"
@@ -156,10 +157,10 @@ def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
 
 
 def gls_once(name: str, secret_i: int, method: str, work: Path) -> dict:
-    """The exact GLS (``gls_reference.py``'s tree elimination) from the noisy measurements of
-    ``method``'s release of this input and secret, scored like the evaluation: per level the
-    total-population MAE and each configured query's mean L1 against the input (unrounded,
-    unconstrained in sign)."""
+    """The exact GLS (``censusdp_spark.testing.gls_reference``'s tree elimination) from the
+    noisy measurements of ``method``'s release of this input and secret, scored like the
+    evaluation: per level the total-population MAE and each configured query's mean L1 against
+    the input (unrounded, unconstrained in sign)."""
     release = release_folder(name, secret_i, method, work)
     ref = gls_reference(release, solver="tree")
     config = release_config(release, None, None)

@@ -1,7 +1,8 @@
 """TopDown accuracy and speed on the real RI and HI 2010 blocks, against the exact GLS (best
-linear unbiased) estimate from the same noisy measurements (benchmarks/gls_reference.py) and
-the block-by-block baseline at the same rho and secret. Writes benchmarks/results/topdown.md
-(and the per-secret figures to benchmarks/results/topdown.json).
+linear unbiased) estimate from the same noisy measurements
+(censusdp_spark/testing/gls_reference.py) and the block-by-block baseline at the same rho and
+secret. Writes benchmarks/results/topdown.md (and the per-secret figures to
+benchmarks/results/topdown.json).
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/bench_topdown.py [--states ri hi]
         [--rhos 1/2 293764/114921 10] [--secrets 2] [--methods topdown,full_information] [--append]
@@ -45,10 +46,16 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from gls_reference import ESTIMATES, NOISY_MEASUREMENTS, gls_reference, level_errors, read_delta
 
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
+from censusdp_spark.testing.gls_reference import (
+    ESTIMATES,
+    NOISY_MEASUREMENTS,
+    gls_reference,
+    level_errors,
+    read_delta,
+)
 from censusdp_spark.topdown.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -458,7 +465,7 @@ def report(cases: list[dict], methods: list[str], commands: list[str], levels: l
         "Baselines, from the same noisy measurements: `gls` is the exact generalised-least-squares",
         "(best linear unbiased) estimate of every",
         "node's histogram from all the run's `noisy_measurements`, with the invariant (state)",
-        "totals exact, unrounded and unconstrained in sign (`benchmarks/gls_reference.py`, a sparse",
+        "totals exact, unrounded and unconstrained in sign (`censusdp_spark/testing/gls_reference.py`, a sparse",
         "KKT solve independent of the project's estimators). `block_by_block` spends the whole rho",
         "on each block's detailed histogram and sums the noisy blocks up (its noise redrawn from",
         "the release's own keyed stream). State totals are invariant: total-population error is 0",

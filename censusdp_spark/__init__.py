@@ -49,7 +49,9 @@ The code, for contributors: three releases over one shared core, imports going o
 * ``synth`` — hierarchical synthetic households and persons (numpy core; ``synth.spark``,
   ``synth.job`` and ``synth.cli`` are its Spark part and command);
 * ``generate`` (synthetic national inputs), ``api`` and ``cli`` on top. Releases never import
-  each other; solvers, the privacy core and the numpy synth core import no Spark.
+  each other; solvers, the privacy core and the numpy synth core import no Spark;
+* ``testing`` — yardsticks for the tests and the benchmarks (the exact GLS of a TopDown
+  release, independent of the estimators); no production module imports it.
 """
 
 from __future__ import annotations
