@@ -32,25 +32,23 @@ Writes benchmarks/results/budget_optimizer.md.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import _common as common
 import numpy as np
-from bench_production import RESAMPLES, input_path, method_config  # benchmarks/ is its folder
-from gls_reference import read_delta, true_leaf_histograms
+from _topdown_runs import production_config, production_input
 
+from censusdp_spark.testing.gls_reference import read_delta, true_leaf_histograms
 from censusdp_spark.topdown import strategy
 from censusdp_spark.topdown.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "budget_optimizer.md"
+RESULTS = common.RESULTS_DIR / "budget_optimizer.md"
 METHOD = "full_information"
 ALLOCATIONS = ("production", "optimized")
 
@@ -60,10 +58,9 @@ def secret_file(work: Path, name: str, config: Path, i: int) -> Path:
     with secrets of its own)."""
     digest = hashlib.sha256(config.read_bytes()).hexdigest()[:16]
     path = work / f"secret_{name}_{digest}_{i}.hex"
-    seed = f"bench_budget_optimizer {name} {digest} {i}".encode()
-    path.write_text(hashlib.sha256(seed).hexdigest())
-    path.chmod(0o600)
-    return path
+    return common.write_secret(
+        path, common.secret_hex(f"bench_budget_optimizer {name} {digest} {i}")
+    )
 
 
 def optimized_config(
@@ -74,12 +71,12 @@ def optimized_config(
     out = work / f"optimized_{name}.toml"
     out.unlink(missing_ok=True)
     command = [
-        str(ROOT / ".venv" / "bin" / "censusdp"), "budget", "--config", str(config), "--optimize",
+        str(common.CENSUSDP), "budget", "--config", str(config), "--optimize",
         "--workload", "pl94", "--write-config", str(out), "--master", "local[2]",
         *(["--input", str(source)] if source else []),
     ]  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, check=True, cwd=common.ROOT, capture_output=True, text=True)
     return out, time.perf_counter() - started, done.stdout
 
 
@@ -122,8 +119,8 @@ def ratio_interval(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
     """95% bootstrap interval of ``mean(num) / mean(den)``, secrets resampled independently
     for the two allocations (their secrets differ)."""
     rng = np.random.default_rng(0)
-    a = num[rng.integers(0, len(num), (RESAMPLES, len(num)))].mean(axis=1)
-    b = den[rng.integers(0, len(den), (RESAMPLES, len(den)))].mean(axis=1)
+    a = num[rng.integers(0, len(num), (common.RESAMPLES, len(num)))].mean(axis=1)
+    b = den[rng.integers(0, len(den), (common.RESAMPLES, len(den)))].mean(axis=1)
     low, high = np.percentile(a / b, [2.5, 97.5])
     return float(low), float(high)
 
@@ -136,8 +133,8 @@ def run_input(
     is scored again, not rerun (its allocation, secret and code path are the same)."""
     from censusdp_spark.api import run_topdown
 
-    production = method_config(METHOD, work, name)
-    source = input_path(name, work)
+    production = production_config(METHOD, work, name)
+    source = production_input(name, work)
     optimized, optimize_s, printed = optimized_config(production, work, name, source)
     configs = {"production": production, "optimized": optimized}
     runs: dict[str, list[dict]] = {a: [] for a in ALLOCATIONS}
@@ -187,18 +184,18 @@ def run_input(
     return results()
 
 
-NATIONAL = ROOT / "conf" / "national_production.toml"
+NATIONAL = common.ROOT / "conf" / "national_production.toml"
 
 
 def national_timing(folder: Path) -> dict:
     """``censusdp budget --optimize`` of the national production config on ``folder``'s spine:
     its wall time and what it printed."""
     command = [
-        str(ROOT / ".venv" / "bin" / "censusdp"), "budget", "--config", str(NATIONAL),
+        str(common.CENSUSDP), "budget", "--config", str(NATIONAL),
         "--optimize", "--input", str(folder / "persons"), "--master", "local[2]",
     ]  # fmt: skip
     started = time.perf_counter()
-    done = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, check=True, cwd=common.ROOT, capture_output=True, text=True)
     return {"wall_s": time.perf_counter() - started, "printed": done.stdout}
 
 
@@ -227,8 +224,8 @@ def report(results: list[dict], command: str, national: dict | None = None) -> s
     lines = [
         "## The budget optimizer against the 2021 production allocation (P.L. 94-171 workload)",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on "
-        f"{os.cpu_count()} CPUs). `censusdp budget --optimize --workload pl94` (P1-P4 at "
+        common.command_note(command, master="local[2]")
+        + ". `censusdp budget --optimize --workload pl94` (P1-P4 at "
         "county, tract and block group, equal weights) re-allocates the production config's "
         "total rho over levels and queries from the config and the spine alone; both configs "
         "are then released with `full_information`, each with its own secrets. *Expected*: the "
@@ -292,11 +289,11 @@ def report(results: list[dict], command: str, national: dict | None = None) -> s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--inputs", default="perry,ri")
     parser.add_argument("--secrets", type=int, default=6)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_budget_optimizer"))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    common.work_option(parser, "budget_optimizer")
+    common.results_option(parser, RESULTS)
     parser.add_argument("--national", type=Path, help="a generate national folder to time on")
     parser.add_argument("--previous", type=Path, help="results.json of an earlier invocation")
     parser.add_argument(
@@ -307,7 +304,7 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ["CENSUSDP_SECRET_REGISTRY"] = str(args.work / "secret_registry")
-    command = " ".join(["benchmarks/bench_budget_optimizer.py", *sys.argv[1:]])
+    command = common.command_line()
     results = [] if args.previous is None else json.loads(args.previous.read_text())
     names = [name for name in args.inputs.split(",") if name]
     if names:
@@ -319,7 +316,7 @@ def main() -> None:
 
             def progress(partial: dict, done: list[dict] = done) -> None:
                 (args.work / "results.json").write_text(json.dumps([*done, partial]))
-                args.results.write_text(report([*done, partial], command))
+                common.write_report(args.results, report([*done, partial], command))
 
             results = [
                 *done,
@@ -330,7 +327,7 @@ def main() -> None:
     if args.national is not None:
         national = {**national_timing(args.national), "load": os.getloadavg()[0]}
         (args.work / "national.json").write_text(json.dumps(national))
-    args.results.write_text(report(results, command, national))
+    common.write_report(args.results, report(results, command, national))
 
 
 if __name__ == "__main__":

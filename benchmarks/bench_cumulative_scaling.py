@@ -19,74 +19,30 @@ compare new and old on every family the same way.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import multiprocessing
-import os
-import platform
 import subprocess
 import sys
 import time
 import types
 from fractions import Fraction
-from pathlib import Path
 
+import _common as common
 import numpy as np
-from bench_pgsr import PUMS_SIZES, Dataset, calm, noisy, peak_memory_gib, reset_peak_memory
+from _group_size_trees import Dataset, calm, heavy_tailed, noisy, spine
 
 from censusdp_spark.group_sizes.solvers import cumulative
 from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release
 
-ROOT = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "cf7a790"  # the last commit with the unit-by-unit Bellman-Ford solver
 RUNS = 3  # best of 3 runs; the old solver once, and 3 more (in turn with the new) if quick
 QUICK_S = 5.0
-
-
-def heavy_tailed(sizes: int, groups: int, seed: int = 1) -> Dataset:
-    """root -> 4 -> 28 leaves; leaf sizes 1..N with probability ~ 1/size^2."""
-    rng = np.random.default_rng(seed)
-    parent = np.array([-1] + [0] * 4 + [1 + i // 7 for i in range(28)])
-    depth = np.array([0] + [1] * 4 + [2] * 28)
-    law = np.arange(1, sizes + 1, dtype=np.float64) ** -2.0
-    truth = np.zeros((parent.size, sizes), dtype=np.int64)
-    for leaf, g in zip(range(5, 33), rng.poisson(groups / 28, 28), strict=True):
-        truth[leaf] = rng.multinomial(g, law / law.sum())
-    for r in range(parent.size - 1, 0, -1):
-        truth[parent[r]] += truth[r]
-    return Dataset(f"heavy-tailed 1-4-28, N={sizes:,}", parent, depth, truth)
-
-
-def spine(fanouts: list[int], households: int, seed: int = 3) -> Dataset:
-    """A full tree with the given fan-outs, PUMS size law folded to sizes 1..7+ (national's)."""
-    rng = np.random.default_rng(seed)
-    parent, depth, frontier = [-1], [0], [0]
-    for level, fanout in enumerate(fanouts, start=1):
-        nxt = []
-        for p in frontier:
-            for _ in range(fanout):
-                parent.append(p)
-                depth.append(level)
-                nxt.append(len(parent) - 1)
-        frontier = nxt
-    parents = np.array(parent)
-    law = np.concatenate([PUMS_SIZES[:6], [PUMS_SIZES[6:].sum()]])
-    truth = np.zeros((parents.size, law.size), dtype=np.int64)
-    for leaf, g in zip(frontier, rng.poisson(households, len(frontier)), strict=True):
-        truth[leaf] = rng.multinomial(g, law / law.sum())
-    for r in range(parents.size - 1, 0, -1):
-        truth[parents[r]] += truth[r]
-    shape = "x".join(map(str, fanouts))
-    return Dataset(
-        f"synthetic {shape} ({parents.size:,} nodes), N=7", parents, np.array(depth), truth
-    )
 
 
 @functools.cache
 def old_module() -> types.ModuleType:
     source = subprocess.run(
         ["git", "show", f"{OLD_COMMIT}:censusdp_spark/group_sizes/solvers/cumulative.py"],
-        cwd=ROOT,
+        cwd=common.ROOT,
         check=True,
         capture_output=True,
         text=True,
@@ -131,26 +87,17 @@ def solve_old(old: types.ModuleType, tree: GroupTree, inputs) -> list[int]:
     return family_costs(old.cumulative_family, inputs)
 
 
-def _old_child(tree: GroupTree, inputs, queue) -> None:
+def _old_once(tree: GroupTree, inputs) -> tuple[float, list[int], float]:
     old = old_module()
-    reset_peak_memory()
+    common.reset_peak_memory()
     seconds, costs = best_of(1, lambda: solve_old(old, tree, inputs))
-    queue.put((seconds, costs, peak_memory_gib()))
+    return seconds, costs, common.peak_memory_gib()
 
 
 def run_old(tree: GroupTree, inputs, timeout: float) -> tuple[float, list[int], float] | None:
     """The previous solver on the same root and families, one run in a child process:
     seconds, family objectives, peak GiB (None: timed out)."""
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_old_child, args=(tree, inputs, queue))
-    child.start()
-    child.join(timeout)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        return None
-    return queue.get()
+    return common.in_fresh_process(lambda: _old_once(tree, inputs), timeout)
 
 
 def release(tree: GroupTree) -> np.ndarray:
@@ -161,9 +108,9 @@ def compare(data: Dataset, old_timeout: float | None, epsilon: Fraction = Fracti
     cum = noisy(data, "cumulative", epsilon, 0, "level")
     hist = noisy(data, "histogram", epsilon, 0, "level")
     dp_s, _ = best_of(RUNS, lambda: dp_release(hist, "l2"))
-    reset_peak_memory()
+    common.reset_peak_memory()
     new_s, counts = best_of(RUNS, lambda: release(cum))
-    new_peak = peak_memory_gib()
+    new_peak = common.peak_memory_gib()
     inputs = families(cum, np.asarray(counts))
     phases = [cumulative.solve_family_certified(n, c, np.cumsum(p)).phases for n, p, c in inputs]
     row = {
@@ -204,7 +151,7 @@ def old_cells(row: dict, timeout: float) -> tuple[str, str, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = common.argument_parser(__doc__)
     parser.add_argument(
         "--sizes", nargs="+", type=int, default=[7, 100, 400, 1_000, 5_000, 20_000, 50_000]
     )
@@ -214,7 +161,7 @@ def main() -> int:
     )
     parser.add_argument("--old-timeout", type=float, default=60.0)
     args = parser.parse_args()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = common.load_averages()
     started = time.perf_counter()
     rows = []
     for i, epsilon in enumerate(args.epsilons):
@@ -228,13 +175,11 @@ def main() -> int:
     small = [compare(data, args.old_timeout) for data in (calm(), spine([10, 10, 10], 30))]
     for row in small:
         print(row, flush=True)
-    command = "python benchmarks/bench_cumulative_scaling.py " + " ".join(sys.argv[1:])
     lines = [
         "## Group sizes: cumulative (M_c) post-processing time as N grows",
         "",
-        f"Command: `{command.strip()}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"load average at start {load} (shared machine; ratios compare runs in the same process).  ",
+        f"Command: `{common.command_line('python')}`  ",
+        f"{common.machine_line()}; load average at start {load} (shared machine; ratios compare runs in the same process).  ",
         f"Wall time {time.perf_counter() - started:.0f} s. Level faithfulness, one trial per row.",
         "",
         f"Heavy-tailed synthetic tree (root -> 4 -> 28 leaves, {args.groups:,} groups, sizes 1..N",
@@ -258,9 +203,8 @@ def main() -> int:
             f"{row['new_s'] / row['dp_s']:.2f} | {row['phases']} ({row['engine']}) | "
             f"{row['new_peak']:.2f} | {old_s} | {ratio} | {same} |"
         )
-    out = ROOT / "benchmarks" / "results" / "cumulative_scaling.md"
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
+    out = common.RESULTS_DIR / "cumulative_scaling.md"
+    common.write_report(out, lines, announce=True)
     return 0
 
 

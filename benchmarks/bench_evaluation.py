@@ -12,7 +12,6 @@ its own baseline (this machine's load varies; a share compares within one run).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -21,19 +20,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "evaluation.md"
+import _common as common
+
+RESULT = common.RESULTS_DIR / "evaluation.md"
 
 
 def run_release(config: Path, out: Path) -> Path:
-    secret = out.parent / "secret.hex"
-    secret.write_text(os.urandom(32).hex())
-    secret.chmod(0o600)
+    secret = common.write_secret(out.parent / "secret.hex", os.urandom(32).hex())
     subprocess.run(
         [sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config", str(config)]
         + ["--output", str(out), "--secret-file", str(secret), "--reuse-secret", "--evaluate"],
         check=True,
-        cwd=ROOT,
+        cwd=common.ROOT,
     )
     return out / "manifest.json"
 
@@ -46,13 +44,13 @@ def row(label: str, manifest: Path | str) -> str:
 
 def command(args: argparse.Namespace) -> list[str]:
     """The arguments that made the figures (the note is printed as text, not repeated)."""
-    given = ["--config", str(args.config.relative_to(ROOT))]
+    given = ["--config", str(args.config.relative_to(common.ROOT))]
     return given + (["--manifest", *map(str, args.manifest)] if args.manifest else [])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", type=Path, default=ROOT / "conf" / "ri_2010_demo.toml")
+    parser = common.argument_parser(__doc__)
+    parser.add_argument("--config", type=Path, default=common.ROOT / "conf" / "ri_2010_demo.toml")
     parser.add_argument("--manifest", type=Path, nargs="*", help="label=path of runs made")
     parser.add_argument("--note", default="", help="a line on how the runs were made")
     args = parser.parse_args()
@@ -61,23 +59,22 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             rows = [row("this version", run_release(args.config, Path(tmp) / "out"))]
-    RESULT.write_text(
-        "\n".join(
-            [
-                "## What `--evaluate` costs (TopDown)",
-                "",
-                f"`{shlex.join(['benchmarks/bench_evaluation.py', *command(args)])}`,"
-                f" {datetime.date.today()}; config `{args.config.relative_to(ROOT)}`."
-                + (f" {args.note}" if args.note else ""),
-                "",
-                "| run | evaluate (s) | whole run (s) | evaluate's share |",
-                "|---|---|---|---|",
-                *rows,
-                "",
-            ]
-        )
+    text = common.write_report(
+        RESULT,
+        [
+            "## What `--evaluate` costs (TopDown)",
+            "",
+            common.command_note(shlex.join(["benchmarks/bench_evaluation.py", *command(args)]))
+            + f". Config `{args.config.relative_to(common.ROOT)}`."
+            + (f" {args.note}" if args.note else ""),
+            "",
+            "| run | evaluate (s) | whole run (s) | evaluate's share |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ],
     )
-    print(RESULT.read_text())
+    print(text)
 
 
 if __name__ == "__main__":

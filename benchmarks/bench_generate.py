@@ -10,16 +10,12 @@ replaces the blocks there (e.g. ``data/national``, never committed).
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+import _common as common
 
 from censusdp_spark.generate.national import (
     generate_national,
@@ -27,8 +23,6 @@ from censusdp_spark.generate.national import (
     tallies_table,
     validation_table,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _directory_mb(path: Path) -> float:
@@ -53,8 +47,7 @@ def markdown(result: dict, command: str) -> str:
         [
             "## Synthetic national input generation (SYNTHETIC blocks on the real 2020 tracts)",
             "",
-            f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}, numpy {np.__version__}).",
+            common.command_note(command, packages=("numpy",)) + ".",
             "",
             "| seed | states | blocks | wall (s) | peak RSS (GiB) | Parquet output (MB) |",
             "|---|---|---|---|---|---|",
@@ -80,21 +73,18 @@ def markdown(result: dict, command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--seed", type=int, default=2020)
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--output", type=Path, help="keep the output here (default: temporary)")
     args = parser.parse_args()
-    command = " ".join([".venv/bin/python benchmarks/bench_generate.py", *sys.argv[1:]])
+    command = common.command_line(".venv/bin/python")
     if args.output is not None:
         result = run(args.seed, args.fraction, args.output)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = run(args.seed, args.fraction, Path(tmp))
-    text = markdown(result, command)
-    (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "generate.md").write_text(text)
-    print(text)
+    print(common.write_report(common.RESULTS_DIR / "generate.md", markdown(result, command)))
 
 
 if __name__ == "__main__":

@@ -16,24 +16,19 @@ benchmarks/results/gq_bounds.md and .json.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
-import shlex
-import sys
-import time
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import pandas as pd
-from bench_occupancy import _segment
-from bench_production import evaluated_run
-from gls_reference import ESTIMATES, read_delta
+from _topdown_runs import evaluated_run, providence_segment, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "conf" / "pl94_e2e_providence_gq.toml"
-RESULTS = ROOT / "benchmarks" / "results" / "gq_bounds.md"
+from censusdp_spark.testing.gls_reference import ESTIMATES, read_delta
+
+CONFIG = common.ROOT / "conf" / "pl94_e2e_providence_gq.toml"
+RESULTS = common.RESULTS_DIR / "gq_bounds.md"
 BOUNDS = re.compile(r"(?m)^at_(least|most) = .*\n")
 VARIANTS = ("with_bounds", "without_bounds")
 TYPES = ("P0050003", "P0050004", "P0050005", "P0050006", "P0050008", "P0050009", "P0050010")
@@ -46,19 +41,17 @@ def variant_config(variant: str, method: str, work: Path) -> Path:
     if variant == "without_bounds":
         text, removed = BOUNDS.subn("", text)
         assert removed == 15, "the shipped config has 7 at_least and 8 at_most"
-    path = work / f"providence_gq_{variant}.toml"
-    path.write_text(text.replace('path = "data/', f'path = "{ROOT}/data/'))
-    return path
+    return write_config(text, work / f"providence_gq_{variant}.toml")
 
 
 def file_blocks() -> pd.DataFrame:
     """Per block of the file (SUMLEV 750): household persons (P0050001 subtracted from
     P0010001) and each GQ type's persons, indexed by geocode; columns 0 (household) to 7."""
-    geo = _segment("rigeo2018_2020Style.pl", {2: "sumlev", 7: "logrecno", 9: "geocode"})
-    persons = _segment("ri000012018_2020Style.pl", {4: "logrecno", 5: "persons"})
+    geo = providence_segment("rigeo2018_2020Style.pl", {2: "sumlev", 7: "logrecno", 9: "geocode"})
+    persons = providence_segment("ri000012018_2020Style.pl", {4: "logrecno", 5: "persons"})
     gq_columns = {4: "logrecno", 5: "P0050001"}
     gq_columns.update({5 + int(c[-2:]) - 1: c for c in TYPES})
-    gq = _segment("ri000032018_2020Style.pl", gq_columns)
+    gq = providence_segment("ri000032018_2020Style.pl", gq_columns)
     blocks = geo[geo["sumlev"] == "750"].merge(persons, on="logrecno").merge(gq, on="logrecno")
     out = pd.DataFrame(index=blocks["geocode"].to_numpy())
     out[0] = (blocks["persons"].astype(np.int64) - blocks["P0050001"].astype(np.int64)).to_numpy()
@@ -107,8 +100,8 @@ def report(runs: list[dict], command: str, method: str) -> str:
     lines = [
         "## The group-quarters bounds (Providence P5, 8 cells)",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on {os.cpu_count()}"
-        f" CPUs, {secrets} secrets, `{method}`). `conf/pl94_e2e_providence_gq.toml` as shipped"
+        common.command_note(command, master="local[2]", extra=(f"{secrets} secrets", f"`{method}`"))
+        + ". `conf/pl94_e2e_providence_gq.toml` as shipped"
         " against the same config without its `at_least` / `at_most` (its zeros kept); each"
         " secret's two runs post-process the same noisy measurements. Errors are against the"
         " 2018 End-to-End file, used as if it were the truth (it is itself DAS output); means"
@@ -142,16 +135,14 @@ def report(runs: list[dict], command: str, method: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--secrets", type=int, default=4)
     parser.add_argument("--method", default="full_information")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_gq_bounds"))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    common.work_option(parser, "gq_bounds")
+    common.results_option(parser, RESULTS)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_gq_bounds.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:]
-    )
+    command = common.command_line("PYTHONPATH=$PWD .venv/bin/python")
     truth = file_blocks()
     runs = []
     for secret_i in range(args.secrets):
@@ -159,7 +150,7 @@ def main() -> None:
             runs.append(run_once(variant, args.method, secret_i, args.work, truth))
             print(f"secret {secret_i} {variant}: {runs[-1]['wall_s']:.0f} s", flush=True)
         args.results.with_suffix(".json").write_text(json.dumps(runs, indent=1))
-        args.results.write_text(report(runs, command, args.method))
+        common.write_report(args.results, report(runs, command, args.method))
 
 
 if __name__ == "__main__":

@@ -15,21 +15,17 @@ benchmarks/results/group_bounds_solvers.md.
 
 from __future__ import annotations
 
-import datetime
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+import _common as common
 import numpy as np
 
 from censusdp_spark.topdown.solvers import ChildrenProblem, bounded, solve_children
 from censusdp_spark.topdown.solvers.subproblem import GroupBounds
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "group_bounds_solvers.md"
+RESULTS = common.RESULTS_DIR / "group_bounds_solvers.md"
 CASES = ((30, 16, 3), (30, 64, 3), (20, 252, 1), (20, 252, 3), (20, 252, 20))
 REPEATS = 3
 
@@ -77,6 +73,7 @@ def objective(problem: ChildrenProblem, x: np.ndarray) -> float:
 
 
 def main() -> None:
+    common.argument_parser(__doc__).parse_args()
     rows = []
     for k, n, binding in CASES:
         problem, free = family(k, n, binding, seed=k * n + binding)
@@ -99,9 +96,11 @@ def main() -> None:
     lines = [
         "## Group bounds in the least squares (solver families)",
         "",
-        f"Command: `OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python"
-        f" benchmarks/bench_group_bounds.py` ({datetime.date.today()}, {os.cpu_count()} CPUs,"
-        f" Python {sys.version.split()[0]}). Baseline: the same family without bounds, same run."
+        common.command_note(
+            "OPENBLAS_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_group_bounds.py",
+            packages=(),
+        )
+        + ". Baseline: the same family without bounds, same run."
         " Median of 3; every bounded answer meets its bounds and matches the interior-point"
         " optimum (1e-6 relative objective).",
         "",
@@ -115,7 +114,7 @@ def main() -> None:
             f" {auto * 1e3:.1f} ms | {interior * 1e3:.1f} ms | {auto / base:.1f}× |"
             f" {interior / base:.1f}× |"
         )
-    RESULTS.write_text("\n".join(lines) + "\n")
+    common.write_report(RESULTS, lines)
 
 
 if __name__ == "__main__":

@@ -30,22 +30,17 @@ input and output.
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
-import multiprocessing
 import os
-import platform
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -62,9 +57,8 @@ from censusdp_spark.group_sizes import memory
 from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.solvers.cost_tables import first_window
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "mechanism_memory.md"
-SPARK_RESULTS = ROOT / "benchmarks" / "results" / "mechanism_memory_spark.md"
+RESULTS = common.RESULTS_DIR / "mechanism_memory.md"
+SPARK_RESULTS = common.RESULTS_DIR / "mechanism_memory_spark.md"
 HOUSEHOLDS = 100_000
 HISTOGRAM_SCALE = Fraction(10)  # 2L / epsilon, L = 5 levels, epsilon = 1
 CUMULATIVE_SCALE = Fraction(5)
@@ -366,43 +360,21 @@ def _units(batch: pa.RecordBatch, outputs: list[pd.DataFrame]) -> int:
 # --- measurement ----------------------------------------------------------------------------------
 
 
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _measure_child(case: Case, queue) -> None:
-    try:
-        queue.put(_measured(case))
-    except BaseException as error:  # reported by the parent, not lost with the child
-        queue.put(error)
-
-
 def _measured(case: Case) -> tuple[int, float, int, int]:
     batch, call = case.make()
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # peak resident memory starts afresh
-    before = _status("VmRSS:")
+    before = common.memory_baseline()
     started = time.perf_counter()
     frame = batch.to_pandas()
     outputs = call(frame)
     shipped = [_arrow(o) for o in outputs]
     seconds = time.perf_counter() - started
-    peak = _status("VmHWM:") - before + batch.nbytes
+    peak = common.memory_status("VmHWM:") - before + batch.nbytes
     return peak, seconds, case.units(batch, outputs), sum(s.num_rows for s in shipped)
 
 
 def measure(case: Case) -> dict:
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_measure_child, args=(case, queue))
-    child.start()
-    result = queue.get()
-    child.join()
-    if isinstance(result, BaseException):
-        raise result
+    result = common.in_fresh_process(lambda: _measured(case))
+    assert result is not None  # no timeout
     peak, seconds, units, rows = result
     return {
         "case": case.name,
@@ -487,10 +459,8 @@ def report(rows: list[dict], command: str, load: str, seconds: float) -> list[st
     lines = [
         "# Group-size release: peak memory of one Spark Python call per mechanism",
         "",
-        f"Command: `{command.strip()}`  ",
-        f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}, "
-        f"pandas {pd.__version__}, pyarrow {pa.__version__}; load average at start {load} "
+        f"Command: `{command}`  ",
+        f"{common.machine_line(('numpy', 'pandas', 'pyarrow'))}; load average at start {load} "
         f"(shared machine: the times are pessimistic, the memory is not). Wall time {seconds:.0f} s.",
         "",
         "Each row is one call in a fresh forked process: the Arrow batch -> pandas -> the "
@@ -618,9 +588,7 @@ def end_to_end(spec: str) -> dict:
         os.environ[REGISTRY_ENV] = str(folder / "registry")  # not the user's secret bindings
         os.environ[memory.WORKER_MEMORY_ENV] = "1t"  # measured, not refused at the door
         config = synthetic_job(folder, fanouts, int(sizes))
-        secret = folder / "secret.hex"
-        secret.write_text("7a" * 32 + "\n")
-        secret.chmod(0o600)
+        secret = common.write_secret(folder / "secret.hex", "7a" * 32 + "\n")
         spark = spark_session("censusdp-memory", "local[1]")
         peaks: dict[int, int] = {}
         stop = threading.Event()
@@ -657,8 +625,8 @@ def spark_report(rows: list[dict], command: str, load: str) -> list[str]:
     lines = [
         "## The whole job: the largest Python worker's peak against the door's estimate",
         "",
-        f"Command: `{command.strip()}`  ",
-        f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; `local[1]`, load average at start "
+        f"Command: `{command}`  ",
+        f"Date: {common.timestamp()}; `local[1]`, load average at start "
         f"{load}. SYNTHETIC households ({HOUSEHOLDS:,}, sizes ~ 1/size^2, top-coded at N) on "
         "full trees; epsilon = 1, level faithfulness. `peak`: the largest `VmHWM` of the "
         "Python workers (polled every 0.1 s; a fresh worker holds about 60 MiB), `estimate`: "
@@ -681,20 +649,19 @@ def spark_report(rows: list[dict], command: str, load: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000, 16000])
     parser.add_argument("--only", help="only the cases whose name contains this")
     parser.add_argument("--end-to-end", nargs="+", metavar="MECHANISM:N:FANOUTS")
     args = parser.parse_args()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    command = "python benchmarks/bench_mechanism_memory.py " + " ".join(sys.argv[1:])
+    load = common.load_averages()
+    command = common.command_line("python")
     if args.end_to_end:
         runs = []
         for spec in args.end_to_end:
             runs.append(end_to_end(spec))
             print(spark_report(runs, command, load)[-2], flush=True)
-        SPARK_RESULTS.write_text("\n".join(spark_report(runs, command, load)))
-        print(f"wrote {SPARK_RESULTS}")
+        common.write_report(SPARK_RESULTS, spark_report(runs, command, load), announce=True)
         return
     started = time.perf_counter()
     rows = []
@@ -711,8 +678,7 @@ def main() -> None:
         )
     lines = report(rows, command, load, time.perf_counter() - started)
     if not args.only:
-        RESULTS.write_text("\n".join(lines))
-        print(f"wrote {RESULTS}")
+        common.write_report(RESULTS, lines, announce=True)
     else:
         print("\n".join(lines))
 

@@ -29,47 +29,17 @@ figures, not assertions.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import os
-import re
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
+
+import _common as common
+from _national_runs import CONFIG, PGSR_CONFIG, method_config, run_job
 
 from censusdp_spark.group_sizes.config import load_pgsr_config
 from censusdp_spark.topdown.config import load_config
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "conf" / "national_demo.toml"
-PGSR_CONFIG = ROOT / "conf" / "pgsr_national.toml"
-MEMORY_ESTIMATE = re.compile(r"^\[censusdp\] memory estimate: ~([0-9.]+) (GiB|MiB)")
-STAGE = re.compile(r"^\[censusdp\] (\w+): ([0-9.]+) s(?: \((\d+) nodes\))?")
-
-
-def _tree_rss_bytes(*root_pids: int) -> int:
-    """Sum of RSS over ``root_pids`` and all their descendants (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            pid, ppid, pages = int(entry.name), int(fields[1]), int(fields[21])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(pid)
-        rss[pid] = pages * os.sysconf("SC_PAGE_SIZE")
-    total, stack = 0, list(root_pids)
-    while stack:
-        pid = stack.pop()
-        total += rss.get(pid, 0)
-        stack.extend(children.get(pid, []))
-    return total
 
 
 def _input(fraction: float, work: Path) -> Path:
@@ -81,94 +51,6 @@ def _input(fraction: float, work: Path) -> Path:
             check=True,
         )  # fmt: skip
     return folder
-
-
-def method_config(method: str, work: Path) -> Path:
-    """``conf/national_demo.toml`` with ``[estimation] method`` set (relative paths in it resolve
-    against the current directory, so the copy may live anywhere)."""
-    if method == load_config(CONFIG).estimation_method:
-        return CONFIG
-    text = re.sub(r"(?m)^method = .*\n", "", CONFIG.read_text())
-    if "\n[estimation]\n" not in text:
-        raise ValueError(f"{CONFIG} has no [estimation] table to set the method in")
-    variant = work / f"national_demo_{method}.toml"
-    setting = f'\n[estimation]\nmethod = "{method}"\n'
-    variant.write_text(text.replace("\n[estimation]\n", setting, 1))
-    return variant
-
-
-def run_job(
-    job: str, blocks: Path, output: Path, config: Path = CONFIG, master: str = "local[2]"
-) -> dict:
-    job_args = (
-        ["topdown", "--config", str(config)]
-        if job == "topdown"
-        else ["pgsr", "--config", str(PGSR_CONFIG), "--mechanism", "dp"]
-    )
-    command = [
-        sys.executable, "-m", "censusdp_spark.cli", *job_args,
-        "--input", str(blocks), "--output", str(output), "--overwrite", "--master", master,
-    ]  # fmt: skip
-    result = measure_job(command, job)
-    if job == "pgsr":
-        manifest = json.loads((output / "manifest.json").read_text())
-        result.update(stages=manifest["timings_s"], nodes=manifest["nodes"])
-    return result
-
-
-def measure_job(
-    command: list[str],
-    job: str = "topdown",
-    env: dict[str, str] | None = None,
-    also_measured: tuple[int, ...] = (),
-) -> dict:
-    """Run a release's ``command``; its wall time, stages and nodes (its ``[censusdp]`` lines)
-    and the peak memory of its process tree plus the trees of ``also_measured`` (a standalone
-    cluster's daemons, whose executors are their children)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
-    )
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _tree_rss_bytes(proc.pid, *also_measured))
-            time.sleep(0.5)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stages: dict[str, float] = {}
-    nodes: dict[str, int] = {}
-    estimate_gib = float("nan")
-    tail: list[str] = []
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        tail = [*tail[-40:], line]
-        estimate = MEMORY_ESTIMATE.match(line)
-        if estimate:
-            estimate_gib = float(estimate[1]) / (1 if estimate[2] == "GiB" else 1024)
-        match = STAGE.match(line)
-        if match:
-            stages[match[1]] = float(match[2])
-            if match[3] and match[1].startswith("estimate_"):
-                nodes[match[1].removeprefix("estimate_")] = int(match[3])
-    code = proc.wait()
-    done.set()
-    sampler.join()
-    if code != 0:
-        raise RuntimeError(
-            f"{job} failed with exit code {code}: {' '.join(command)}\n" + "".join(tail)
-        )
-    return {
-        "wall_s": time.perf_counter() - started,
-        "stages": stages,
-        "nodes": nodes,
-        "peak_gib": peak / 2**30,
-        "memory_estimate_gib": estimate_gib,
-    }
 
 
 def noised_cells(job: str, nodes: dict[str, int]) -> int:
@@ -192,8 +74,7 @@ def markdown(job: str, rows: list[dict], command: str) -> str:
     lines = [
         f"## {title} on the SYNTHETIC national input",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end). Inputs: "
+        common.command_note(command, master="local[2]", load=True) + ". Inputs: "
         "`censusdp generate national --seed 2020 --fraction F` (SYNTHETIC blocks under the real "
         f"2020 tracts; fractions pick whole states). Config: {config}.",
         "",
@@ -234,21 +115,17 @@ def _method(row: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--fractions", default="0.01,0.1,0.3,1")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national"))
+    common.work_option(parser, "national")
     parser.add_argument("--job", choices=["topdown", "pgsr"], default="topdown")
     parser.add_argument("--methods", default="topdown", help="TopDown estimation methods to run")
-    parser.add_argument("--results", type=Path, help="default benchmarks/results/<job>.md")
+    common.results_option(parser, None, shown="benchmarks/results/<job>.md")
     parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
     args = parser.parse_args()
     name = "national.md" if args.job == "topdown" else "pgsr_national.md"
-    results = args.results or ROOT / "benchmarks" / "results" / name
-    rows = []
-    if args.previous is not None:
-        rows = [
-            json.loads(ln) for ln in args.previous.read_text().splitlines() if ln.startswith("{")
-        ]
+    results = args.results or common.RESULTS_DIR / name
+    rows = common.previous_rows(args.previous)
     methods = args.methods.split(",") if args.job == "topdown" else ["dp"]
     for fraction, method in itertools.product(
         (float(f) for f in args.fractions.split(",")), methods
@@ -268,9 +145,7 @@ def main() -> None:
         }
         rows = sorted([*rows, row], key=lambda r: (r["fraction"], _method(r) != "topdown"))
         print(json.dumps(row), flush=True)
-        results.write_text(
-            markdown(args.job, rows, " ".join(["benchmarks/bench_national.py", *sys.argv[1:]]))
-        )
+        common.write_report(results, markdown(args.job, rows, common.command_line()))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ takes them back, so a long curve can be finished in several invocations).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -39,9 +38,10 @@ import sys
 import time
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import pandas as pd
-from bench_national import measure_job, method_config, run_job  # benchmarks/ is the script's folder
+from _national_runs import measure_job, method_config, run_job
 
 from censusdp_spark.engine.families import NOISE_GROUP_DEPTH
 from censusdp_spark.engine.session import LocalMode
@@ -50,8 +50,7 @@ from censusdp_spark.model.memory import parse_memory
 from censusdp_spark.topdown.capacity import estimate_memory, noised_cells
 from censusdp_spark.topdown.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
-PRODUCTION = ROOT / "conf" / "national_production.toml"
+PRODUCTION = common.ROOT / "conf" / "national_production.toml"
 NATION_BLOCKS = 8_132_968
 METHOD = "full_information"
 
@@ -123,7 +122,7 @@ def memory_estimate_gib(folder: Path, master: str) -> float:
 
 
 RESUMED_TABLES = ("noisy_measurements", "bottom_up", "estimates", "microdata", "pl94_tables")
-RESUME_RESULTS = ROOT / "benchmarks" / "results" / "national_production_resume.md"
+RESUME_RESULTS = common.RESULTS_DIR / "national_production_resume.md"
 
 
 def resume_check(fraction: float, work: Path, master: str) -> dict:
@@ -169,10 +168,8 @@ def reference_release(fraction: float, work: Path, master: str) -> tuple[Path, P
     reference = work / f"release_production_{fraction:g}"
     if not (reference / "manifest.json").exists():
         run("production", production_input(fraction, work), work, fraction, master)
-    secret = work / f"secret_{fraction:g}.hex"
-    secret.write_text((reference.parent / f"{reference.name}.private" / "run_secret").read_text())
-    secret.chmod(0o600)
-    return reference, secret
+    run_secret = (reference.parent / f"{reference.name}.private" / "run_secret").read_text()
+    return reference, common.write_secret(work / f"secret_{fraction:g}.hex", run_secret)
 
 
 def compare_tables(reference: Path, release: Path) -> dict:
@@ -196,7 +193,7 @@ def compare_tables(reference: Path, release: Path) -> dict:
     return {"rows": rows, "differing": differing, "differing_rows_by_level": by_level}
 
 
-CLUSTER_RESULTS = ROOT / "benchmarks" / "results" / "national_production_cluster.md"
+CLUSTER_RESULTS = common.RESULTS_DIR / "national_production_cluster.md"
 CLUSTER_WORKERS, WORKER_MEMORY, EXECUTOR_MEMORY, DRIVER_MEMORY = 2, "8g", "7g", "4g"
 
 
@@ -205,7 +202,9 @@ def cluster_check(fraction: float, work: Path, master: str, local_peak_gib: floa
     127.0.0.1 (a master and ``CLUSTER_WORKERS`` one-core workers), with the secret of the local
     release in ``work``: its time and peak memory beside the local run's, and every table
     compared with the local one's."""
-    sys.path.insert(0, str(ROOT))
+    # The cluster's launcher is the tests' own (tests.helpers.cluster), which is not installed:
+    # without PYTHONPATH=$PWD the repository's root goes on the path for it.
+    sys.path.insert(0, str(common.ROOT))
     from censusdp_spark.engine.session import delta_jars
     from tests.helpers.cluster import cluster_env, on_path, standalone_cluster, submit_command
 
@@ -220,7 +219,7 @@ def cluster_check(fraction: float, work: Path, master: str, local_peak_gib: floa
     options = ("--driver-memory", DRIVER_MEMORY, "--executor-memory", EXECUTOR_MEMORY)
     with standalone_cluster(logs, CLUSTER_WORKERS, 1, WORKER_MEMORY) as cluster:
         jars = [str(j) for j in delta_jars()]
-        script = str(ROOT / "jobs" / "topdown.py")
+        script = str(common.ROOT / "jobs" / "topdown.py")
         command = on_path(submit_command(cluster.url, jars, script, *args, options=options))
         result = measure_job(command, env=cluster_env(), also_measured=cluster.pids)
     # spark-submit's driver logs the stages elsewhere: the manifest has them
@@ -244,8 +243,8 @@ def resume_markdown(check: dict, command: str) -> str:
     return "\n".join([
         "## Killed and resumed: the production release at national scale",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, {check.get('master', '')} "
-        f"on {os.cpu_count()} CPUs). The {check['fraction']:g} fraction of the SYNTHETIC "
+        common.command_note(command, master=check.get("master", ""))
+        + f". The {check['fraction']:g} fraction of the SYNTHETIC "
         f"national persons ({check['blocks']:,} blocks), `conf/national_production.toml`: the "
         "uninterrupted release, then a run of the same secret whose driver exits right after "
         "the tract estimates are written (the job's fault `driver_after_level:tract`, exit "
@@ -278,8 +277,8 @@ def cluster_markdown(check: dict, command: str) -> str:
     return "\n".join([
         "## On a cluster: the production release at national scale",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, on {os.cpu_count()} CPUs). "
-        f"The {check['fraction']:g} fraction of the SYNTHETIC national persons "
+        common.command_note(command)
+        + f". The {check['fraction']:g} fraction of the SYNTHETIC national persons "
         f"({check['blocks']:,} blocks), `conf/national_production.toml`: the local release "
         f"({check.get('master', '')}), then `spark-submit jobs/topdown.py` of the same secret "
         f"(`--reuse-secret`) on a Spark standalone cluster on 127.0.0.1: a master and "
@@ -353,8 +352,8 @@ def markdown(rows: list[dict], command: str) -> str:
     lines = [
         "## The 2020 production release (2,016 cells) on the SYNTHETIC national persons",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, {prod[0]['master'] if prod else ''} "
-        f"on {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end). Inputs: "
+        common.command_note(command, master=prod[0]["master"] if prod else "", load=True)
+        + ". Inputs: "
         "`censusdp generate national --schema production --seed 2020 --fraction F` (SYNTHETIC "
         "persons under the real 2020 tracts; fractions pick whole states). Production: "
         "`conf/national_production.toml` (2021 production strategy, `full_information`, state "
@@ -421,14 +420,12 @@ def markdown(rows: list[dict], command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--fractions", default="0.01,0.03,0.1")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_national_production"))
+    common.work_option(parser, "national_production")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--schemas", default="demo,production", help="which releases to run")
-    parser.add_argument(
-        "--results", type=Path, default=ROOT / "benchmarks" / "results" / "national_production.md"
-    )
+    common.results_option(parser, common.RESULTS_DIR / "national_production.md")
     parser.add_argument("--previous", type=Path, help="JSON rows printed by an earlier run")
     parser.add_argument(
         "--resume-check",
@@ -446,15 +443,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    rows = []
-    if args.previous is not None:
-        text = args.previous.read_text().splitlines()
-        rows = [json.loads(line) for line in text if line.startswith("{")]
+    rows = common.previous_rows(args.previous)
     for r in rows:  # rows of versions that did not log the estimate
         if r["schema"] == "production" and math.isnan(r.get("memory_estimate_gib", math.nan)):
             folder = args.work / f"production_{r['fraction']:g}"
             r["memory_estimate_gib"] = memory_estimate_gib(folder, r["master"])
-    command = " ".join(["benchmarks/bench_national_production.py", *sys.argv[1:]])
+    command = common.command_line()
     for fraction in (float(f) for f in args.fractions.split(",") if f):
         folder = production_input(fraction, args.work)
         for schema in args.schemas.split(","):
@@ -462,13 +456,13 @@ def main() -> None:
             rows = [r for r in rows if (r["fraction"], r["schema"]) != (fraction, schema)]
             rows = sorted([*rows, row], key=lambda r: (r["fraction"], r["schema"]))
             print(json.dumps(row), flush=True)
-            args.results.write_text(markdown(rows, command))
+            common.write_report(args.results, markdown(rows, command))
     if rows:  # also for rows carried in alone
-        args.results.write_text(markdown(rows, command))
+        common.write_report(args.results, markdown(rows, command))
     if args.resume_check is not None:
         check = {**resume_check(args.resume_check, args.work, args.master), "master": args.master}
         print(json.dumps({"resume_check": check}), flush=True)
-        RESUME_RESULTS.write_text(resume_markdown(check, command))
+        common.write_report(RESUME_RESULTS, resume_markdown(check, command))
     if args.cluster_check is not None:
         local = [
             r for r in rows if (r["fraction"], r["schema"]) == (args.cluster_check, "production")
@@ -477,7 +471,7 @@ def main() -> None:
         check = cluster_check(args.cluster_check, args.work, args.master, local_peak)
         check["master"] = args.master
         print(json.dumps({"cluster_check": check}), flush=True)
-        CLUSTER_RESULTS.write_text(cluster_markdown(check, command))
+        common.write_report(CLUSTER_RESULTS, cluster_markdown(check, command))
 
 
 if __name__ == "__main__":

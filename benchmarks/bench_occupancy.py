@@ -14,24 +14,19 @@ anyone, and the total MAE of the blocks with. Writes benchmarks/results/occupanc
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
-import shlex
-import sys
-import time
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import pandas as pd
-from bench_production import evaluated_run
-from gls_reference import ESTIMATES, read_delta
+from _topdown_runs import evaluated_run, providence_segment, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "conf" / "pl94_e2e_providence.toml"
-FILES = ROOT / "data" / "pl94_2018_e2e_providence_ri"
-RESULTS = ROOT / "benchmarks" / "results" / "occupancy.md"
+from censusdp_spark.testing.gls_reference import ESTIMATES, read_delta
+
+CONFIG = common.ROOT / "conf" / "pl94_e2e_providence.toml"
+RESULTS = common.RESULTS_DIR / "occupancy.md"
 RULE = re.compile(r"(?ms)^\[\[estimation\.occupancy\]\]\n.*?\n(?=\n)")
 """The config's one occupancy rule: its table header through the line before the next blank."""
 VARIANTS = ("with_rule", "without_rule")
@@ -43,23 +38,16 @@ def variant_config(variant: str, work: Path) -> Path:
     if variant == "without_rule":
         text, removed = RULE.subn("", text)
         assert removed == 1, "the shipped config has one [[estimation.occupancy]] rule"
-    path = work / f"providence_{variant}.toml"
-    path.write_text(text.replace('path = "data/', f'path = "{ROOT}/data/'))
-    return path
-
-
-def _segment(name: str, columns: dict[int, str]) -> pd.DataFrame:
-    frame = pd.read_csv(FILES / name, sep="|", header=None, dtype=str, encoding="latin-1")
-    return frame[list(columns)].rename(columns=columns)
+    return write_config(text, work / f"providence_{variant}.toml")
 
 
 def block_facts() -> pd.DataFrame:
     """Per block (SUMLEV 750): ``geocode``, ``persons`` (P0010001) and ``dwellings``
     (H0010001 + P0050001), joined on the logical record number."""
-    geo = _segment("rigeo2018_2020Style.pl", {2: "sumlev", 7: "logrecno", 9: "geocode"})
-    persons = _segment("ri000012018_2020Style.pl", {4: "logrecno", 5: "persons"})
-    units = _segment("ri000022018_2020Style.pl", {4: "logrecno", 149: "units"})
-    group_quarters = _segment("ri000032018_2020Style.pl", {4: "logrecno", 5: "gq"})
+    geo = providence_segment("rigeo2018_2020Style.pl", {2: "sumlev", 7: "logrecno", 9: "geocode"})
+    persons = providence_segment("ri000012018_2020Style.pl", {4: "logrecno", 5: "persons"})
+    units = providence_segment("ri000022018_2020Style.pl", {4: "logrecno", 149: "units"})
+    group_quarters = providence_segment("ri000032018_2020Style.pl", {4: "logrecno", 5: "gq"})
     blocks = geo[geo["sumlev"] == "750"]
     for part in (persons, units, group_quarters):
         blocks = blocks.merge(part, on="logrecno", how="left", validate="one_to_one")
@@ -107,8 +95,8 @@ def report(runs: list[dict], command: str) -> str:
     lines = [
         "## The occupancy rule's effect on accuracy (Providence, 252 cells)",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on {os.cpu_count()}"
-        f" CPUs, {len(secrets)} secrets). `conf/pl94_e2e_providence.toml` as shipped (its"
+        common.command_note(command, master="local[2]", extra=(f"{len(secrets)} secrets",))
+        + ". `conf/pl94_e2e_providence.toml` as shipped (its"
         " `[[estimation.occupancy]]` rule: no persons where `H0010001 + P0050001` is 0) against"
         " the same config without the rule; each secret's two runs post-process the same noisy"
         " measurements. Errors are against the 2018 End-to-End file, used as if it were the"
@@ -152,22 +140,20 @@ def report(runs: list[dict], command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--secrets", type=int, default=6)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_occupancy"))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    common.work_option(parser, "occupancy")
+    common.results_option(parser, RESULTS)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_occupancy.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:]
-    )
+    command = common.command_line("PYTHONPATH=$PWD .venv/bin/python")
     runs = []
     for secret_i in range(args.secrets):
         for variant in VARIANTS:
             runs.append(run_once(variant, secret_i, args.work))
             print(f"secret {secret_i} {variant}: {runs[-1]['wall_s']:.0f} s", flush=True)
         args.results.with_suffix(".json").write_text(json.dumps(runs, indent=1))
-        args.results.write_text(report(runs, command))
+        common.write_report(args.results, report(runs, command))
 
 
 if __name__ == "__main__":

@@ -17,122 +17,19 @@ level's nodes of the L1 distance between cumulative histograms.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+import _common as common
 import numpy as np
-import pandas as pd
+from _group_size_trees import Dataset, calm, national, noisy, per_level, synthetic
 
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_release
 from censusdp_spark.group_sizes.solvers.relaxed import relaxed_qp, round_naive
-from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release, objective, violations
-from censusdp_spark.group_sizes.spark import NoisePlan, noisy_group
-
-ROOT = Path(__file__).resolve().parents[1]
-CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
-# Household sizes of the unique ACS 2006-2010 PUMS households of PUMA 600 (Oregon), sizes 1..8+
-# (data README §6): the size law of the synthetic trees.
-PUMS_SIZES = np.array([1103, 1687, 624, 489, 188, 80, 25, 17], dtype=np.float64)
-NATIONAL_SIZES = [f"hh_size_{j}" for j in range(1, 7)] + ["hh_size_7plus"]
-
-
-@dataclass(frozen=True)
-class Dataset:
-    name: str
-    parent: np.ndarray
-    depth: np.ndarray
-    truth: np.ndarray  # (n, N)
-
-    @property
-    def levels(self) -> int:
-        return int(self.depth.max()) + 1
-
-
-def from_leaves(name: str, geocodes: pd.Series, counts: np.ndarray, digits: list[int]) -> Dataset:
-    """A hierarchy from leaf geocodes (levels = geocode prefixes of ``digits`` characters) and
-    the leaves' size histograms; nodes ordered by depth, then geocode."""
-    codes, truths, parents, depths = [], [], [], []
-    previous: pd.Index | None = None
-    offset = 0
-    for depth, d in enumerate(digits):
-        sums = pd.DataFrame(counts).groupby(geocodes.str[:d].to_numpy()).sum().sort_index()
-        codes.append(sums.index)
-        truths.append(sums.to_numpy(dtype=np.int64))
-        if previous is None:
-            parents.append(np.full(len(sums), -1))
-        else:
-            up = digits[depth - 1]
-            parents.append(offset - len(previous) + previous.get_indexer(sums.index.str[:up]))
-        depths.append(np.full(len(sums), depth))
-        offset += len(sums)
-        previous = sums.index
-    return Dataset(name, np.concatenate(parents), np.concatenate(depths), np.vstack(truths))
-
-
-def calm() -> Dataset:
-    frame = pd.read_csv(CALM, dtype=str)
-    geocodes = frame["county"] + frame["tract"] + frame["block_group"] + frame["taz"]
-    counts = frame[[f"HHSIZE{j}" for j in range(1, 5)]].to_numpy(dtype=np.int64)
-    return from_leaves("CALM (real)", geocodes, counts, [0, 3, 9, 12, 16])
-
-
-def national(blocks: Path) -> Dataset:
-    """The SYNTHETIC national blocks (``censusdp generate national``), sizes 1..7+."""
-    frame = pd.concat(pd.read_parquet(f) for f in sorted(blocks.glob("*.parquet")))
-    counts = frame[NATIONAL_SIZES].to_numpy(dtype=np.int64)
-    return from_leaves(
-        f"SYNTHETIC national ({len(frame):,} blocks)", frame["GEOID"], counts, [0, 2, 5, 11, 12, 15]
-    )
-
-
-def synthetic(fanouts: list[int], households: int, seed: int) -> Dataset:
-    """A full tree with the given fan-outs; each leaf holds Poisson(households) households."""
-    rng = np.random.default_rng(seed)
-    parent, depth, frontier = [-1], [0], [0]
-    for level, fanout in enumerate(fanouts, start=1):
-        nxt = []
-        for p in frontier:
-            for _ in range(fanout):
-                parent.append(p)
-                depth.append(level)
-                nxt.append(len(parent) - 1)
-        frontier = nxt
-    parents = np.array(parent)
-    truth = np.zeros((parents.size, PUMS_SIZES.size), dtype=np.int64)
-    leaves = np.array(frontier)
-    law = PUMS_SIZES / PUMS_SIZES.sum()
-    truth[leaves] = np.stack(
-        [rng.multinomial(int(g), law) for g in rng.poisson(households, leaves.size)]
-    )
-    for r in range(parents.size - 1, 0, -1):
-        truth[parents[r]] += truth[r]
-    name = f"synthetic {'x'.join(map(str, fanouts))} ({parents.size:,} nodes, N=8)"
-    return Dataset(name, parents, np.array(depth), truth)
-
-
-def noisy(
-    data: Dataset, measurement: str, epsilon: Fraction, trial: int, faithfulness: str
-) -> GroupTree:
-    sensitivity = 1 if measurement == "cumulative" else 2
-    scale = Fraction(sensitivity * data.levels) / epsilon
-    plan = NoisePlan(measurement, data.truth.shape[1], {"all": scale}, faithfulness, "root")
-    secret = bytes([trial + 1]) * 32  # one noise group: every node from one keyed stream
-    rows = noisy_group(secret, plan, "all", "", data.truth)
-    return GroupTree(data.parent, rows, data.truth.sum(1))
-
-
-def per_level(data: Dataset, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean L1 and mean EMD per level (index = depth)."""
-    diff = counts - data.truth
-    l1 = np.abs(diff).sum(1)
-    emd = np.abs(np.cumsum(diff, axis=1)).sum(1)
-    nodes = np.bincount(data.depth)
-    return np.bincount(data.depth, l1) / nodes, np.bincount(data.depth, emd) / nodes
+from censusdp_spark.group_sizes.solvers.tree import dp_release, objective, violations
 
 
 @dataclass
@@ -218,11 +115,11 @@ def speed_rows(data: Dataset, eps: Fraction, faithfulness: str) -> dict:
         release = dp_release(hist, "l2", faithfulness)
         dp_runs.append(time.perf_counter() - started)
     dp_s = min(dp_runs)
-    reset_peak_memory()
+    common.reset_peak_memory()
     started = time.perf_counter()
     relaxed = relaxed_qp(hist, faithfulness)
     qp_s = time.perf_counter() - started
-    qp_peak = peak_memory_gib()
+    qp_peak = common.peak_memory_gib()
     rounded = round_naive(relaxed)
     v = violations(hist, rounded, faithfulness)
     return {
@@ -236,18 +133,6 @@ def speed_rows(data: Dataset, eps: Fraction, faithfulness: str) -> dict:
         "broken": v["inconsistent"] + v["unfaithful"],
         "qp_peak_gib": qp_peak,
     }
-
-
-def reset_peak_memory() -> None:
-    """Start this process's peak resident memory afresh (Linux: ``clear_refs`` 5)."""
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_memory_gib() -> float:
-    """This process's peak resident memory since the last reset, GiB (``VmHWM``)."""
-    status = Path("/proc/self/status").read_text().splitlines()
-    kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    return kib / 2**20
 
 
 def accuracy_section(data: Dataset, trials: list[Trial], names: list[str], reps: int) -> list[str]:
@@ -268,17 +153,12 @@ def accuracy_section(data: Dataset, trials: list[Trial], names: list[str], reps:
     ]
 
 
-RESULTS = ROOT / "benchmarks" / "results"
-
-
 def header(title: str, load: str, seconds: float, faithfulness: str) -> list[str]:
-    command = "python benchmarks/bench_pgsr.py " + " ".join(sys.argv[1:])
     return [
         f"# Group-size release (PGSR): {title}",
         "",
-        f"Command: `{command.strip()}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"load average at start {load} (shared machine; every ratio compares methods run in the "
+        f"Command: `{common.command_line('python')}`  ",
+        f"{common.machine_line()}; load average at start {load} (shared machine; every ratio compares methods run in the "
         "same process on the same noisy measurements).  ",
         f"Faithfulness: `{faithfulness}`. Wall time {seconds:.0f} s.",
         "",
@@ -346,7 +226,7 @@ def speed_report(args: argparse.Namespace, load: str) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--epsilons", nargs="+", default=["1/10", "1/2", "1", "2"])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--faithfulness", default="level", choices=["level", "node"])
@@ -363,14 +243,12 @@ def main() -> int:
     parser.add_argument("--national-methods", default=",".join(METHODS))
     parser.add_argument("--only", choices=["accuracy", "speed"], help="run one part")
     args = parser.parse_args()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = common.load_averages()
     parts = {"accuracy": accuracy_report, "speed": speed_report}
     for name, report in parts.items():
         if args.only in (None, name):
-            out = RESULTS / ("pgsr.md" if name == "accuracy" else "pgsr_speed.md")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("\n".join(report(args, load)))
-            print(f"wrote {out}")
+            out = common.RESULTS_DIR / ("pgsr.md" if name == "accuracy" else "pgsr_speed.md")
+            common.write_report(out, report(args, load), announce=True)
     return 0
 
 

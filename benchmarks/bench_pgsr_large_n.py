@@ -5,11 +5,12 @@ top-coding. Writes benchmarks/results/pgsr_large_n.md.
     .venv/bin/python benchmarks/bench_pgsr_large_n.py [--sizes 5000] [--groups 300000]
         [--epsilons 1/10 1] [--trials 20] [--top-code 100]
 
-The tree is ``bench_cumulative_scaling.heavy_tailed``: root -> 4 -> 28 leaves, each leaf
-Poisson(groups / 28) groups with sizes 1..N drawn with probability ~ 1/size^2. Noise is the
-project's own (keyed geometric, level faithfulness, L = 3 levels: scale 6/eps for histograms,
-3/eps for cumulative counts). Within a repetition every histogram mechanism post-processes the
-*same* noisy histograms, and `cumulative` the same repetition's cumulative counts. Mechanisms:
+The tree is ``_group_size_trees.heavy_tailed`` (``bench_cumulative_scaling.py``'s too):
+root -> 4 -> 28 leaves, each leaf Poisson(groups / 28) groups with sizes 1..N drawn with
+probability ~ 1/size^2. Noise is the project's own (keyed geometric, level faithfulness,
+L = 3 levels: scale 6/eps for histograms, 3/eps for cumulative counts). Within a repetition
+every histogram mechanism post-processes the *same* noisy histograms, and `cumulative` the same
+repetition's cumulative counts. Mechanisms:
 
 - `raw histogram` / `raw cumulative`: the noisy measurements themselves (references, not
   releases: negative, inconsistent, not summing to G); raw cumulative counts are differenced.
@@ -25,18 +26,14 @@ after the fact (same metric, same truth).
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from fractions import Fraction
 
+import _common as common
 import numpy as np
-from bench_cumulative_scaling import heavy_tailed
-from bench_pgsr import RESULTS, Dataset, noisy, per_level
+from _group_size_trees import Dataset, heavy_tailed, noisy, per_level
 
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_release
 from censusdp_spark.group_sizes.solvers.relaxed import relaxed_qp, round_naive, solve_relaxed
@@ -193,14 +190,14 @@ def top_code_table(runs: list[Run], k: int) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--sizes", type=int, default=5000)
     parser.add_argument("--groups", type=int, default=300_000)
     parser.add_argument("--epsilons", nargs="+", default=["1/10", "1"])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--top-code", type=int, default=100, help="K: sizes >= K in one bucket")
     args = parser.parse_args()
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = common.load_averages()
     started = time.perf_counter()
     data = heavy_tailed(args.sizes, args.groups)
     coded = top_coded(data, args.top_code)
@@ -210,14 +207,12 @@ def main() -> int:
             runs += repetition(data, eps, trial, None, args.top_code)
             runs += repetition(coded, eps, trial, args.top_code, None)
         print(f"eps={eps}: done ({time.perf_counter() - started:.0f} s)", flush=True)
-    command = "python benchmarks/bench_pgsr_large_n.py " + " ".join(sys.argv[1:])
     big = int(data.truth[0, 999:].sum())  # groups of size >= 1,000
     lines = [
         "# Group-size release (PGSR) at large N: every mechanism on identical noise",
         "",
-        f"Command: `{command.strip()}`  ",
-        f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}; load average at start {load} "
+        f"Command: `{common.command_line('python')}`  ",
+        f"{common.machine_line()}; load average at start {load} "
         "(shared machine: times are pessimistic; every ratio compares with `dp` measured in the "
         "same process on the same noisy measurements).  ",
         f"Wall time {time.perf_counter() - started:.0f} s; {args.trials} repetitions per eps "
@@ -248,9 +243,8 @@ def main() -> int:
         *top_code_table(runs, args.top_code),
         "",
     ]
-    out = RESULTS / "pgsr_large_n.md"
-    out.write_text("\n".join(lines))
-    print(f"wrote {out}")
+    out = common.RESULTS_DIR / "pgsr_large_n.md"
+    common.write_report(out, lines, announce=True)
     return 0
 
 

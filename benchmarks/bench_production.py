@@ -16,31 +16,24 @@ not for release: an experiment, with its own secret registry). The errors are th
 own rows (``mean_l1`` per level and query: the mean over nodes of the L1 error of that marginal;
 ``mae_total`` for total population) and the stage times the manifest's. With ``--gls`` each
 secret also gets the exact GLS from the last method's noisy measurements
-(``gls_reference.py``'s elimination along the tree), scored the same way; a release the work
-folder lacks is made again first and must score exactly as the saved run. Writes
+(``censusdp_spark.testing.gls_reference``'s elimination along the tree), scored the same way;
+a release the work folder lacks is made again first and must score exactly as the saved run. Writes
 benchmarks/results/topdown_production.md (and the per-run figures beside it as JSON).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
-import os
-import re
-import shlex
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import pandas as pd
-from gls_reference import gls_reference, release_config
+from _topdown_runs import evaluated_run, production_config, production_input
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "conf" / "pl94_2020_production.toml"
-RESULTS = ROOT / "benchmarks" / "results" / "topdown_production.md"
+from censusdp_spark.testing.gls_reference import gls_reference, release_config
+
+RESULTS = common.RESULTS_DIR / "topdown_production.md"
 BLUEDOWN = {  # BlueDown's L1 per query over ours (TopDown), Perry County, two secrets
     "state": "0.20-0.59",
     "county": "0.20-0.59",
@@ -57,92 +50,17 @@ GLS = "gls"
 measurements)."""
 
 
-def secret_hex(i: int) -> str:
-    return hashlib.sha256(f"bench_production secret {i}".encode()).hexdigest()
-
-
-RI_SPINE = 'spine = { path = "data/ri_2010_blocks_pl.csv", format = "csv", geocode = "GEOID" }'
-"""The spine of the expanded RI input: every RI 2010 block, the empty ones included."""
-
-
-def method_config(method: str, work: Path, name: str) -> Path:
-    """The production config with ``[estimation] method`` set; for ``ri`` on RI's spine."""
-    text = re.sub(r"(?m)^method\s*=.*\n", "", CONFIG.read_text())
-    assert "\n[estimation]\n" in text
-    if name == "ri":
-        text, replaced = re.subn(r"(?m)^spine\s*=.*$", RI_SPINE, text)
-        assert replaced == 1
-    path = work / f"production_{name}_{method}.toml"
-    path.write_text(text.replace("\n[estimation]\n", f'\n[estimation]\nmethod = "{method}"\n', 1))
-    return path
-
-
-def input_path(name: str, work: Path) -> Path | None:
-    """The input of ``name``: None for the config's own (Perry County)."""
-    if name == "perry":
-        return None
-    expanded = work / "ri_pl94.csv"
-    if not expanded.exists():
-        subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / "expand_pl94.py"),
-             str(ROOT / "data" / "ri_2010_blocks_pl.csv"), str(expanded), "--seed", "1"],
-            check=True,
-        )  # fmt: skip
-    return expanded
-
-
 def release_folder(name: str, secret_i: int, method: str, work: Path) -> Path:
     return work / f"{name}_{secret_i}_{method}"
 
 
-def evaluated_run(
-    config: Path, out: Path, secret_i: int, work: Path, source: Path | None = None
-) -> tuple[float, dict, list[dict]]:
-    """One ``censusdp topdown --evaluate`` run of ``config`` (on ``source``, else its own
-    input) with the secret of index ``secret_i``, written to ``out`` and ``out.evaluation``:
-    its wall time, manifest and the evaluation's error rows of the method it used. The outputs
-    are marked not for release: an experiment, with its own secret registry in ``work``."""
-    secret = work / f"secret{secret_i}.hex"
-    secret.write_text(secret_hex(secret_i))
-    secret.chmod(0o600)
-    evaluation = out.with_name(out.name + ".evaluation")
-    command = [
-        str(ROOT / ".venv" / "bin" / "censusdp"), "topdown",
-        "--config", str(config),
-        *(["--input", str(source)] if source else []),
-        "--output", str(out), "--overwrite", "--evaluate", "--evaluation-output", str(evaluation),
-        "--secret-file", str(secret), "--reuse-secret", "--master", "local[2]",
-    ]  # fmt: skip
-    started = time.perf_counter()
-    subprocess.run(
-        command,
-        check=True,
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "CENSUSDP_SECRET_REGISTRY": str(work / "secret_registry"),
-        },
-        stdout=subprocess.DEVNULL,
-    )
-    wall = time.perf_counter() - started
-    manifest = json.loads((out / "manifest.json").read_text())
-    errors = pd.read_csv(evaluation / "errors.csv")
-    mine = errors[errors["method"] == manifest["estimation"]["method"]]
-    rows = [
-        {"level": r.level, "metric": r.metric, "query": r.query, "value": float(r.value)}
-        for r in mine.itertuples()
-    ]
-    return wall, manifest, rows
-
-
 def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
     wall, manifest, errors = evaluated_run(
-        method_config(method, work, name),
+        production_config(method, work, name),
         release_folder(name, secret_i, method, work),
         secret_i,
         work,
-        input_path(name, work),
+        production_input(name, work),
     )
     return {
         "input": name,
@@ -156,10 +74,10 @@ def run_once(name: str, method: str, secret_i: int, work: Path) -> dict:
 
 
 def gls_once(name: str, secret_i: int, method: str, work: Path) -> dict:
-    """The exact GLS (``gls_reference.py``'s tree elimination) from the noisy measurements of
-    ``method``'s release of this input and secret, scored like the evaluation: per level the
-    total-population MAE and each configured query's mean L1 against the input (unrounded,
-    unconstrained in sign)."""
+    """The exact GLS (``censusdp_spark.testing.gls_reference``'s tree elimination) from the
+    noisy measurements of ``method``'s release of this input and secret, scored like the
+    evaluation: per level the total-population MAE and each configured query's mean L1 against
+    the input (unrounded, unconstrained in sign)."""
     release = release_folder(name, secret_i, method, work)
     ref = gls_reference(release, solver="tree")
     config = release_config(release, None, None)
@@ -248,15 +166,11 @@ def accuracy_table(runs: list[dict], name: str, levels: list[str], methods: list
     return lines
 
 
-RESAMPLES = 10_000
-"""Bootstrap resamples of the secrets behind an interval (seeded: the report is reproducible)."""
-
-
 def bootstrap_interval(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
     """The 95% interval of ``mean(num) / mean(den)`` over secrets resampled in pairs (the same
     secret for both: they post-process the same noisy measurements); resamples whose ``den``
     mean is 0 have no ratio and are dropped."""
-    picks = np.random.default_rng(0).integers(0, len(num), size=(RESAMPLES, len(num)))
+    picks = np.random.default_rng(0).integers(0, len(num), size=(common.RESAMPLES, len(num)))
     num_means, den_means = num[picks].mean(axis=1), den[picks].mean(axis=1)
     measured = np.abs(den_means) >= EXACT
     low, high = np.percentile(num_means[measured] / den_means[measured], [2.5, 97.5])
@@ -317,8 +231,7 @@ def report(runs: list[dict], command: str, methods: list[str]) -> str:
     lines = [
         "## Both estimation methods on the 2,016-cell production schema",
         "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2] on {os.cpu_count()}"
-        f" CPUs, load average {os.getloadavg()[0]:.1f} at the end). Config:"
+        common.command_note(command, master="local[2]", load=True) + ". Config:"
         " `conf/pl94_2020_production.toml` (the 2021 production persons strategy, 11 queries per"
         " level, state population invariant). Both methods post-process the same noisy"
         " measurements per secret; errors are `--evaluate`'s rows against the input.",
@@ -351,12 +264,12 @@ def report(runs: list[dict], command: str, methods: list[str]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--inputs", nargs="+", choices=["perry", "ri"], default=["perry"])
     parser.add_argument("--secrets", type=int, default=2)
     parser.add_argument("--methods", default="topdown,full_information")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/censusdp_production"))
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    common.work_option(parser, "production")
+    common.results_option(parser, RESULTS)
     parser.add_argument(
         "--gls",
         action="store_true",
@@ -371,9 +284,7 @@ def main() -> None:
     args = parser.parse_args()
     methods = args.methods.split(",")
     args.work.mkdir(parents=True, exist_ok=True)
-    command = "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_production.py " + " ".join(
-        shlex.quote(a) for a in sys.argv[1:]
-    )
+    command = common.command_line("PYTHONPATH=$PWD .venv/bin/python")
     saved = args.results.with_suffix(".json")
     runs = json.loads(saved.read_text()) if args.append and saved.exists() else []
     for name in args.inputs:
@@ -386,21 +297,21 @@ def main() -> None:
                 runs.append(run_once(name, method, secret_i, args.work))
                 print(f"{name} secret {secret_i} {method}: {runs[-1]['wall_s']:.0f} s", flush=True)
                 saved.write_text(json.dumps(runs, indent=1))
-                write_report(runs, command, methods, args.results)
+                write_runs_report(runs, command, methods, args.results)
             if args.gls and not any(
                 (r["input"], r["secret"], r["method"]) == (name, secret_i, GLS) for r in runs
             ):
                 ensure_release(runs, name, secret_i, methods[-1], args.work)
                 runs.append(gls_once(name, secret_i, methods[-1], args.work))
                 saved.write_text(json.dumps(runs, indent=1))
-                write_report(runs, command, methods, args.results)
-    write_report(runs, command, methods, args.results)
+                write_runs_report(runs, command, methods, args.results)
+    write_runs_report(runs, command, methods, args.results)
 
 
-def write_report(runs: list[dict], command: str, methods: list[str], results: Path) -> None:
+def write_runs_report(runs: list[dict], command: str, methods: list[str], results: Path) -> None:
     """The report of the runs made so far (only the methods that have run)."""
     done = [m for m in methods if any(r["method"] == m for r in runs)]
-    results.write_text(report(runs, command, done))
+    common.write_report(results, report(runs, command, done))
 
 
 if __name__ == "__main__":

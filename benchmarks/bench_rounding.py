@@ -14,15 +14,11 @@ and to have the MILP's objective (within 1e-9) before any time is reported.
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 from unittest import mock
 
+import _common as common
 import numpy as np
 
 import censusdp_spark.topdown.solvers.rounding as rounding
@@ -36,7 +32,7 @@ FAMILIES: list[tuple[str, int, int, bool, int]] = [
     ("nation -> 51 states, totals invariant", 51, 330_000_000, True, 4),
 ]
 REPEATS = 3
-RESULTS = Path(__file__).parent / "results" / "rounding.md"
+RESULTS = common.RESULTS_DIR / "rounding.md"
 # votingage (2) x hisprace (8): the total and the detailed cells.
 MAPS = (np.zeros(16, dtype=np.int64), np.arange(16))
 SIZES = (1, 16)
@@ -93,6 +89,7 @@ def best_ms(run) -> tuple[float, float]:
 
 
 def main() -> None:
+    common.argument_parser(__doc__).parse_args()
     rng = np.random.default_rng(20261129)
     rows = []
     for label, k, population, totals, count in FAMILIES:
@@ -117,19 +114,20 @@ def main() -> None:
             f"{flow[0]:.2f} / {flow[1]:.2f} | {milp[0] / flow[0]:.1f}x / {milp[1] / flow[1]:.1f}x |"
         )
         print(rows[-1], flush=True)
-    write_report(rows)
+    common.write_report(RESULTS, report(rows))
 
 
-def write_report(rows: list[str]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    today = datetime.date.today().isoformat()
+def report(rows: list[str]) -> list[str]:
     lines = [
         "# Rounding benchmark: the flow path for nested queries vs the MILP",
         "",
-        "Command: `OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_rounding.py` "
-        f"({today}, {platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f} at the end, Python {sys.version.split()[0]}, "
-        f"numpy {np.__version__}).",
+        common.command_note(
+            "OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_rounding.py",
+            arch=True,
+            load=True,
+            packages=("numpy",),
+        )
+        + ".",
         "",
         "Queries total and detailed over 16 cells (the block and state levels of "
         "`conf/national_demo.toml`). Each family's L2 estimate is rounded by round_children "
@@ -143,7 +141,7 @@ def write_report(rows: list[str]) -> None:
         *rows,
         "",
     ]
-    RESULTS.write_text("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

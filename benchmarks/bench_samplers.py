@@ -16,23 +16,17 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import importlib.metadata  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from fractions import Fraction  # noqa: E402
-from pathlib import Path  # noqa: E402
 
+import _common as common  # noqa: E402
 import opendp.prelude as dp  # noqa: E402
 
 from censusdp_spark.privacy import discrete_gaussian, discrete_laplace, keyed_rng  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-OUTPUT = ROOT / "benchmarks" / "results" / "samplers.md"
+OUTPUT = common.RESULTS_DIR / "samplers.md"
 SECRET = bytes(32)
 # 1/ρ of the 2020 persons budget times the geolevel and query share denominators (4099, 4097):
 # dividing by the two share numerators gives σ² = 1/(ρ·β·α) for one query at one geolevel.
@@ -159,16 +153,6 @@ def table(rows: list[Row], scale_name: str, exact_name: str, numpy_name: str) ->
     return lines
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def report(
     gaussian: list[Row],
     laplace: list[Row],
@@ -177,18 +161,18 @@ def report(
     opendp_draws: int,
     repeats: int,
 ) -> str:
-    versions = ", ".join(
-        f"{name} {importlib.metadata.version(name)}" for name in ("numpy", "randomgen", "opendp")
-    )
     lines = [
         "## Exact samplers",
         "",
-        f"`{' '.join(['.venv/bin/python', 'benchmarks/bench_samplers.py', *sys.argv[1:]])}`",
-        f"on {datetime.date.today().isoformat()}, one core of {cpu_model()}, "
-        f"Python {platform.python_version()}, {versions}.",
+        common.command_note(
+            common.command_line(".venv/bin/python"),
+            extra=(f"one core of {common.cpu_model()}",),
+            packages=("numpy", "randomgen", "opendp"),
+        )
+        + ".",
         f"Thread CPU time of the fastest of {repeats} calls of {draws:,} draws (ours, numpy) or "
         f"3 calls of {opendp_draws:,} (OpenDP, on a vector of int zeros); load average "
-        f"{os.getloadavg()[0]:.1f} at the end. Ours and numpy draw from ChaCha20 (`keyed_rng`).",
+        f"{common.load_now()} at the end. Ours and numpy draw from ChaCha20 (`keyed_rng`).",
         "",
         "### Discrete Gaussian N_Z(0, σ²)",
         "",
@@ -214,7 +198,7 @@ def report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--draws", type=int, default=1_000_000)
     parser.add_argument("--opendp-draws", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=7)
@@ -226,9 +210,7 @@ def main() -> None:
     gaussian = [gaussian_row(*case, *sizes) for case in GAUSSIAN_CASES]
     laplace = [laplace_row(*case, *sizes) for case in LAPLACE_CASES]
     text = report(gaussian, laplace, small_call_lines(), *sizes)
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text)
-    print(text)
+    print(common.write_report(OUTPUT, text))
 
 
 if __name__ == "__main__":

@@ -13,15 +13,11 @@ is still affordable it is run too and the answers are checked against it.
 
 from __future__ import annotations
 
-import datetime
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+import _common as common
 import clarabel
 import numpy as np
 import scipy.sparse as sparse
@@ -52,7 +48,7 @@ LARGE_PROBLEMS_PER_SIZE = 2
 PROBLEMS_PER_SIZE = 5
 REPEATS = 3
 ROUNDING_TIME_LIMIT = 10.0
-RESULTS = Path(__file__).parent / "results" / "solvers.md"
+RESULTS = common.RESULTS_DIR / "solvers.md"
 
 
 def marginal_maps(dims: tuple[int, ...], subsets: list[tuple[int, ...]]):
@@ -160,6 +156,7 @@ def rounding_ms(problem: ChildrenProblem, x_hat: np.ndarray) -> str:
 
 
 def main() -> None:
+    common.argument_parser(__doc__).parse_args()
     rng = np.random.default_rng(20260601)
     rows = []
     for k, dims, subsets in SIZES:
@@ -195,7 +192,7 @@ def main() -> None:
         for _ in range(LARGE_PROBLEMS_PER_SIZE):
             large_rows.append(large_row(realistic_problem(rng, k, dims, LARGE_SUBSETS), affordable))
             print(large_rows[-1], flush=True)
-    write_report(rows, large_rows)
+    common.write_report(RESULTS, report(rows, large_rows))
 
 
 def large_row(problem: ChildrenProblem, affordable: bool) -> str:
@@ -222,16 +219,17 @@ def large_row(problem: ChildrenProblem, affordable: bool) -> str:
     )
 
 
-def write_report(rows: list[str], large_rows: list[str]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    today = datetime.date.today().isoformat()
+def report(rows: list[str], large_rows: list[str]) -> list[str]:
     lines = [
         "# Solver benchmark: solve_children vs Clarabel, and round_children",
         "",
-        "Command: `OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_solvers.py` "
-        f"({today}, {platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f} at the end, Python {sys.version.split()[0]}, "
-        f"numpy {np.__version__}, clarabel {clarabel.__version__}).",
+        common.command_note(
+            "OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/bench_solvers.py",
+            arch=True,
+            load=True,
+            packages=("numpy", "clarabel"),
+        )
+        + ".",
         "",
         f"{PROBLEMS_PER_SIZE} subproblems per size (Dirichlet-multinomial parent and split, "
         "Gaussian noise, sigma in [1, 5] per query). Times are medians over subproblems of the "
@@ -265,7 +263,7 @@ def write_report(rows: list[str], large_rows: list[str]) -> None:
         *large_rows,
         "",
     ]
-    RESULTS.write_text("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

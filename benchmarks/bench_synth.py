@@ -25,17 +25,15 @@ import os
 for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"  # small matrices: BLAS threads only add contention
 
-import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from fractions import Fraction  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import _common as common  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -51,7 +49,6 @@ from censusdp_spark.synth.workloads import (  # noqa: E402
     totals_of,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"reduced": "synth_pums_reduced.toml", "full": "synth_pums.toml"}
 METHODS = {
     "reduced": ("mwem", "hpd_fixed", "hpd_gen", "independent"),
@@ -61,7 +58,7 @@ GRID = 10**12
 
 
 def secret(repetition: int) -> bytes:
-    return hashlib.sha256(f"bench-synth-{repetition}".encode()).digest()
+    return bytes.fromhex(common.secret_hex(f"bench-synth-{repetition}"))
 
 
 def errors(truth: np.ndarray, estimate: np.ndarray) -> tuple[float, float]:
@@ -70,7 +67,7 @@ def errors(truth: np.ndarray, estimate: np.ndarray) -> tuple[float, float]:
 
 
 def run_dataset(name: str, epsilons: list[float], repetitions: int) -> dict[str, Any]:
-    config: SynthConfig = load_synth_config(ROOT / "conf" / CONFIGS[name], ROOT)
+    config: SynthConfig = load_synth_config(common.ROOT / "conf" / CONFIGS[name], common.ROOT)
     domain, spec = config.domain, config.input
     encoded = encode_tables(
         domain,
@@ -221,7 +218,7 @@ def sweep_times(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def write_report(parts: list[dict[str, Any]], output: Path) -> None:
+def report(parts: list[dict[str, Any]]) -> list[str]:
     rows = [r for p in parts for r in p["rows"]]
     reps = len({r["rep"] for r in rows})
     machine = "; ".join(f"{p['name']}: {p['machine']}" for p in parts)
@@ -267,32 +264,30 @@ def write_report(parts: list[dict[str, Any]], output: Path) -> None:
         "every noise scale is proportional to 1/N_G.",
         "",
     ]
-    output.write_text("\n".join(lines))
+    return lines
 
 
 def machine_note(started_load: tuple[float, ...], total_s: float) -> str:
-    end_load = os.getloadavg()
     return (
-        f"Single-threaded BLAS; {platform.processor() or platform.machine()}, "
+        f"{common.timestamp()}; single-threaded BLAS; {common.cpu_model()}, "
         f"{os.cpu_count()} cores shared with other jobs (1-min load average "
-        f"{started_load[0]:.1f} at the start, {end_load[0]:.1f} at the end); "
+        f"{started_load[0]:.1f} at the start, {common.load_now()} at the end); "
         f"{total_s / 60:.1f} min for this process"
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--epsilons", nargs="+", type=float, default=[0.125, 0.25, 0.5, 1.0])
     parser.add_argument("--datasets", nargs="+", default=["reduced", "full"], choices=list(CONFIGS))
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--rows", type=Path, help="write the raw rows here instead of the report")
     parser.add_argument("--merge", nargs="+", type=Path, help="report from saved --rows files")
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "synth.md")
+    parser.add_argument("--output", type=Path, default=common.RESULTS_DIR / "synth.md")
     args = parser.parse_args()
     if args.merge:
         parts = [part for p in args.merge for part in json.loads(p.read_text())]
-        write_report(parts, args.output)
-        print(f"wrote {args.output}")
+        common.write_report(args.output, report(parts), announce=True)
         return
     load, started = os.getloadavg(), time.perf_counter()
     parts = [run_dataset(name, args.epsilons, args.repetitions) for name in args.datasets]
@@ -303,8 +298,7 @@ def main() -> None:
         args.rows.write_text(json.dumps(parts))
         print(f"wrote {args.rows}")
     else:
-        write_report(parts, args.output)
-        print(f"wrote {args.output}")
+        common.write_report(args.output, report(parts), announce=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """TopDown accuracy and speed on the real RI and HI 2010 blocks, against the exact GLS (best
-linear unbiased) estimate from the same noisy measurements (benchmarks/gls_reference.py) and
-the block-by-block baseline at the same rho and secret. Writes benchmarks/results/topdown.md
-(and the per-secret figures to benchmarks/results/topdown.json).
+linear unbiased) estimate from the same noisy measurements
+(censusdp_spark/testing/gls_reference.py) and the block-by-block baseline at the same rho and
+secret. Writes benchmarks/results/topdown.md (and the per-secret figures to
+benchmarks/results/topdown.json).
 
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python benchmarks/bench_topdown.py [--states ri hi]
         [--rhos 1/2 293764/114921 10] [--secrets 2] [--methods topdown,full_information] [--append]
@@ -30,28 +31,31 @@ reads each row's own variance, and has no rows for the bypassed parents).
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
 
+import _common as common
 import numpy as np
-from gls_reference import ESTIMATES, NOISY_MEASUREMENTS, gls_reference, level_errors, read_delta
+from _topdown_runs import censusdp_topdown
 
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
+from censusdp_spark.testing.gls_reference import (
+    ESTIMATES,
+    NOISY_MEASUREMENTS,
+    gls_reference,
+    level_errors,
+    read_delta,
+)
 from censusdp_spark.topdown.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_RHO = 'rho = "293764/114921"'
 DEFAULT_METHOD = "topdown"
 GLS = "gls"
@@ -65,13 +69,13 @@ def secret_hex(i: int) -> str:
     """Secret ``i`` of the benchmark: fixed, so a rerun measures the same noise."""
     if i == 0:
         return FIRST_SECRET
-    return hashlib.sha256(f"bench_topdown secret {i}".encode()).hexdigest()
+    return common.secret_hex(f"bench_topdown secret {i}")
 
 
 def config_text(state: str, rho: str, method: str, bypass: bool = False) -> str:
     """The demo config at ``rho`` with ``method`` (``<name>[@<pass>...]``) in ``[estimation]``
     (and with ``bypass``, ``bypass_single_child = true`` in ``[budget]``)."""
-    text = (ROOT / "conf" / f"{state}_2010_demo.toml").read_text()
+    text = (common.ROOT / "conf" / f"{state}_2010_demo.toml").read_text()
     assert DEMO_RHO in text
     text = text.replace(
         DEMO_RHO, f'rho = "{rho}"' + ("\nbypass_single_child = true" if bypass else "")
@@ -108,7 +112,7 @@ def check_methods(
             path = work / f"check_{state}_{method}.toml"
             path.write_text(config_text(state, rhos[0], method, bypass))
             try:
-                load_config(path, ROOT)
+                load_config(path, common.ROOT)
             except ConfigError as err:
                 sys.exit(f"method {method!r} is not accepted by this worktree's code: {err}")
 
@@ -120,33 +124,13 @@ def run_once(
     config = work / f"{name}.toml"
     config.write_text(config_text(state, rho, method, bypass))
     out = work / name
-    started = time.perf_counter()
-    subprocess.run(
-        [
-            str(ROOT / ".venv" / "bin" / "censusdp"),
-            "topdown",
-            "--config",
-            str(config),
-            "--output",
-            str(out),
-            "--secret-file",
-            str(secret),
-            # An experiment: one secret across states, rhos and methods, by design (the
-            # outputs are marked not for release), with its own secret-binding registry.
-            "--reuse-secret",
-            "--master",
-            "local[2]",
-        ],
-        check=True,
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "CENSUSDP_SECRET_REGISTRY": str(work / "secret_registry"),
-        },
-        stdout=subprocess.DEVNULL,
+    wall = censusdp_topdown(
+        # An experiment: one secret across states, rhos and methods, by design (the outputs
+        # are marked not for release), with its own secret-binding registry.
+        ["--config", str(config), "--output", str(out), "--secret-file", str(secret)]
+        + ["--reuse-secret", "--master", "local[2]"],
+        work,
     )
-    wall = time.perf_counter() - started
     return out, wall, json.loads((out / "manifest.json").read_text())
 
 
@@ -209,9 +193,7 @@ def measure_case(
     bypass: bool = False,
 ) -> dict:
     """Every method, GLS and the baseline for one (state, rho, secret)."""
-    secret = work / f"secret{secret_i}.hex"
-    secret.write_text(secret_hex(secret_i))
-    secret.chmod(0o600)
+    secret = common.write_secret(work / f"secret{secret_i}.hex", secret_hex(secret_i))
     case: dict = {
         "state": state,
         "rho": rho,
@@ -446,19 +428,25 @@ def chain_note(cases: list[dict]) -> list[str]:
 def report(cases: list[dict], methods: list[str], commands: list[str], levels: list[str]) -> str:
     secrets = [len(g) for _, _, g in _groups(cases)]
     counts = f"{min(secrets)}" if min(secrets) == max(secrets) else f"{min(secrets)}-{max(secrets)}"
-    quoted = "; then ".join(f"`{c}`" for c in commands)
     bypassed = ", single-child parents bypassed," if all_bypassed(cases) else ""
     lines = [
         f"## {' and '.join(methods)}{bypassed} vs the exact GLS and the block-by-block"
         " baseline (real RI/HI 2010 blocks, 16 cells)",
         "",
-        f"Command: {quoted} ({time.strftime('%Y-%m-%d')}, local[2] on 2 shared cores,"
-        f" {counts} secret(s) per state and rho; figures are means over the secrets).",
+        common.command_note(
+            commands,
+            master="local[2]",
+            extra=(
+                "a shared machine",
+                f"{counts} secret(s) per state and rho; figures are means over the secrets",
+            ),
+        )
+        + ".",
         "",
         "Baselines, from the same noisy measurements: `gls` is the exact generalised-least-squares",
         "(best linear unbiased) estimate of every",
         "node's histogram from all the run's `noisy_measurements`, with the invariant (state)",
-        "totals exact, unrounded and unconstrained in sign (`benchmarks/gls_reference.py`, a sparse",
+        "totals exact, unrounded and unconstrained in sign (`censusdp_spark/testing/gls_reference.py`, a sparse",
         "KKT solve independent of the project's estimators). `block_by_block` spends the whole rho",
         "on each block's detailed histogram and sums the noisy blocks up (its noise redrawn from",
         "the release's own keyed stream). State totals are invariant: total-population error is 0",
@@ -511,7 +499,7 @@ def report(cases: list[dict], methods: list[str], commands: list[str], levels: l
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--states", nargs="+", default=["ri", "hi"])
     parser.add_argument("--rhos", nargs="+", default=["1/2", "293764/114921", "10"])
     parser.add_argument("--secrets", type=int, default=2, help="secrets per state and rho")
@@ -533,9 +521,7 @@ def main() -> None:
         action="store_true",
         help="add to the cases saved beside --results (those already there are not rerun)",
     )
-    parser.add_argument(
-        "--results", type=Path, default=ROOT / "benchmarks" / "results" / "topdown.md"
-    )
+    common.results_option(parser, common.RESULTS_DIR / "topdown.md")
     parser.add_argument(
         "--report-only",
         action="store_true",
@@ -546,17 +532,18 @@ def main() -> None:
         earlier = json.loads(args.results.with_suffix(".json").read_text())
         cases = earlier["cases"]
         levels = list(cases[0]["errors"])
-        args.results.write_text(report(cases, list(cases[0]["runs"]), earlier["commands"], levels))
+        common.write_report(
+            args.results, report(cases, list(cases[0]["runs"]), earlier["commands"], levels)
+        )
         return
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     niceness = os.nice(0)
-    command = (
-        "PYTHONPATH=$PWD "
-        + (f"nice -n {niceness} " if niceness else "")
-        + ".venv/bin/python benchmarks/bench_topdown.py "
-        + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = common.command_line(
+        "PYTHONPATH=$PWD " + (f"nice -n {niceness} " if niceness else "") + ".venv/bin/python"
     )
-    levels = list(load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT).hierarchy.names)
+    levels = list(
+        load_config(common.ROOT / "conf" / "ri_2010_demo.toml", common.ROOT).hierarchy.names
+    )
     saved = args.results.with_suffix(".json")
     commands, cases = [command], []
     if args.append and saved.exists():
@@ -582,8 +569,7 @@ def main() -> None:
                     )
                     text = report(cases, methods, commands, levels)
                     # Rewritten after every case, so a run cut short keeps its figures.
-                    args.results.parent.mkdir(exist_ok=True)
-                    args.results.write_text(text)
+                    common.write_report(args.results, text)
                     saved.write_text(json.dumps({"commands": commands, "cases": cases}, indent=1))
     print(text)
 

@@ -18,26 +18,19 @@ benchmarks/results/topdown_memory.md.
 
 from __future__ import annotations
 
-import argparse
-import gc
-import multiprocessing
-import os
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
+import _common as common
 import numpy as np
 import pyarrow as pa
-from bench_mechanism_memory import _status  # benchmarks/ is the script's folder
 
 from censusdp_spark.engine.families import _one_by_one, _streamed, _through_pandas
 from censusdp_spark.topdown.capacity import NOISE_CELL_BYTES
 from censusdp_spark.topdown.config import load_config
 from censusdp_spark.topdown.measure import _noise_groups, noise_plan
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "topdown_memory.md"
-CONFIG = ROOT / "conf" / "national_production.toml"
+RESULTS = common.RESULTS_DIR / "topdown_memory.md"
+CONFIG = common.ROOT / "conf" / "national_production.toml"
 PERSONS_PER_BLOCK = 40
 CELLS_PER_BLOCK = 20
 OUTPUT = pa.schema(
@@ -77,34 +70,19 @@ def _measured(k: int) -> tuple[int, float, int]:
     batch = blocks_batch(k, config.schema.n_cells)
     solve = _one_by_one(["level", "group"], _noise_groups(bytes(32), noise_plan(config)))
     task = _through_pandas(_streamed(["level", "group"], solve, None), OUTPUT)
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # peak resident memory starts afresh
-    before = _status("VmRSS:")
+    before = common.memory_baseline()
     started = time.perf_counter()
     cells = 0
     for out in task(iter([batch])):
         cells += len(out.column("noisy").flatten())
         del out
     seconds = time.perf_counter() - started
-    return _status("VmHWM:") - before + batch.nbytes, seconds, cells
-
-
-def _child(k: int, queue) -> None:
-    try:
-        queue.put(_measured(k))
-    except BaseException as error:  # reported by the parent, not lost with the child
-        queue.put(error)
+    return common.memory_status("VmHWM:") - before + batch.nbytes, seconds, cells
 
 
 def measure(k: int) -> dict:
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_child, args=(k, queue))
-    child.start()
-    result = queue.get()
-    child.join()
-    if isinstance(result, BaseException):
-        raise result
+    result = common.in_fresh_process(lambda: _measured(k))
+    assert result is not None  # no timeout
     peak, seconds, cells = result
     return {"nodes": k, "cells": cells, "peak": peak, "seconds": seconds}
 
@@ -113,8 +91,7 @@ def markdown(rows: list[dict], command: str) -> str:
     lines = [
         "## TopDown noise pass: peak memory of one Python call",
         "",
-        f"Command: `{command}` ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}). One noise group of k SYNTHETIC production "
+        common.command_note(command, load=True) + ". One noise group of k SYNTHETIC production "
         f"blocks ({PERSONS_PER_BLOCK} persons in {CELLS_PER_BLOCK} cells each) through "
         "`engine.families` and `topdown.measure` in a forked process; peak = VmHWM growth plus "
         f"the input batch. `capacity.NOISE_CELL_BYTES` = {NOISE_CELL_BYTES}.",
@@ -131,15 +108,15 @@ def markdown(rows: list[dict], command: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 4000, 16000])
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    common.results_option(parser, RESULTS)
     args = parser.parse_args()
     rows = [measure(k) for k in args.nodes]
     for r in rows:
         print(r, flush=True)
     command = "benchmarks/bench_topdown_memory.py --nodes " + " ".join(map(str, args.nodes))
-    args.results.write_text(markdown(rows, command))
+    common.write_report(args.results, markdown(rows, command))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ figure shows exactly the figures of benchmarks/results/topdown_methods.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from fractions import Fraction
@@ -21,9 +20,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import _common as common  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 LEVELS = ("county", "tract", "block_group", "block")
 METHOD = "full_information"
 STATES = {"ri": "Rhode Island", "hi": "Hawaii"}
@@ -74,11 +73,11 @@ def plot(means: dict[tuple[str, str], dict[float, float]], output: Path) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.argument_parser(__doc__)
+    parser.add_argument("--results", type=Path, default=common.RESULTS_DIR / "topdown_methods.json")
     parser.add_argument(
-        "--results", type=Path, default=ROOT / "benchmarks" / "results" / "topdown_methods.json"
+        "--output", type=Path, default=common.ROOT / "docs" / "img" / "error_vs_rho.svg"
     )
-    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "img" / "error_vs_rho.svg")
     args = parser.parse_args()
     plot(mean_errors(json.loads(args.results.read_text())["cases"]), args.output)
 

@@ -55,6 +55,8 @@ The code, for contributors: three releases over one shared core, imports going o
   each other; within the core, ``release`` is above ``engine`` and ``io``, above ``model``,
   above ``privacy``; solvers, the privacy core, the numpy synth core, ``model``, ``release``
   and ``generate`` import no Spark.
+* ``testing`` — yardsticks for the tests and the benchmarks (the exact GLS of a TopDown
+  release, independent of the estimators); no production module imports it.
 """
 
 from __future__ import annotations

@@ -3,15 +3,8 @@ nation, and the resume check's verdict line."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import bench_national_production as bench
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench_national_production as bench  # noqa: E402
 
 
 def test_the_stage_fit_recovers_a_line_through_the_measured_fractions():

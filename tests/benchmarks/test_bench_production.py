@@ -5,15 +5,9 @@ per-query table shows the interval beside each ratio."""
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
+import bench_production
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench_production  # noqa: E402
 
 
 def test_a_ratio_the_same_on_every_secret_has_no_spread():

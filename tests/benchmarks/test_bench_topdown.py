@@ -4,18 +4,15 @@ code does not know the key, is refused before any run."""
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
+import bench_topdown
 import pytest
 
+from censusdp_spark.topdown.config import load_config
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench_topdown  # noqa: E402
-
-from censusdp_spark.topdown.config import load_config  # noqa: E402
 
 
 def test_topdown_config_loads_at_the_given_rho(tmp_path):

@@ -1,4 +1,4 @@
-"""The benchmark's exact GLS reference (benchmarks/gls_reference.py): the sparse KKT solve
+"""The exact GLS reference (censusdp_spark/testing/gls_reference.py): the sparse KKT solve
 equals an independent dense constrained least-squares solve over the leaves, has the closed
 form on a one-cell two-level tree, and reads a release's Delta tables and input correctly."""
 
@@ -15,20 +15,17 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.linalg
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from gls_reference import (  # noqa: E402
+from censusdp_spark.testing.gls_reference import (
     LevelMeasurements,
     TreeProblem,
     build_problem,
     gls_reference,
+    main,
     read_delta,
     solve_gls,
     solve_gls_by_tree,
 )
-
-from censusdp_spark.topdown.config import load_config  # noqa: E402
+from censusdp_spark.topdown.config import load_config
 
 
 def random_tree(rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
@@ -288,6 +285,23 @@ def test_a_release_folder_gives_the_dense_gls_and_the_truth(tmp_path):
         assert (lv.gls[:, 1] == 0).all()
     mid = ref.level("mid")
     np.testing.assert_allclose(mid.gls.sum(axis=1), mid.truth.sum(axis=1), atol=1e-9)
+
+
+def test_the_command_line_prints_each_level_and_writes_the_reference(tmp_path, monkeypatch, capsys):
+    test_a_release_folder_gives_the_dense_gls_and_the_truth(tmp_path)
+    ref = gls_reference(tmp_path / "release", tmp_path / "tiny.toml")
+    written = tmp_path / "gls.parquet"
+    argv = ["gls_reference", "--release", str(tmp_path / "release"), "--config"]
+    argv += [str(tmp_path / "tiny.toml"), "--solver", "tree", "--write", str(written)]
+    monkeypatch.setattr(sys, "argv", argv)
+    main()
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in printed[3:]] == ["| root", "| mid", "| leaf"]
+    frame = pd.read_parquet(written)
+    expected = ref.frame()
+    assert frame[["level", "geocode", "cell"]].equals(expected[["level", "geocode", "cell"]])
+    np.testing.assert_allclose(frame["gls"], expected["gls"], atol=1e-9)  # the tree solver's
+    assert (frame["truth"] == expected["truth"]).all()
 
 
 def test_read_delta_replays_a_checkpoint_then_the_commits_after_it(tmp_path):

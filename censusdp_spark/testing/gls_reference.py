@@ -2,8 +2,8 @@
 histogram from all the noisy measurements of a finished TopDown release: the yardstick the
 estimation methods are measured against, computed independently of the project's estimators.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/gls_reference.py --release OUTPUT_DIR \
-        [--config FILE] [--input FILE] [--write gls.parquet]
+    PYTHONPATH=$PWD .venv/bin/python -m censusdp_spark.testing.gls_reference \
+        --release OUTPUT_DIR [--config FILE] [--input FILE] [--write gls.parquet] [--solver tree]
 
 The model. The unknowns are the leaf histograms over the cells that are not structural zeros.
 Node ``v`` of level ``l`` and query ``q`` was measured as ``A_q h_v + e`` with ``h_v`` the sum
@@ -45,6 +45,7 @@ import argparse
 import json
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -355,7 +356,7 @@ def _parents_up(
     sums = np.stack([below.mean[c].sum(axis=0) for c in children_of])
     groups = _parent_groups(children_of, below.cov_of, info_of)
     mean = np.zeros_like(b)
-    covs = []
+    covs: list[np.ndarray] = []
     cov_of = np.zeros(lv.n_nodes, dtype=np.int64)
     for group in groups:
         rows = np.array(group.parents)
@@ -689,7 +690,8 @@ def build_problem(
     return TreeProblem(tuple(levels), len(active)), geocodes, truths, active
 
 
-SOLVERS = {"lu": solve_gls, "tree": solve_gls_by_tree}
+Solver = Callable[[TreeProblem], tuple[list[np.ndarray], SolveStats | TreeSolveStats]]
+SOLVERS: dict[str, Solver] = {"lu": solve_gls, "tree": solve_gls_by_tree}
 SOLVER_HELP = (
     "lu: the sparse KKT factorisation (fast for small schemas; dense per node, so not for 2,016"
     " cells); tree: elimination along the tree, dense in the cells (m^2 memory per parent)"
