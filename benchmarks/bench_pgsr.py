@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from censusdp_spark.group_sizes.measure import NoisePlan, noisy_group
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_release
 from censusdp_spark.group_sizes.solvers.relaxed import relaxed_qp, round_naive
 from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release, objective, violations
-from censusdp_spark.group_sizes.spark import NoisePlan, noisy_group
 
 ROOT = Path(__file__).resolve().parents[1]
 CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
