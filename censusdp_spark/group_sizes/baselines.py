@@ -1,5 +1,5 @@
 """The other group-size post-processings on Spark: ``relaxed`` (the paper's M_H, the baseline
-the docs and benchmarks compare ``dp`` with), ``relaxed_families`` and ``cumulative`` (M_c).
+the docs and benchmarks compare ``exact`` with), ``relaxed_families`` and ``cumulative`` (M_c).
 
 * ``relaxed``: the noisy histograms collected on the driver, the convex relaxation of the whole
   tree in one QP (Clarabel, solved as a scaled step so large counts do not swamp the noise),

@@ -1,6 +1,6 @@
 """The guarantees a group-size release promises, checked on its written rows in one Spark job:
 no negative count, every (parent, size) the sum of its children's, and faithfulness (every
-level sums to G, or every node to its public G^r). The job fails a ``dp`` or
+level sums to G, or every node to its public G^r). The job fails an ``exact`` or
 ``cumulative`` release that breaks one; the rounded relaxations report them."""
 
 from __future__ import annotations

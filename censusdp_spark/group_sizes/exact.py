@@ -1,5 +1,5 @@
-"""The exact group-size post-processing (``dp``, M_H^dp) on Spark: the cost-table dynamic
-program, bottom-up then top-down, with its certificate loop.
+"""The ``exact`` group-size post-processing (M_H^dp; recorded as ``dp``) on Spark: the
+cost-table dynamic program, bottom-up then top-down, with its certificate loop.
 
 What it promises (``group_sizes.solvers.cost_tables`` has the argument): cost tables of every
 internal node bottom-up, the root by the dummy root of T^dp, then each family split given its

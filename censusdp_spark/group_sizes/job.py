@@ -3,10 +3,10 @@
 For every node of the hierarchy and every size s = 1..N: the number of groups (households) of
 size s, ε-DP, consistent, valid and faithful. The job runs the stages; each concern has its
 module: the noise pass and its privacy claim (``group_sizes.measure``), the post-processings
-(``group_sizes.exact``: the dynamic program ``dp`` with its certificate loop;
-``group_sizes.baselines``: ``relaxed``, ``relaxed_families``, ``cumulative``; what each
-solves: ``group_sizes.solvers.cost_tables``), the guarantee checks (``group_sizes.checks``)
-and the evaluation (``group_sizes.evaluate``).
+(``group_sizes.exact``: the dynamic program ``exact``, recorded as ``dp``, with its
+certificate loop; ``group_sizes.baselines``: ``relaxed``, ``relaxed_families``,
+``cumulative``; what each solves: ``group_sizes.solvers.cost_tables``), the guarantee checks
+(``group_sizes.checks``) and the evaluation (``group_sizes.evaluate``).
 
 Every mechanism is refused in one line, before any noise is drawn, if its largest Spark Python
 call would need more than ``CENSUSDP_WORKER_MEMORY`` (``group_sizes.memory``: an estimate from
@@ -17,7 +17,7 @@ histograms (confidential, memory only) -> the geography's shape and the memory c
 written if it fails) -> the noise pass, written once to
 ``noisy_measurements`` -> post-processing reading only that table, level by level (each level
 computed and checkpointed in executor storage before the next reads it) -> ``group_sizes``
-written in one transaction -> guarantees checked (a violation fails dp and cumulative
+written in one transaction -> guarantees checked (a violation fails exact and cumulative
 loudly) -> with ``--evaluate``, errors against the truth in ``<output>.evaluation/``, beside
 the release and never inside it (internal) -> the manifest, last.
 """
@@ -44,6 +44,7 @@ from censusdp_spark.group_sizes.baselines import (
 )
 from censusdp_spark.group_sizes.checks import release_violations
 from censusdp_spark.group_sizes.config import (
+    Mechanism,
     PgsrConfig,
     privacy_unit,
     with_epsilon,
@@ -66,13 +67,13 @@ from censusdp_spark.release.runner import (
 )
 
 GROUP_SIZES = "group_sizes"
-RELAXED = ("relaxed", "relaxed_families")
+RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
 """The rounded relaxations: their violations are reported, not raised."""
 
 
 @dataclass(frozen=True)
 class PgsrOptions:
-    mechanism: str | None = None  # None: the config's default
+    mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
     input: Path | None = None
     output: Path | None = None
     secret_file: Path | None = None
@@ -148,12 +149,12 @@ def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
     spine = config.spine.for_input(spec.path) if config.spine else None
     if options.epsilon is not None:
         config = with_epsilon(config, options.epsilon)
-    mechanism = options.mechanism or config.mechanism
+    mechanism = Mechanism.named(options.mechanism or config.mechanism)
     return replace(config, run=run, input=spec, spine=spine, mechanism=mechanism)
 
 
 def _privacy(config: PgsrConfig) -> dict[str, Any]:
-    sensitivity = 1 if config.mechanism == "cumulative" else 2
+    sensitivity = 1 if config.mechanism == Mechanism.CUMULATIVE else 2
     return {
         "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
         "(the geography is public and the number of groups does not change between neighbours)",
@@ -162,7 +163,7 @@ def _privacy(config: PgsrConfig) -> dict[str, Any]:
         if config.faithfulness == "node"
         else "G (the root's number of groups) only",
         "epsilon": str(config.budget.total_epsilon),
-        "measurement": "cumulative" if config.mechanism == "cumulative" else "histogram",
+        "measurement": "cumulative" if config.mechanism == Mechanism.CUMULATIVE else "histogram",
         "sensitivity_per_node": sensitivity,
         "levels": [
             {
@@ -182,7 +183,7 @@ ESTIMATION_KEYS = (("mechanism",),)
 def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
     """The runner of a group-size run of ``config`` (options applied)."""
     assert config.input is not None
-    noise = "cumulative" if config.mechanism == "cumulative" else "histogram"
+    noise = "cumulative" if config.mechanism == Mechanism.CUMULATIVE else "histogram"
     inputs = [config.input.path, *([config.spine.path] if config.spine else [])]
     contents = release_contents(
         GROUP_SIZES,
@@ -191,7 +192,7 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
         tables=[delta.NOISY_MEASUREMENTS, GROUP_SIZES],
         estimation_keys=ESTIMATION_KEYS,
         settings={"noise": noise, "epsilon": str(config.budget.total_epsilon)},
-        estimation={"--mechanism": config.mechanism},
+        estimation={"--mechanism": config.mechanism.value},
     )
     streams = f"{GROUP_SIZES}/{noise}"
     return ReleaseRun.of(GROUP_SIZES, config.run, contents, options, inputs, streams)
@@ -243,11 +244,11 @@ def _run_pgsr(
     optimality: dict[str, int] = {}
     relaxed: dict[str, Any] = {}
     levels: list[DataFrame]
-    if config.mechanism == "dp":
+    if config.mechanism == Mechanism.EXACT:
         levels, optimality = post_process_exact(spark, config, noisy, clock)
-    elif config.mechanism == "relaxed":
+    elif config.mechanism == Mechanism.RELAXED:
         levels, relaxed = post_process_relaxed(spark, config, noisy, clock)
-    elif config.mechanism == "relaxed_families":
+    elif config.mechanism == Mechanism.RELAXED_FAMILIES:
         levels = post_process_relaxed_families(spark, config, noisy, clock)
     else:
         levels = post_process_cumulative(spark, config, noisy, clock)
@@ -276,7 +277,7 @@ def _run_pgsr(
 
     summary = PgsrSummary(
         output=output,
-        mechanism=config.mechanism,
+        mechanism=config.mechanism.value,
         epsilon=str(config.budget.total_epsilon),
         nodes={lv: node_counts.get(lv, 0) for lv in hierarchy.names},
         checks=checks,
@@ -293,7 +294,7 @@ def _run_pgsr(
         {
             "run": config.run.name,
             "release": "group sizes (PGSR)",
-            "mechanism": config.mechanism,
+            "mechanism": config.mechanism.value,
             "norm": config.norm if config.mechanism not in RELAXED else "l2",
             "faithfulness": config.faithfulness,
             "config_file": config.source,

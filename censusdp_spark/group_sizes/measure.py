@@ -21,7 +21,7 @@ cells node after node from one keyed stream ``keyed_rng(secret, "pgsr", measurem
 one ``discrete_laplace`` call per group. A group's members and their order depend only on the
 public geography, so a retried or speculative task redraws identical noise; distinct keys get
 independent streams and every draw is a fresh exact discrete Laplace, so the noise of every
-(node, cell) is independent of every other and of the data. ``dp`` and ``relaxed``
+(node, cell) is independent of every other and of the data. ``exact`` (``dp``) and ``relaxed``
 share the histogram measurement, so with one secret they post-process the *same* noisy table.
 Everything after ``measure`` reads only the ``noisy_measurements`` table (noisy values and the
 public ``G^r``), so it is post-processing.
@@ -44,7 +44,7 @@ import pandas as pd
 from pyspark.sql import DataFrame
 
 from censusdp_spark.engine.families import FamilySolver, map_families, noise_group
-from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.config import Mechanism, PgsrConfig
 from censusdp_spark.group_sizes.solvers.cumulative import to_cumulative
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy import discrete_laplace, keyed_rng
@@ -69,7 +69,7 @@ class NoisePlan:
 
 
 def noise_plan(config: PgsrConfig, mechanism: str) -> NoisePlan:
-    measurement = "cumulative" if mechanism == "cumulative" else "histogram"
+    measurement = "cumulative" if mechanism == Mechanism.CUMULATIVE else "histogram"
     sensitivity = 1 if measurement == "cumulative" else 2
     scales = {lv: config.budget.scale(lv, sensitivity) for lv in config.hierarchy.names}
     return NoisePlan(
