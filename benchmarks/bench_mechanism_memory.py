@@ -15,8 +15,9 @@ benchmarks/results/mechanism_memory_spark.md.
 Each case runs, in a fresh forked process, what a Spark Python worker runs on one Arrow batch:
 the batch as Arrow (children rows with their parents' rows, as ``engine.families.map_children``
 ships them; one noise group's rows for the noise pass) -> pandas -> the engine's family plumbing
-(``engine.families``) and the release's own solver (``group_sizes.spark``: ``noise_solver``,
-``dp_tables_solver``, ``dp_split_solver``, ``cumulative_solver``, ``relaxed_family_solver``)
+(``engine.families``) and the release's own solver (``group_sizes.measure.noise_solver``,
+``group_sizes.exact``'s ``dp_tables_solver`` and ``dp_split_solver``, ``group_sizes.baselines``'
+``cumulative_solver`` and ``relaxed_family_solver``)
 -> the result back to Arrow. Peak = the process's peak resident memory (``VmHWM``, reset once
 the Arrow batch is built) less its resident memory then, plus the Arrow batch itself. Inputs
 are synthetic: heavy-tailed sizes 1..N (probability ~ 1/size^2, about 30 groups per leaf),
@@ -48,13 +49,17 @@ import pyarrow as pa
 from censusdp_spark.engine.families import (
     _ROLE,
     PARENT,
+    FamilySolver,
     _children_with_parents,
     _one_by_one,
     _streamed,
     level_shapes,
 )
 from censusdp_spark.group_sizes import memory
-from censusdp_spark.group_sizes import spark as gs
+from censusdp_spark.group_sizes.baselines import cumulative_solver, relaxed_family_solver
+from censusdp_spark.group_sizes.exact import DpPlan, dp_split_solver, dp_tables_solver
+from censusdp_spark.group_sizes.measure import NoisePlan, noise_solver, noisy_group
+from censusdp_spark.group_sizes.shapes import arrow_batch_rows, leaf_nodes
 from censusdp_spark.group_sizes.solvers.cost_tables import first_window
 
 RESULTS = common.RESULTS_DIR / "mechanism_memory.md"
@@ -76,8 +81,8 @@ def _truth(rng: np.random.Generator, nodes: int, sizes: int, groups: int) -> np.
 
 def _noisy(truth: np.ndarray, measurement: str, scale: Fraction) -> np.ndarray:
     """What is measured of ``truth`` (histograms; ``cumulative``: their cumulative counts), noisy."""
-    plan = gs.NoisePlan(measurement, truth.shape[1], {"all": scale}, "level", "root")
-    return gs.noisy_group(SECRET, plan, "all", "", truth)
+    plan = NoisePlan(measurement, truth.shape[1], {"all": scale}, "level", "root")
+    return noisy_group(SECRET, plan, "all", "", truth)
 
 
 def _arrays(rows: np.ndarray) -> list[np.ndarray]:
@@ -127,7 +132,7 @@ def _geocodes(prefix: str, count: int, digits: int) -> list[str]:
 
 
 def _children_call(
-    solve: gs.FamilySolver, children_columns: list[str], parent_columns: list[str], batched: bool
+    solve: FamilySolver, children_columns: list[str], parent_columns: list[str], batched: bool
 ) -> Callable[[pd.DataFrame], list[pd.DataFrame]]:
     each = solve if batched else _one_by_one([PARENT], solve)
     task = _streamed([PARENT], _children_with_parents(children_columns, parent_columns, each), None)
@@ -162,9 +167,9 @@ def leaf_rows(
     return frame, parents, truth
 
 
-def _dp_plan(sizes: int) -> gs.DpPlan:
+def _dp_plan(sizes: int) -> DpPlan:
     w = first_window(HISTOGRAM_SCALE)
-    return gs.DpPlan("l2", "level", 10**9, {"top": None, "mid": w, "leaf": None}, sizes)
+    return DpPlan("l2", "level", 10**9, {"top": None, "mid": w, "leaf": None}, sizes)
 
 
 def _arrow(frame: pd.DataFrame) -> pa.RecordBatch:
@@ -187,7 +192,7 @@ def cumulative_case(families: int, kids: int, sizes: int, groups: int = GROUPS_P
         counts = truth.reshape(families, kids, sizes).sum(1)
         up = pd.DataFrame({"geocode": parents, "counts": _arrays(counts)})
         batch = _family_batch(frame.drop(columns="level"), up, ["geocode"])
-        solve = gs.cumulative_solver("leaf", "level", int(counts.sum()))  # G: these families
+        solve = cumulative_solver("leaf", "level", int(counts.sum()))  # G: these families
         return _arrow(batch), _children_call(
             solve, ["geocode", "groups", "noisy"], ["parent_counts"], False
         )
@@ -211,7 +216,7 @@ def relaxed_case(families: int, kids: int, sizes: int) -> Case:
         solution = truth.reshape(families, kids, sizes).sum(1).astype(np.float64)
         up = pd.DataFrame({"geocode": parents, "solution": _arrays(solution)})
         batch = _family_batch(frame, up, ["geocode"])
-        solve = gs.relaxed_family_solver("level")
+        solve = relaxed_family_solver("level")
         columns = ["level", "geocode", "groups", "noisy"]
         return _arrow(batch), _children_call(solve, columns, ["parent_solution"], False)
 
@@ -245,7 +250,7 @@ def dp_leaf_tables_case(families: int, kids: int, sizes: int) -> Case:
     def make():
         frame, up, plan, _ = _leaf_tables_input(families, kids, sizes)
         batch = _family_batch(frame, up, ["geocode"])
-        solve = gs.dp_tables_solver(plan, leaves=True)
+        solve = dp_tables_solver(plan, leaves=True)
         parent_columns = ["parent_level", "parent_groups", "parent_noisy", "parent_widen"]
         return _arrow(batch), _children_call(
             solve, ["level", "geocode", "groups", "noisy"], parent_columns, True
@@ -262,7 +267,7 @@ def dp_leaf_split_case(families: int, kids: int, sizes: int) -> Case:
         parents = _geocodes("", families, 6)
         up = pd.DataFrame({"geocode": parents, "counts": _arrays(parent_truth)})
         batch = _family_batch(frame, up, ["geocode"])
-        solve = gs.dp_split_solver("leaf", plan, leaves=True)
+        solve = dp_split_solver("leaf", plan, leaves=True)
         return _arrow(batch), _children_call(
             solve, ["level", "geocode", "groups", "noisy"], ["parent_counts"], True
         )
@@ -285,7 +290,7 @@ def _mid_tables(families: int, kids: int, sizes: int, leaves_per_kid: int):
     mids = [t + m for t in _geocodes("", families, 3) for m in _geocodes("", kids, 3)]
     frame, up, plan, _ = _leaf_tables_input(len(mids), leaves_per_kid, sizes, mids)
     batch = _family_batch(frame, up, ["geocode"])
-    solve = gs.dp_tables_solver(plan, leaves=True)
+    solve = dp_tables_solver(plan, leaves=True)
     parent_columns = ["parent_level", "parent_groups", "parent_noisy", "parent_widen"]
     call = _children_call(solve, ["level", "geocode", "groups", "noisy"], parent_columns, True)
     tables = pd.concat(call(batch), ignore_index=True)
@@ -302,7 +307,7 @@ def dp_mid_tables_case(families: int, kids: int, sizes: int) -> Case:
         up = _parent_rows(sorted(set(tables[PARENT])), "top", top)
         children = tables.drop(columns="level")
         batch = _family_batch(children, up, ["geocode", "size"])
-        solve = gs.dp_tables_solver(plan, leaves=False)
+        solve = dp_tables_solver(plan, leaves=False)
         columns = [c for c in children.columns if c != PARENT]
         parent_columns = ["parent_level", "parent_groups", "parent_noisy", "parent_widen"]
         return _arrow(batch), _children_call(solve, columns, parent_columns, True)
@@ -319,7 +324,7 @@ def dp_mid_split_case(families: int, kids: int, sizes: int) -> Case:
         up = pd.DataFrame({"geocode": parents, "counts": _arrays(top)})
         children = tables.drop(columns="level")
         batch = _family_batch(children, up, ["geocode", "size"])
-        solve = gs.dp_split_solver("mid", plan, leaves=False)
+        solve = dp_split_solver("mid", plan, leaves=False)
         columns = [c for c in children.columns if c != PARENT]
         return _arrow(batch), _children_call(solve, columns, ["parent_counts"], True)
 
@@ -343,9 +348,9 @@ def noise_case(nodes: int, sizes: int, measurement: str) -> Case:
                 "group": "g",
             }
         )
-        plan = gs.NoisePlan(measurement, sizes, {"leaf": HISTOGRAM_SCALE}, "level", "top")
+        plan = NoisePlan(measurement, sizes, {"leaf": HISTOGRAM_SCALE}, "level", "top")
         task = _streamed(
-            ["level", "group"], _one_by_one(["level", "group"], gs.noise_solver(SECRET, plan)), None
+            ["level", "group"], _one_by_one(["level", "group"], noise_solver(SECRET, plan)), None
         )
         return _arrow(frame), lambda f: list(task(iter([f])))
 
@@ -605,8 +610,8 @@ def end_to_end(spec: str) -> dict:
         leaves = read_leaf_histograms(
             spark, run.input, run.groups, run.hierarchy.leaf.digits, run.spine
         )
-        shapes = level_shapes(gs.leaf_nodes(leaves, run.hierarchy), run.hierarchy)
-        estimate = memory.estimate_memory(run, shapes, gs.arrow_batch_rows(spark))
+        shapes = level_shapes(leaf_nodes(leaves, run.hierarchy), run.hierarchy)
+        estimate = memory.estimate_memory(run, shapes, arrow_batch_rows(spark))
         manifest = (folder / "out" / "manifest.json").read_text() if code == 0 else "{}"
     optimality = json.loads(manifest).get("optimality", {})
     windows = ", ".join(f"{k} {v}" for k, v in optimality.items() if k.startswith("window_"))

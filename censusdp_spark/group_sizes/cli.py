@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from censusdp_spark.group_sizes.config import MECHANISMS
+from censusdp_spark.group_sizes.config import MECHANISM_NAMES
 from censusdp_spark.release.flags import (
     add_config_flag,
     add_input_flag,
@@ -34,9 +34,10 @@ def add_group_sizes_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_config_flag(parser)
     parser.add_argument(
         "--mechanism",
-        choices=MECHANISMS,
+        choices=MECHANISM_NAMES,
         metavar="MECHANISM",
-        help="post-processing: dp (integer, family by family), relaxed (the whole tree's"
+        help="post-processing: exact (alias dp: the exact integer optimum, family by family),"
+        " relaxed (the whole tree's"
         " convex relaxation, rounded), relaxed_families (the same per family) or cumulative"
         " (cumulative noise) (default: the config's [mechanism] default)",
     )

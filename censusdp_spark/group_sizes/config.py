@@ -11,6 +11,7 @@ norm of its objective and the definition of faithfulness (``"level"``, the paper
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from fractions import Fraction
 from functools import partial
 from pathlib import Path
@@ -45,8 +46,48 @@ from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, PureDpSplit, split_epsilon
 from censusdp_spark.privacy.unit import PrivacyUnit
 
-Mechanism = Literal["dp", "relaxed", "relaxed_families", "cumulative"]
-MECHANISMS: tuple[str, ...] = get_args(Mechanism)
+
+class Mechanism(StrEnum):
+    """The group-size post-processings (``[mechanism] default``, ``--mechanism``), all reading
+    the same kind of noisy measurements (``cumulative`` its own).
+
+    A member's value is the string a run records (the manifest's ``mechanism`` and contents,
+    the summary): ``EXACT`` records ``"dp"``, its name before it was called ``exact``, so
+    ``--mechanism exact`` and ``--mechanism dp`` make the same release, manifest included (a
+    config's ``[mechanism]`` table is recorded as written).
+    """
+
+    EXACT = "dp"
+    """The cost-table dynamic program: the exact integer optimum (``group_sizes.exact``)."""
+    RELAXED = "relaxed"
+    """The paper's M_H: the whole tree's convex relaxation in one QP, rounded."""
+    RELAXED_FAMILIES = "relaxed_families"
+    """The same relaxation family by family top-down on Spark, rounded."""
+    CUMULATIVE = "cumulative"
+    """M_c: cumulative noise, per-family integer programs top-down."""
+
+    @classmethod
+    def named(cls, name: str) -> Mechanism:
+        """The mechanism a config or the command line names (``MECHANISM_NAMES``); anything
+        else is a ``ValueError`` listing them."""
+        if name in MECHANISM_ALIASES:
+            return MECHANISM_ALIASES[name]
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(
+                f"unknown mechanism {name!r}: one of {', '.join(MECHANISM_NAMES)}"
+            ) from None
+
+
+MECHANISM_ALIASES: dict[str, Mechanism] = {"exact": Mechanism.EXACT}
+"""Other names of a mechanism: ``exact`` is the dynamic program's name; ``dp``, the value it
+records, stays accepted."""
+MechanismName = Literal["exact", "dp", "relaxed", "relaxed_families", "cumulative"]
+"""Every name ``[mechanism] default`` and ``--mechanism`` accept: each mechanism's value and
+its aliases."""
+MECHANISM_NAMES: tuple[str, ...] = get_args(MechanismName)
+assert set(MECHANISM_NAMES) == {*Mechanism, *MECHANISM_ALIASES}
 Norm = Literal["l2", "l1"]
 NORMS: tuple[str, ...] = get_args(Norm)
 Faithfulness = Literal["level", "node"]
@@ -99,8 +140,8 @@ class PgsrConfig:
     hierarchy: Hierarchy
     groups: GroupSizes
     budget: PureDpSplit
-    mechanism: str  # a Mechanism: the default; the command line may choose another
-    norm: Norm  # objective of the dp and cumulative post-processing ("l2" as in the paper)
+    mechanism: Mechanism  # the default; the command line may choose another
+    norm: Norm  # objective of the exact and cumulative post-processings ("l2" as in the paper)
     faithfulness: Faithfulness  # "level" (sums per level = G) or "node" (sums per node = G^r)
     input: GroupInputSpec | None
     spine: SpineSpec | None = None
@@ -205,11 +246,11 @@ class BudgetModel(Model):
 
 
 class MechanismModel(Model):
-    default: Mechanism = Field(
-        "dp",
-        description="The post-processing unless --mechanism says otherwise: dp (integer, family by family), relaxed (the whole tree's convex relaxation, rounded), relaxed_families (the same per family) or cumulative (cumulative noise).",
+    default: MechanismName = Field(
+        "exact",
+        description="The post-processing unless --mechanism says otherwise: exact (the exact integer optimum by a dynamic program, family by family; also called dp, the name its releases record), relaxed (the whole tree's convex relaxation, rounded), relaxed_families (the same per family) or cumulative (cumulative noise).",
     )
-    norm: Norm = Field("l2", description="The objective of dp and cumulative: l2 or l1.")
+    norm: Norm = Field("l2", description="The objective of exact and cumulative: l2 or l1.")
     faithfulness: Faithfulness = Field(
         "level",
         description="level: every level sums to the public number of groups G; node: every node sums to its own G^r (which makes each public).",
@@ -249,8 +290,8 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
         require_spine(fail, spine, spec.layout)
     run, budget, m = model.run.options(base, document.name), model.budget, model.mechanism
     return PgsrConfig(
-        document.source, run, hierarchy, groups, budget.split(fail, hierarchy), m.default, m.norm,
-        m.faithfulness, spec, spine, document,
+        document.source, run, hierarchy, groups, budget.split(fail, hierarchy),
+        Mechanism.named(m.default), m.norm, m.faithfulness, spec, spine, document,
     )  # fmt: skip
 
 

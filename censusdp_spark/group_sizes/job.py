@@ -1,39 +1,25 @@
 """The group-size release job (PGSR), shared by ``censusdp group-sizes`` and ``spark-submit jobs/pgsr.py``.
 
 For every node of the hierarchy and every size s = 1..N: the number of groups (households) of
-size s, ε-DP, consistent, valid and faithful (see ``censusdp_spark.group_sizes.spark`` for the
-privacy claim and ``censusdp_spark.group_sizes.solvers.cost_tables`` for what each post-processing solves).
-
-Mechanisms:
-* ``dp`` (M_H^dp): histogram noise, cost tables bottom-up, the root by the dummy root of T^dp,
-  then each family given its parent. Under ``faithfulness = "level"`` (the paper's; default)
-  the release is the exact integer optimum and the run fails if its objective differs from
-  the root tables' optimum; under ``"node"`` the manifest carries the certificate
-  ``lower_bound <= opt <= objective``.
-* ``relaxed`` (M_H, the paper's baseline, as the docs and benchmarks compare): the same
-  noisy histograms collected on the driver, the convex relaxation of the whole tree in one QP
-  (Clarabel, solved as a scaled step so large counts do not swamp the noise), checked
-  independently (equality residual and a weak-duality lower bound: the manifest's ``relaxed``
-  says ``reliable`` or not), then rounded cell by cell. Refused in one line beyond
-  ``RELAXED_MAX_CELLS`` (node, size) cells, before any noise is drawn.
-* ``relaxed_families``: the relaxation solved per family top-down on Spark (the parent's
-  real-valued solution fixed), then rounded: a scalable variant, not the paper's, and no better
-  than ``relaxed``. For both, rounding may break consistency and faithfulness: the violations
-  are counted and reported, not raised.
-* ``cumulative`` (M_c): cumulative noise, per-family exact integer programs top-down.
+size s, ε-DP, consistent, valid and faithful. The job runs the stages; each concern has its
+module: the noise pass and its privacy claim (``group_sizes.measure``), the post-processings
+(``group_sizes.exact``: the dynamic program ``exact``, recorded as ``dp``, with its
+certificate loop; ``group_sizes.baselines``: ``relaxed``, ``relaxed_families``,
+``cumulative``; what each solves: ``group_sizes.solvers.cost_tables``), the guarantee checks
+(``group_sizes.checks``) and the evaluation (``group_sizes.evaluate``).
 
 Every mechanism is refused in one line, before any noise is drawn, if its largest Spark Python
 call would need more than ``CENSUSDP_WORKER_MEMORY`` (``group_sizes.memory``: an estimate from
-N and the public geography's shape, never from a count).
+N and the public geography's shape, ``group_sizes.shapes``, never from a count).
 
 Stages (each a Spark job): read and validate the input (nothing written if it fails) -> node
 histograms (confidential, memory only) -> the geography's shape and the memory check (nothing
 written if it fails) -> the noise pass, written once to
 ``noisy_measurements`` -> post-processing reading only that table, level by level (each level
 computed and checkpointed in executor storage before the next reads it) -> ``group_sizes``
-written in one transaction -> guarantees checked (a violation fails dp and cumulative loudly)
--> with ``--evaluate``, errors against the truth in ``<output>.evaluation/``, beside the release
-and never inside it (internal) -> the manifest, last.
+written in one transaction -> guarantees checked (a violation fails exact and cumulative
+loudly) -> with ``--evaluate``, errors against the truth in ``<output>.evaluation/``, beside
+the release and never inside it (internal) -> the manifest, last.
 """
 
 from __future__ import annotations
@@ -44,31 +30,36 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import level_shapes
-from censusdp_spark.engine.hierarchy import geocode_prefix, node_histograms
+from censusdp_spark.engine.hierarchy import node_histograms
 from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.engine.session import default_parallelism
-from censusdp_spark.group_sizes import spark as gs
+from censusdp_spark.group_sizes.baselines import (
+    post_process_cumulative,
+    post_process_relaxed,
+    post_process_relaxed_families,
+)
+from censusdp_spark.group_sizes.checks import release_violations
 from censusdp_spark.group_sizes.config import (
+    Mechanism,
     PgsrConfig,
     privacy_unit,
     with_epsilon,
 )
+from censusdp_spark.group_sizes.evaluate import write_evaluation
+from censusdp_spark.group_sizes.exact import post_process_exact
+from censusdp_spark.group_sizes.measure import measure, noise_plan
 from censusdp_spark.group_sizes.memory import check_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
-from censusdp_spark.group_sizes.solvers.cost_tables import WindowTooNarrow
-from censusdp_spark.group_sizes.solvers.cumulative import cumulative_root
+from censusdp_spark.group_sizes.rows import root_row, union
+from censusdp_spark.group_sizes.shapes import arrow_batch_rows
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
-from censusdp_spark.model.geography import Level
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
-    Clock,
     ReleaseRun,
     input_fingerprint,
     release_contents,
@@ -76,12 +67,13 @@ from censusdp_spark.release.runner import (
 )
 
 GROUP_SIZES = "group_sizes"
-RELAXED = ("relaxed", "relaxed_families")  # rounded relaxations: violations reported, not raised
+RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
+"""The rounded relaxations: their violations are reported, not raised."""
 
 
 @dataclass(frozen=True)
 class PgsrOptions:
-    mechanism: str | None = None  # None: the config's default
+    mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
     input: Path | None = None
     output: Path | None = None
     secret_file: Path | None = None
@@ -147,26 +139,6 @@ class PgsrSummary:
         return "\n".join(lines)
 
 
-def plot_level_errors(frame: pd.DataFrame, path: Path, title: str) -> None:
-    """PNG of the mean L1 and EMD per node, level by level (internal, like the table)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for metric, label in (("l1_mean", "L1 per node"), ("emd_mean", "EMD per node")):
-        ax.plot(frame["level"], frame[metric], marker="o", label=label)
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylabel("mean error per node (groups)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
     run = with_command_line(config.run, options.output, options.secret_file)
     if config.input is None:
@@ -177,12 +149,12 @@ def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
     spine = config.spine.for_input(spec.path) if config.spine else None
     if options.epsilon is not None:
         config = with_epsilon(config, options.epsilon)
-    mechanism = options.mechanism or config.mechanism
+    mechanism = Mechanism.named(options.mechanism or config.mechanism)
     return replace(config, run=run, input=spec, spine=spine, mechanism=mechanism)
 
 
 def _privacy(config: PgsrConfig) -> dict[str, Any]:
-    sensitivity = 1 if config.mechanism == "cumulative" else 2
+    sensitivity = 1 if config.mechanism == Mechanism.CUMULATIVE else 2
     return {
         "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
         "(the geography is public and the number of groups does not change between neighbours)",
@@ -191,7 +163,7 @@ def _privacy(config: PgsrConfig) -> dict[str, Any]:
         if config.faithfulness == "node"
         else "G (the root's number of groups) only",
         "epsilon": str(config.budget.total_epsilon),
-        "measurement": "cumulative" if config.mechanism == "cumulative" else "histogram",
+        "measurement": "cumulative" if config.mechanism == Mechanism.CUMULATIVE else "histogram",
         "sensitivity_per_node": sensitivity,
         "levels": [
             {
@@ -211,7 +183,7 @@ ESTIMATION_KEYS = (("mechanism",),)
 def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
     """The runner of a group-size run of ``config`` (options applied)."""
     assert config.input is not None
-    noise = "cumulative" if config.mechanism == "cumulative" else "histogram"
+    noise = "cumulative" if config.mechanism == Mechanism.CUMULATIVE else "histogram"
     inputs = [config.input.path, *([config.spine.path] if config.spine else [])]
     contents = release_contents(
         GROUP_SIZES,
@@ -220,222 +192,10 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
         tables=[delta.NOISY_MEASUREMENTS, GROUP_SIZES],
         estimation_keys=ESTIMATION_KEYS,
         settings={"noise": noise, "epsilon": str(config.budget.total_epsilon)},
-        estimation={"--mechanism": config.mechanism},
+        estimation={"--mechanism": config.mechanism.value},
     )
     streams = f"{GROUP_SIZES}/{noise}"
     return ReleaseRun.of(GROUP_SIZES, config.run, contents, options, inputs, streams)
-
-
-def _root_release(
-    spark: SparkSession, config: PgsrConfig, geocode: str, counts: Any, noisy: Any = None
-) -> DataFrame:
-    """The root's released rows (``DP_RELEASE_SCHEMA``, with its noisy values, if given)."""
-    root = config.hierarchy.root.name
-    if noisy is None:
-        rows = [(geocode, root, j + 1, int(c)) for j, c in enumerate(counts)]
-        return spark.createDataFrame(rows, gs.RELEASE_SCHEMA)
-    cells = zip(counts, noisy, strict=True)
-    with_noisy = [(geocode, root, j + 1, int(c), int(v)) for j, (c, v) in enumerate(cells)]
-    return spark.createDataFrame(with_noisy, gs.DP_RELEASE_SCHEMA)
-
-
-def _settle(df: DataFrame) -> DataFrame:
-    """Compute a level now and cut its lineage (kept by the executors, not written: if one is
-    lost, post-processing restarts from ``noisy_measurements``, which costs no budget)."""
-    return df.localCheckpoint(eager=True)
-
-
-def _post_process_dp(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
-) -> tuple[list[DataFrame], dict[str, int]]:
-    """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with the
-    cells on a window bound widened until none is (then the release is the exact optimum);
-    a rerun rebuilds only the tables of those cells' ancestors, and the leaves (no windows)
-    are split once, at the end."""
-    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
-    plan = gs.dp_plan(config, groups)
-    widened: DataFrame | None = None  # cells whose window is wider than their level's
-    reuse: _Reuse | None = None
-    rounds = 0
-    while True:
-        rounds += 1
-        try:
-            released, tables, lower_bound = _dp_pass(
-                spark, config, noisy, plan, widened, reuse, (geocode, groups, root_noisy), clock
-            )
-        except WindowTooNarrow:
-            plan, reuse = plan.wider(), None
-            continue
-        bound = _settle(gs.bound_cells(_union(released), plan, widened))
-        hits = bound.count()
-        clock.lap(f"certificate_round_{rounds}")
-        if hits == 0:
-            break
-        reuse = _Reuse(tables, bound)
-        if widened is not None:
-            cells = bound.unionByName(widened).groupBy("level", "geocode", "size")
-            bound = cells.agg(F.max("width").alias("width"))
-        widened = _settle(bound)
-    # The leaves have no windows: they are split once, after the certificate holds.
-    levels = config.hierarchy.levels
-    released.append(
-        _release_level(noisy, tables, plan, released[-1], levels[-2], levels[-1], clock)
-    )
-    objective = gs.release_objective(_union(released), config.norm)
-    clock.lap("objective")
-    if config.faithfulness == "level" and objective != lower_bound:
-        raise GuaranteeViolation(
-            f"the dp release's objective {objective} is not its tables' optimum {lower_bound}"
-        )
-    widths = {f"window_{lv}": w for lv, w in plan.widths.items() if w is not None}
-    return released, {
-        "objective": objective,
-        "lower_bound": int(lower_bound),
-        "gap": objective - int(lower_bound),
-        "rounds": rounds,
-        **widths,
-        "widened_cells": 0 if widened is None else widened.count(),
-    }
-
-
-@dataclass(frozen=True)
-class _Reuse:
-    """The previous pass's cost tables and the cells widened since: a node's table depends only
-    on the windows in its subtree, so only the ancestors of those cells need new tables."""
-
-    tables: dict[str, DataFrame]
-    changed: DataFrame  # level, geocode, size, width
-
-
-def _affected(reuse: _Reuse, config: PgsrConfig, depth: int) -> DataFrame:
-    """Geocodes of level ``depth``'s nodes whose subtree holds a newly widened cell."""
-    levels = config.hierarchy.levels
-    digits = levels[depth].digits
-    prefix = geocode_prefix(digits)
-    below = [lv.name for lv in levels[depth:]]
-    cells = reuse.changed.filter(F.col("level").isin(below))
-    return cells.select(prefix.alias("geocode")).distinct()
-
-
-def _dp_pass(
-    spark: SparkSession,
-    config: PgsrConfig,
-    noisy: DataFrame,
-    plan: gs.DpPlan,
-    widened: DataFrame | None,
-    reuse: _Reuse | None,
-    root: tuple[str, int, Any],  # the root's geocode, G and noisy values
-    clock: Clock,
-) -> tuple[list[DataFrame], dict[str, DataFrame], int]:
-    levels = config.hierarchy.levels
-    tables: dict[str, DataFrame] = {}
-    below = noisy.filter(F.col("level") == levels[-1].name)
-    for depth in reversed(range(len(levels) - 1)):
-        level, leaves = levels[depth], depth == len(levels) - 2
-        parents = noisy.filter(F.col("level") == level.name)
-        if reuse is None:
-            fresh = gs.dp_tables(parents, below, level.digits, plan, leaves, widened)
-            tables[level.name] = below = _settle(fresh)
-        else:
-            affected = _settle(_affected(reuse, config, depth))
-            key = geocode_prefix(level.digits)
-            kids = below.join(affected.withColumnRenamed("geocode", "key"), key == F.col("key"))
-            fresh = gs.dp_tables(
-                parents.join(affected, "geocode", "left_semi"),
-                kids.drop("key"),
-                level.digits,
-                plan,
-                leaves,
-                widened,
-            )
-            kept = reuse.tables[level.name].join(affected, "geocode", "left_anti")
-            tables[level.name] = below = _settle(kept.unionByName(fresh))
-        clock.lap(f"cost_tables_{level.name}")
-    geocode, groups, root_noisy = root
-    counts, lower_bound = gs.dp_root(tables[levels[0].name], groups)
-    released = [_root_release(spark, config, geocode, counts, root_noisy)]
-    for parent, level in zip(levels[:-2], levels[1:-1], strict=True):
-        released.append(_release_level(noisy, tables, plan, released[-1], parent, level, clock))
-    return released, tables, lower_bound
-
-
-def _release_level(
-    noisy: DataFrame,
-    tables: dict[str, DataFrame],
-    plan: gs.DpPlan,
-    above: DataFrame,
-    parent: Level,
-    level: Level,
-    clock: Clock,
-) -> DataFrame:
-    """One level's release, split from the level above's (its cost tables, or for the leaves
-    their noisy rows)."""
-    leaves = level.name not in tables
-    children = noisy.filter(F.col("level") == level.name) if leaves else tables[level.name]
-    parents = gs.released_histograms(above)
-    out = _settle(gs.dp_families(level.name, children, parents, parent.digits, plan, leaves))
-    clock.lap(f"release_{level.name}")
-    return out
-
-
-def _post_process_relaxed(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
-) -> tuple[list[DataFrame], dict[str, Any]]:
-    solution, solved = gs.relaxed_tree(spark, noisy, config.hierarchy, config.faithfulness)
-    clock.lap("relaxed_qp")
-    return [gs.rounded_release(solution)], solved.report()
-
-
-def _post_process_relaxed_families(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
-) -> list[DataFrame]:
-    levels = config.hierarchy.levels
-    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
-    solution = gs.relaxed_root(root_noisy, groups, config.faithfulness)
-    solved = [
-        spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], gs.SOLUTION_SCHEMA)
-    ]
-    for parent, level in zip(levels, levels[1:], strict=False):
-        solved.append(
-            _settle(
-                gs.relaxed_families(
-                    noisy.filter(F.col("level") == level.name),
-                    solved[-1],
-                    parent.digits,
-                    config.faithfulness,
-                )
-            )
-        )
-        clock.lap(f"relaxed_{level.name}")
-    return [gs.rounded_release(s) for s in solved]
-
-
-def _post_process_cumulative(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
-) -> list[DataFrame]:
-    levels = config.hierarchy.levels
-    geocode, groups, root_noisy = gs.root_row(noisy, config.hierarchy)
-    root = cumulative_root(root_noisy, groups, config.faithfulness)
-    released = [_root_release(spark, config, geocode, root)]
-    for parent, level in zip(levels, levels[1:], strict=False):
-        parents = gs.released_histograms(released[-1])
-        noisy_level = noisy.filter(F.col("level") == level.name)
-        released.append(
-            _settle(
-                gs.cumulative_families(
-                    level.name, noisy_level, parents, parent.digits, config.faithfulness, groups
-                )
-            )
-        )
-        clock.lap(f"release_{level.name}")
-    return released
-
-
-def _union(levels: list[DataFrame]) -> DataFrame:
-    out = levels[0]
-    for df in levels[1:]:
-        out = out.unionByName(df)
-    return out
 
 
 def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
@@ -464,13 +224,13 @@ def _run_pgsr(
     shapes = level_shapes(nodes, hierarchy)  # the public geography's: no count is read
     node_counts = {s.name: s.nodes for s in shapes}
     clock.lap("read_and_validate")
-    check_memory(config, shapes, gs.arrow_batch_rows(spark))  # before any noise is drawn
+    check_memory(config, shapes, arrow_batch_rows(spark))  # before any noise is drawn
 
     secret = run.secret()  # only once the input has passed validation
     run.prepare_output()
-    plan = gs.noise_plan(config, config.mechanism)
+    plan = noise_plan(config, config.mechanism)
     delta.write_table(
-        gs.measure(nodes, plan, secret, hierarchy),
+        measure(nodes, plan, secret, hierarchy),
         output,
         delta.NOISY_MEASUREMENTS,
         partition_by="level",
@@ -483,16 +243,17 @@ def _run_pgsr(
     )
     optimality: dict[str, int] = {}
     relaxed: dict[str, Any] = {}
-    if config.mechanism == "dp":
-        levels, optimality = _post_process_dp(spark, config, noisy, clock)
-    elif config.mechanism == "relaxed":
-        levels, relaxed = _post_process_relaxed(spark, config, noisy, clock)
-    elif config.mechanism == "relaxed_families":
-        levels = _post_process_relaxed_families(spark, config, noisy, clock)
+    levels: list[DataFrame]
+    if config.mechanism == Mechanism.EXACT:
+        levels, optimality = post_process_exact(spark, config, noisy, clock)
+    elif config.mechanism == Mechanism.RELAXED:
+        levels, relaxed = post_process_relaxed(spark, config, noisy, clock)
+    elif config.mechanism == Mechanism.RELAXED_FAMILIES:
+        levels = post_process_relaxed_families(spark, config, noisy, clock)
     else:
-        levels = _post_process_cumulative(spark, config, noisy, clock)
+        levels = post_process_cumulative(spark, config, noisy, clock)
     delta.write_table(
-        _union(levels).select("geocode", "level", "size", "count"),
+        union(levels).select("geocode", "level", "size", "count"),
         output,
         GROUP_SIZES,
         partition_by="level",
@@ -500,8 +261,8 @@ def _run_pgsr(
     clock.lap("write_release")
 
     released = delta.read_table(spark, output, GROUP_SIZES)
-    _, total, _ = gs.root_row(noisy, hierarchy)
-    checks = gs.release_violations(released, noisy, hierarchy, config.faithfulness, total)
+    _, total, _ = root_row(noisy, hierarchy)
+    checks = release_violations(released, noisy, hierarchy, config.faithfulness, total)
     clock.lap("check_guarantees")
     if config.mechanism not in RELAXED and any(checks.values()):
         raise GuaranteeViolation(f"the {config.mechanism} release breaks guarantees: {checks}")
@@ -510,19 +271,13 @@ def _run_pgsr(
     eval_dir: Path | None = None
     if options.evaluate:
         eval_dir = run.evaluation_folder()
-        delta.write_table(gs.evaluation(nodes, released), eval_dir, delta.EVALUATION_TABLE)
-        frame = pd.DataFrame(delta.read_table(spark, eval_dir, delta.EVALUATION_TABLE).toPandas())
-        order = {lv: i for i, lv in enumerate(hierarchy.names)}
-        frame = frame.sort_values("level", key=lambda s: s.map(order)).reset_index(drop=True)
-        frame.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
         title = f"{config.run.name}: {config.mechanism}, epsilon = {config.budget.total_epsilon}"
-        plot_level_errors(frame, eval_dir / "error_by_level.png", title)
-        evaluation_rows = frame.to_dict("records")
+        evaluation_rows = write_evaluation(spark, nodes, released, eval_dir, hierarchy, title)
         clock.lap("evaluate")
 
     summary = PgsrSummary(
         output=output,
-        mechanism=config.mechanism,
+        mechanism=config.mechanism.value,
         epsilon=str(config.budget.total_epsilon),
         nodes={lv: node_counts.get(lv, 0) for lv in hierarchy.names},
         checks=checks,
@@ -539,7 +294,7 @@ def _run_pgsr(
         {
             "run": config.run.name,
             "release": "group sizes (PGSR)",
-            "mechanism": config.mechanism,
+            "mechanism": config.mechanism.value,
             "norm": config.norm if config.mechanism not in RELAXED else "l2",
             "faithfulness": config.faithfulness,
             "config_file": config.source,

@@ -53,7 +53,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.config import Mechanism, PgsrConfig
 from censusdp_spark.group_sizes.solvers.cost_tables import WINDOW_WIDENING, first_window
 from censusdp_spark.group_sizes.solvers.relaxed import RelaxedTooLarge, check_relaxed_size
 from censusdp_spark.model.errors import ConfigError
@@ -163,11 +163,11 @@ def estimate_memory(
     (root first), from public quantities only."""
     sizes, mechanism = config.groups.max_size, config.mechanism
     calls = list(_noise_calls(shapes, sizes, batch_rows))
-    if mechanism == "cumulative":
+    if mechanism == Mechanism.CUMULATIVE:
         calls += _family_calls(
             shapes, sizes, batch_rows, CUMULATIVE_BATCH_CELL_BYTES, CUMULATIVE_FAMILY_CELL_BYTES
         )
-    elif mechanism == "relaxed_families":
+    elif mechanism == Mechanism.RELAXED_FAMILIES:
         calls += _family_calls(
             shapes,
             sizes,
@@ -175,7 +175,7 @@ def estimate_memory(
             RELAXED_FAMILIES_BATCH_CELL_BYTES,
             RELAXED_FAMILIES_FAMILY_CELL_BYTES,
         )
-    elif mechanism == "dp":
+    elif mechanism == Mechanism.EXACT:
         calls += _dp_calls(shapes, sizes, batch_rows, _windows(config))
     return max(calls, key=lambda c: c.bytes)
 
@@ -190,7 +190,7 @@ def check_memory(
     would need more than ``budget`` (default ``worker_memory()``) in one call, or (``relaxed``)
     more cells than ``RELAXED_MAX_CELLS``. Raised before any noise is drawn."""
     sizes = config.groups.max_size
-    if config.mechanism == "relaxed":
+    if config.mechanism == Mechanism.RELAXED:
         try:
             check_relaxed_size(sum(s.nodes for s in shapes) * sizes)
         except RelaxedTooLarge as error:

@@ -12,10 +12,10 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from censusdp_spark.engine.families import level_shapes
-from censusdp_spark.group_sizes import spark as gs
 from censusdp_spark.group_sizes.config import PgsrConfig
 from censusdp_spark.group_sizes.memory import WORKER_MEMORY_ENV, check_memory, worker_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
+from censusdp_spark.group_sizes.shapes import arrow_batch_rows, leaf_nodes
 from censusdp_spark.model.memory import size_text
 from censusdp_spark.release.runner import check_secret
 
@@ -36,8 +36,8 @@ def validate_group_sizes(
     spine = config.spine.for_input(spec.path) if config.spine else None
     secret = check_secret(config.run, secret_file)
     leaves = read_leaf_histograms(spark, spec, config.groups, config.hierarchy.leaf.digits, spine)
-    shapes = level_shapes(gs.leaf_nodes(leaves, config.hierarchy), config.hierarchy)
-    memory = check_memory(config, shapes, gs.arrow_batch_rows(spark))
+    shapes = level_shapes(leaf_nodes(leaves, config.hierarchy), config.hierarchy)
+    memory = check_memory(config, shapes, arrow_batch_rows(spark))
     nodes = {s.name: s.nodes for s in shapes}
     origin = f"from the spine {spine.path}" if spine else "those of the input"
     return "\n".join(

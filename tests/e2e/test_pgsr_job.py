@@ -115,9 +115,9 @@ def test_narrow_windows_are_widened_cell_by_cell_to_the_same_exact_optimum(
     """With one-unit first windows (all widened while G is out of the root tables' reach) the
     certificate finds cells on their bounds, widens only those, and the engine still ends at the
     exact optimum of the default run (same noise)."""
-    from censusdp_spark.group_sizes import spark as gs
+    from censusdp_spark.group_sizes import exact
 
-    monkeypatch.setattr(gs, "first_window", lambda scale: 1)
+    monkeypatch.setattr(exact, "first_window", lambda scale: 1)
     narrow = manifest(release(spark, tmp_path_factory, secret, "dp"))["optimality"]
     default = manifest(dp)["optimality"]
     assert narrow["window_tract"] < default["window_tract"] and narrow["rounds"] >= 2

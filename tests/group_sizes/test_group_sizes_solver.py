@@ -12,6 +12,7 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from censusdp_spark.group_sizes.config import load_pgsr_config
+from censusdp_spark.group_sizes.measure import NoisePlan, noise_plan, noisy_group
 from censusdp_spark.group_sizes.solvers import batch, cumulative, relaxed
 from censusdp_spark.group_sizes.solvers.batch import LeafFamilies, TableFamilies, Tables
 from censusdp_spark.group_sizes.solvers.cost_tables import (
@@ -41,7 +42,6 @@ from censusdp_spark.group_sizes.solvers.relaxed import (
     solve_relaxed,
 )
 from censusdp_spark.group_sizes.solvers.tree import GroupTree, dp_release, objective, violations
-from censusdp_spark.group_sizes.spark import NoisePlan, noise_plan, noisy_group
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 

@@ -137,9 +137,9 @@ def test_memory_settings_parse_like_spark_and_a_bad_one_names_the_setting():
 
 
 def test_the_spark_shape_of_the_calm_geography_is_the_public_one(spark):
-    from censusdp_spark.group_sizes import spark as gs
+    from censusdp_spark.group_sizes.shapes import arrow_batch_rows, leaf_nodes
 
     leaves = spark.createDataFrame(pd.DataFrame({"geocode": calm_leaves()}))
-    assert level_shapes(gs.leaf_nodes(leaves, CALM.hierarchy), CALM.hierarchy) == CALM_SHAPES
+    assert level_shapes(leaf_nodes(leaves, CALM.hierarchy), CALM.hierarchy) == CALM_SHAPES
     assert [s.nodes for s in CALM_SHAPES] == [1, 3, 35, 114, 930]
-    assert gs.arrow_batch_rows(spark) == memory.ARROW_BATCH_ROWS
+    assert arrow_batch_rows(spark) == memory.ARROW_BATCH_ROWS

@@ -286,7 +286,7 @@ def split_by_slopes(tables: Sequence[CostTable], total: int) -> np.ndarray:
 WINDOW_WIDENING = 8
 """A cell found on its l2 window bound, or every window when G is out of the root tables'
 reach (``WindowTooNarrow``), is solved again with a window this many times wider: the
-in-process driver (``tree.dp_release``) and the Spark driver (``group_sizes.spark.bound_cells``,
+in-process driver (``tree.dp_release``) and the Spark driver (``group_sizes.exact.bound_cells``,
 ``DpPlan.wider``) share it. Any factor > 1 gives the same exact optimum (the certificate holds
 for any windows); 8 needed the fewest rounds on the national trees."""
 

@@ -1,5 +1,10 @@
 """The group-size post-processing of a whole tree in one process:
 the exact dp driver over the cost tables and batch kernels, objective and violations.
+
+``dp_release`` is the in-process driver of the dynamic program whose Spark driver is
+``group_sizes.exact``: the same tables and splits, whole-tree windows centred at a
+least-squares estimate. It serves the solver tests, the benchmarks and the e2e cross-check;
+``group_sizes.exact`` says why the two drivers are not merged.
 """
 
 from __future__ import annotations
