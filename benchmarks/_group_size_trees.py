@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 from _common import ROOT
 
-from censusdp_spark.group_sizes.solvers.tree import GroupTree
 from censusdp_spark.group_sizes.measure import NoisePlan, noisy_group
+from censusdp_spark.group_sizes.solvers.tree import GroupTree
 
 CALM = ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
 # Household sizes of the unique ACS 2006-2010 PUMS households of PUMA 600 (Oregon), sizes 1..8+
