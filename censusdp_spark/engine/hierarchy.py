@@ -3,6 +3,8 @@
 ``node_histograms`` returns ``level, geocode, cells, counts`` for every node of every level
 (zero-population nodes included, with empty arrays). These are confidential: they feed the
 measurement pass, the invariants and the evaluation, and are never written to a released table.
+``children_not_summing_to_parent`` finds, in a release's long rows, the parent cells that their
+children's do not sum to (the consistency both TopDown's and group sizes' checks promise).
 """
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ def geocode_prefix(digits: int) -> Column:
     """The ``geocode`` column's first ``digits`` characters: a row's ancestor at the level with
     that many digits (the root's empty geocode for 0)."""
     return F.substring("geocode", 1, digits) if digits > 0 else F.lit("")
+
+
+def children_not_summing_to_parent(rows: DataFrame, hierarchy: Hierarchy, cell: str) -> DataFrame:
+    """The ``level, geocode, <cell>`` cells of the nodes above the leaves whose ``count`` is not
+    the sum of their children's (lazy; a row a cell). ``rows``: long format ``level, geocode,
+    <cell>, count`` of every level; a cell missing on either side counts 0."""
+    sums = None
+    for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
+        prefix = geocode_prefix(parent.digits)
+        part = rows.filter(F.col("level") == child.name).select(
+            F.lit(parent.name).alias("level"), prefix.alias("geocode"), cell, "count"
+        )
+        sums = part if sums is None else sums.unionByName(part)
+    assert sums is not None
+    children = sums.groupBy("level", "geocode", cell).agg(F.sum("count").alias("children"))
+    parents = rows.filter(F.col("level") != hierarchy.leaf.name)
+    return parents.join(children, ["level", "geocode", cell], "full_outer").filter(
+        F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0))
+    )
 
 
 def node_histograms(blocks: DataFrame, hierarchy: Hierarchy) -> DataFrame:

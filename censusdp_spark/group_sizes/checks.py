@@ -8,7 +8,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.engine.hierarchy import children_not_summing_to_parent
 from censusdp_spark.model.geography import Hierarchy
 
 
@@ -19,19 +19,7 @@ def release_violations(
     children do not sum to the parent, and faithfulness breaches: levels whose counts do not sum
     to G (level faithfulness) or nodes whose sizes do not sum to their public number of groups
     or that are missing (node). Only the three counts reach the driver."""
-    sums = None
-    for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
-        prefix = geocode_prefix(parent.digits)
-        part = released.filter(F.col("level") == child.name).select(
-            F.lit(parent.name).alias("level"), prefix.alias("geocode"), "size", "count"
-        )
-        sums = part if sums is None else sums.unionByName(part)
-    assert sums is not None
-    children = sums.groupBy("level", "geocode", "size").agg(F.sum("count").alias("children"))
-    parents = released.filter(F.col("level") != hierarchy.leaf.name)
-    inconsistent = parents.join(children, ["level", "geocode", "size"], "full_outer").filter(
-        F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0))
-    )
+    inconsistent = children_not_summing_to_parent(released, hierarchy, "size")
     if faithfulness == "level":
         levels = released.sparkSession.createDataFrame(
             [(lv,) for lv in hierarchy.names], "level string"

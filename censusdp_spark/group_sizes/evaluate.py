@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
 from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.release.error_plot import ErrorLine, plot_error_by_level
 
 
 def evaluation(nodes: DataFrame, released: DataFrame) -> DataFrame:
@@ -51,22 +52,16 @@ def evaluation(nodes: DataFrame, released: DataFrame) -> DataFrame:
 
 def plot_level_errors(frame: pd.DataFrame, path: Path, title: str) -> None:
     """PNG of the mean L1 and EMD per node, level by level (internal, like the table)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for metric, label in (("l1_mean", "L1 per node"), ("emd_mean", "EMD per node")):
-        ax.plot(frame["level"], frame[metric], marker="o", label=label)
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylabel("mean error per node (groups)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_error_by_level(
+        list(frame["level"]),
+        [
+            ErrorLine(frame[metric], label, {"marker": "o"})
+            for metric, label in (("l1_mean", "L1 per node"), ("emd_mean", "EMD per node"))
+        ],
+        "mean error per node (groups)",
+        title,
+        path,
+    )
 
 
 def write_evaluation(

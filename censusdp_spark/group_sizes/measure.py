@@ -15,7 +15,7 @@ size, zeros included), so each level is ``epsilon_l``-DP; nodes of a level are d
 (parallel composition) and levels compose to ``sum_l epsilon_l = epsilon`` (checked exactly by
 ``split_epsilon``). With the paper's even split: scale ``2L/epsilon`` (histograms) and
 ``L/epsilon`` (cumulative). The noise is drawn by *noise group*, as TopDown's
-(``engine.measure``): the nodes of level ``l`` sharing their ancestor ``a``
+(``privacy.noise_groups``): the nodes of level ``l`` sharing their ancestor ``a``
 ``NOISE_GROUP_DEPTH`` levels up (``engine.families.noise_group``), sorted by geocode, take their
 cells node after node from one keyed stream ``keyed_rng(secret, "pgsr", measurement, l, a)``, in
 one ``discrete_laplace`` call per group. A group's members and their order depend only on the
@@ -47,7 +47,7 @@ from censusdp_spark.engine.families import FamilySolver, map_families, noise_gro
 from censusdp_spark.group_sizes.config import Mechanism, PgsrConfig
 from censusdp_spark.group_sizes.solvers.cumulative import to_cumulative
 from censusdp_spark.model.geography import Hierarchy
-from censusdp_spark.privacy import discrete_laplace, keyed_rng
+from censusdp_spark.privacy import discrete_laplace, noisy_measurements
 
 NOISE_STREAM = "pgsr"
 """The first key of every noise stream of the release (``keyed_rng``): a different name would
@@ -100,8 +100,9 @@ def noisy_group(
     exact = exact_measurements(plan, histograms)
     if exact.size == 0:
         return exact
-    rng = keyed_rng(secret, NOISE_STREAM, plan.measurement, level, group)
-    return exact + discrete_laplace(plan.scales[level], exact.size, rng).reshape(exact.shape)
+    key = (NOISE_STREAM, plan.measurement, level, group)
+    (noisy,) = noisy_measurements(secret, key, [(exact, plan.scales[level])], discrete_laplace)
+    return noisy
 
 
 def _dense(cells: Sequence[Any], counts: Sequence[Any], n: int) -> np.ndarray:

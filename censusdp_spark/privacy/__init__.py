@@ -1,5 +1,6 @@
-"""Privacy core: exact noise samplers, keyed random streams and the run secret, exact budget
-accounting, privacy-loss conversions and a release's privacy unit.
+"""Privacy core: exact noise samplers, keyed random streams and the run secret, a noise group's
+measurements noised from one stream, exact budget accounting, privacy-loss conversions and a
+release's privacy unit.
 
 Nothing here knows about Spark or the census schema; every module states its privacy claim.
 """
@@ -10,6 +11,7 @@ from censusdp_spark.privacy.conversions import (
     bun_steinke_epsilon,
     zcdp_to_approx_dp,
 )
+from censusdp_spark.privacy.noise_groups import noisy_measurements
 from censusdp_spark.privacy.samplers import (
     bernoulli_exp_minus,
     discrete_gaussian,
@@ -34,6 +36,7 @@ __all__ = [
     "exponential_mechanism",
     "keyed_rng",
     "load_or_create_secret",
+    "noisy_measurements",
     "secret_fingerprint",
     "zcdp_to_approx_dp",
 ]

@@ -1,4 +1,5 @@
-"""Full-information estimation on Spark: the bottom-up pass, then the top-down pass.
+"""Full-information estimation on Spark: the bottom-up pass (the top-down pass is
+``full_information``).
 
 Bottom-up (``write_bottom_up``), level by level from the leaves, each level written to the
 ``bottom_up`` Delta table before the level above reads it: a leaf's estimate is the GLS of its
@@ -41,13 +42,8 @@ chain.
 ``total_variances`` turns the table into the variance of every node's bottom-up total (the
 ``--variances`` table).
 
-Top-down (``estimate_level_from_bottom_up``): the same level-by-level pass as
-``topdown.estimate``, but each child is fitted to its bottom-up mean weighted by its precision
-(``solve_to_targets``), then the exact controlled rounding; a lone child takes its parent.
-At the leaves that fit is ``topdown``'s own (``leaves_fit_their_answers``), so the job runs
-``topdown``'s leaf level there and the leaves' rows of ``bottom_up`` serve only the level above.
-With ``passes = ["total", "all"]`` the children's totals are fitted first to their bottom-up
-totals, each weighted by that total's own precision, then held (``solvers.passes``).
+``leaves_fit_their_answers`` says whether the top-down pass (``full_information``) fits the
+leaves to their own answers, in which case the leaves' ``mean`` is not written.
 """
 
 from __future__ import annotations
@@ -69,20 +65,13 @@ from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.io import delta
 from censusdp_spark.topdown.config import RunConfig
 from censusdp_spark.topdown.estimate import (
-    ESTIMATE_SCHEMA,
-    RELEASE_ROUNDING,
     LevelPlan,
     child_bits,
-    estimate_rows,
     family_arrays,
     level_plan,
-    parent_histogram,
-    with_parent_estimates,
-    worker_fault,
 )
 from censusdp_spark.topdown.occupancy import (
     allowed_entries,
-    group_bounds,
     node_constraints,
     with_bits,
 )
@@ -91,7 +80,6 @@ from censusdp_spark.topdown.solvers.bottom_up import (
     Covariance,
     Gaussian,
     LevelDesign,
-    fitting_targets,
     held_core,
     hold_zeros,
     leaf_covariance,
@@ -99,10 +87,6 @@ from censusdp_spark.topdown.solvers.bottom_up import (
     node_estimate,
     total_variance,
 )
-from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
-from censusdp_spark.topdown.solvers.passes import total_pass_to_targets
-from censusdp_spark.topdown.solvers.rounding import round_children
-from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, GroupBounds, PrecisionProblem
 from censusdp_spark.topdown.solvers.symmetric_covariance import (
     SymmetricLayout,
     SymmetricMatrix,
@@ -170,7 +154,7 @@ def unpack(packed: np.ndarray, n: int) -> np.ndarray:
     return out + np.triu(out, 1).T
 
 
-class _Children:
+class ChildEstimates:
     """Reads a family's child rows of ``bottom_up`` back into ``Gaussian`` estimates; the
     shared leaf covariance and its precision are computed once per task (per exactness of the
     totals and cells held at 0). ``plan``: the children's level's; their rows' ``OCCUPIED``
@@ -364,7 +348,7 @@ def _leaves_and_parents_task(
 
 
 def _node_task(
-    plan: LevelPlan, design: LevelDesign, below: _Children
+    plan: LevelPlan, design: LevelDesign, below: ChildEstimates
 ) -> Callable[[pd.DataFrame], pd.DataFrame]:
     """A batch of whole families of inner nodes (``map_children``'s rows) -> their parents'
     rows."""
@@ -454,14 +438,14 @@ def bottom_up_level(
             batched=True,
         )
     return map_children(
-        _children_columns(below),
+        children_columns(below),
         _parent_measurements(noisy, invariant_totals),
         geocode_prefix(digits),
         order=["geocode"],
         solve=_node_task(
             plan,
             level_design(plan, layout),
-            _Children(level_design(child_plan, layout), child_is_leaf, child_plan),
+            ChildEstimates(level_design(child_plan, layout), child_is_leaf, child_plan),
         ),
         schema=BOTTOM_UP_SCHEMA,
         batched=True,
@@ -521,7 +505,7 @@ def _parent_measurements(noisy: DataFrame, invariant_totals: DataFrame) -> DataF
     ).join(invariant_totals, "geocode", "full_outer")
 
 
-def _children_columns(below: DataFrame) -> DataFrame:
+def children_columns(below: DataFrame) -> DataFrame:
     bits = [OCCUPIED] if OCCUPIED in below.columns else []
     return below.select("geocode", "mean", "covariance", "exact_total", *bits)
 
@@ -613,111 +597,6 @@ def leaves_fit_their_answers(config: RunConfig) -> bool:
     rows rather than by the level's budget)."""
     leaf = config.hierarchy.names[-1]
     return "total" not in config.passes_at(leaf) and not config.bypass_single_child
-
-
-def solve_family_from_bottom_up(
-    plan: LevelPlan, parent: np.ndarray | None, children: pd.DataFrame, below: _Children
-) -> pd.DataFrame:
-    """Integer estimates for one parent's children from their bottom-up estimates.
-
-    ``children``: one row per child sorted by geocode, with its ``bottom_up`` columns and
-    ``inv_total`` (null where the level has none). Cells where the parent is zero are fixed
-    at zero: each child's quadratic ``(x - b)^T P (x - b)`` restricted to the other cells ``I``
-    is ``x_I^T P_II x_I - 2 x_I^T (P b)_I`` plus a constant, i.e. target ``P_II^{-1} (P b)_I``
-    under precision ``P_II``.
-    """
-    geocodes = children["geocode"].to_numpy()
-    totals_column = children["inv_total"]
-    totals = None if totals_column.isna().any() else totals_column.to_numpy(dtype=np.int64)
-    nonzero = np.flatnonzero(~plan.structural_zero)
-    free = np.ones(nonzero.size, dtype=bool) if parent is None else parent[nonzero] > 0
-    active = nonzero[free]
-    k = len(geocodes)
-    x = np.zeros((k, active.size), dtype=np.int64)
-    if active.size and parent is not None and k == 1:
-        x[0] = parent[active]
-    elif active.size:
-        estimates = below.estimates(children)
-        targets, precisions = fitting_targets(
-            estimates, below.precisions(children, estimates), free
-        )
-        parent_active = None if parent is None else parent[active].astype(np.int64)
-        allowed = allowed_entries(plan.occupancy, child_bits(children), active)
-        bounds = group_bounds(plan.occupancy, children, active)
-        problem = PrecisionProblem(
-            targets, precisions, parent_active, totals, allowed=allowed, group_bounds=bounds
-        )
-        if plan.total_first:
-            problem = total_pass_to_targets(problem)
-        x_hat = solve_to_targets(problem)
-        x = round_children(
-            _rounding_problem(
-                plan, active, x_hat, parent_active, totals, problem.held_totals, allowed, bounds
-            ),
-            x_hat,
-            RELEASE_ROUNDING,
-        )
-    return estimate_rows(plan.level, geocodes, active, x)
-
-
-def _rounding_problem(
-    plan: LevelPlan,
-    active: np.ndarray,
-    x_hat: np.ndarray,
-    parent: np.ndarray | None,
-    totals: np.ndarray | None,
-    held: np.ndarray | None = None,
-    allowed: np.ndarray | None = None,
-    bounds: GroupBounds | None = None,
-) -> ChildrenProblem:
-    """The rounding's view of a family: the level's queries on the active cells, and as
-    "answers" those of the fractional solution (``round_children`` reads only the queries and
-    the sums; it minimises the L1 deviation of every query's answers from ``x_hat``'s).
-    ``held``: the totals a first pass held (then the totals are rounded first); ``allowed``:
-    the entries the children may hold (``occupancy.allowed_entries``); ``bounds``: their group
-    bounds (``occupancy.group_bounds``)."""
-    marginals = tuple(c2m[active] for c2m in plan.cell_to_marginal)
-    fitted = tuple(
-        np.stack([np.bincount(m, row, minlength=size) for row in x_hat])
-        for m, size in zip(marginals, plan.marginal_sizes, strict=True)
-    )
-    return ChildrenProblem(
-        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held, allowed, bounds
-    )
-
-
-def estimate_level_from_bottom_up(
-    plan: LevelPlan,
-    child_is_leaf: bool,
-    bottom_up: DataFrame,
-    invariant_totals: DataFrame,
-    parent_estimates: DataFrame | None,
-    parent_digits: int,
-    fault: str = "",
-    layout: SymmetricLayout | None = None,
-) -> DataFrame:
-    """Estimates of one level's nodes (lazy), as ``estimate.estimate_level`` but fitted
-    to this level's ``bottom_up`` rows. ``child_is_leaf``: this level is the leaf level (whose
-    covariance is not stored); ``layout``: the run's covariance layout (``config_layout``)."""
-    children = with_parent_estimates(
-        _children_columns(bottom_up).join(invariant_totals, "geocode", "left"),
-        parent_estimates,
-        parent_digits,
-    )
-    below = _Children(level_design(plan, layout), child_is_leaf, plan)
-
-    def task(family: pd.DataFrame) -> pd.DataFrame:
-        parent = None if plan.is_root else parent_histogram(family, plan.n_cells)
-        return solve_family_from_bottom_up(plan, parent, family, below)
-
-    return map_families(
-        children,
-        family=["parent"],
-        order=["geocode"],
-        solve=task,
-        schema=ESTIMATE_SCHEMA,
-        on_task_start=lambda: worker_fault(fault),
-    )
 
 
 def total_variances(

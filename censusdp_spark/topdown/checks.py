@@ -22,7 +22,7 @@ from fractions import Fraction
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.engine.hierarchy import children_not_summing_to_parent
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, ZcdpAllocation
@@ -38,21 +38,7 @@ def check_estimates(
     ``level, geocode, inv_total``.
     """
     negatives = estimates.filter(F.col("count") < 0).count()
-    child_sums = None
-    for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
-        prefix = geocode_prefix(parent.digits)
-        part = estimates.filter(F.col("level") == child.name).select(
-            F.lit(parent.name).alias("level"), prefix.alias("geocode"), "cell", "count"
-        )
-        child_sums = part if child_sums is None else child_sums.unionByName(part)
-    assert child_sums is not None
-    summed = child_sums.groupBy("level", "geocode", "cell").agg(F.sum("count").alias("children"))
-    parents = estimates.filter(F.col("level") != hierarchy.leaf.name)
-    inconsistent = (
-        parents.join(summed, ["level", "geocode", "cell"], "full_outer")
-        .filter(F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0)))
-        .count()
-    )
+    inconsistent = children_not_summing_to_parent(estimates, hierarchy, "cell").count()
     invariant_levels = [r["level"] for r in invariant_totals.select("level").distinct().collect()]
     totals = (
         estimates.filter(F.col("level").isin(invariant_levels))

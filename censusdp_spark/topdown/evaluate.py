@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.privacy import discrete_gaussian_rows, keyed_rng
+from censusdp_spark.release.error_plot import ErrorLine, plot_error_by_level
 from censusdp_spark.topdown.config import RunConfig
 
 EVALUATION_SCHEMA = (
@@ -240,28 +241,16 @@ def plot_errors(evaluation: pd.DataFrame, levels: tuple[str, ...], path: str, ti
     """PNG of total-population MAE per level: each estimation method's line, the block-by-block
     baseline's drawn error (one noise draw: at a few nodes it can be far from its mean) and its
     expected error (dashed)."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-
-    def line(method: str, metric: str, label: str, **style: object) -> None:
+    def line(method: str, metric: str, label: str, **style: object) -> ErrorLine:
         rows = evaluation[(evaluation["method"] == method) & (evaluation["metric"] == metric)]
         values = rows.set_index("level").reindex(list(levels))["value"].to_numpy()
-        ax.plot(list(levels), values, label=label, **style)  # type: ignore[arg-type]
+        return ErrorLine(values, label, style)
 
     methods = sorted(set(evaluation["method"]) - {"block_by_block"})
-    for method in methods:
-        line(method, "mae_total", method, marker="o")
-    line("block_by_block", "mae_total", "block_by_block (drawn)", marker="s", linestyle="none")
-    line("block_by_block", "expected_mae_total", "block_by_block (expected)", linestyle="--")
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylabel("mean absolute error of total population")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    lines = [line(method, "mae_total", method, marker="o") for method in methods]
+    lines += [
+        line("block_by_block", "mae_total", "block_by_block (drawn)", marker="s", linestyle="none"),
+        line("block_by_block", "expected_mae_total", "block_by_block (expected)", linestyle="--"),
+    ]
+    plot_error_by_level(levels, lines, "mean absolute error of total population", title, path)

@@ -47,7 +47,6 @@ from censusdp_spark.topdown.bottom_up import (
     BOTTOM_UP,
     TOTAL_VARIANCES,
     config_layout,
-    estimate_level_from_bottom_up,
     leaves_fit_their_answers,
     total_variances,
     write_bottom_up,
@@ -59,6 +58,7 @@ from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import RunConfig, privacy_unit
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table, plot_errors
+from censusdp_spark.topdown.full_information import estimate_level_from_bottom_up
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata

@@ -7,7 +7,7 @@ the nodes of level ``l`` that share their ancestor ``a`` ``NOISE_GROUP_DEPTH`` l
 county for blocks and the state for block groups), sorted by geocode, take their noise query
 after query (in the config's query order) from the keyed stream
 ``keyed_rng(secret, "topdown", l, a)``, node after node: one
-``discrete_gaussian`` call per (group, query). A group's members and their order depend only on
+``discrete_gaussian`` call per (group, query) (``privacy.noise_groups``). A group's members and their order depend only on
 the geography, so a retried or speculative task redraws exactly the same noise, and distinct
 (level, ancestor) keys get independent streams; every draw is a fresh exact discrete Gaussian,
 so the noise of every (node, query, cell) is independent of every other and of the data. Groups
@@ -39,7 +39,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import map_families, noise_group
-from censusdp_spark.privacy import discrete_gaussian, keyed_rng
+from censusdp_spark.privacy import discrete_gaussian, noisy_measurements
 from censusdp_spark.topdown.config import RunConfig
 
 MECHANISM = "topdown"
@@ -110,13 +110,12 @@ def noisy_group(
     query, from the stream keyed by ``(MECHANISM, level, group)``; nodes spending a bypass
     ``chain`` of two or more levels draw from ``(MECHANISM, level, group, BYPASS_KEY, *chain)``."""
     stream = (level, group) if len(chain) <= 1 else (level, group, BYPASS_KEY, *chain)
-    rng = keyed_rng(secret, MECHANISM, *stream)
-    k = len(cells)
-    return [
-        exact_marginals(cells, counts, q)
-        + discrete_gaussian(q.sigma2, k * q.size, rng).reshape(k, q.size)
-        for q in queries
-    ]
+    return noisy_measurements(
+        secret,
+        (MECHANISM, *stream),
+        ((exact_marginals(cells, counts, q), q.sigma2) for q in queries),
+        discrete_gaussian,
+    )
 
 
 def _noise_groups(

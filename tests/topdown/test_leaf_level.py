@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.topdown.bottom_up import (
-    _Children,
+    ChildEstimates,
     _leaf_task,
-    _rounding_problem,
     config_layout,
     leaves_fit_their_answers,
     level_design,
 )
 from censusdp_spark.topdown.config import RunConfig, load_config
 from censusdp_spark.topdown.estimate import family_arrays, level_plan
+from censusdp_spark.topdown.full_information import _rounding_problem
 from censusdp_spark.topdown.solvers.bottom_up import fitting_targets
 from censusdp_spark.topdown.solvers.least_squares import solve_children, solve_to_targets
 from censusdp_spark.topdown.solvers.rounding import round_children
@@ -101,7 +101,7 @@ def test_full_information_at_the_leaves_is_topdowns_fit(config_name, seeds, exac
         )
         x_answers = solve_children(from_answers)
 
-        children = _Children(design, is_leaf=True, plan=plan)
+        children = ChildEstimates(design, is_leaf=True, plan=plan)
         rows = _leaf_task(plan, design)(family)
         estimates = children.estimates(rows)
         free = parent[~plan.structural_zero] > 0
