@@ -6,8 +6,8 @@ the nodes of level ``l`` that share their ancestor ``a`` ``NOISE_GROUP_DEPTH`` l
 (``engine.families.noise_group``; the root when there is none; with the Census hierarchy, the
 county for blocks and the state for block groups), sorted by geocode, take their noise query
 after query (in the config's query order) from the keyed stream
-``keyed_rng(secret, "topdown", l, a)``, node after node: one
-``discrete_gaussian`` call per (group, query) (``privacy.noise_groups``). A group's members and their order depend only on
+``keyed_rng(secret, "topdown", l, a)``, node after node: one ``discrete_gaussian`` call per
+(group, query) (``privacy.noise_groups``). A group's members and their order depend only on
 the geography, so a retried or speculative task redraws exactly the same noise, and distinct
 (level, ancestor) keys get independent streams; every draw is a fresh exact discrete Gaussian,
 so the noise of every (node, query, cell) is independent of every other and of the data. Groups
