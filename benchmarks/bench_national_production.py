@@ -126,27 +126,29 @@ RESUME_RESULTS = common.RESULTS_DIR / "national_production_resume.md"
 
 
 def resume_check(fraction: float, work: Path, master: str) -> dict:
-    """Kill the production run of ``fraction`` after its tract estimates (the job's test fault
-    ``driver_after_level:tract``: the driver exits at once, as a killed one would), resume it,
-    and compare every table with the uninterrupted release of the same secret in ``work``
-    (``--reuse-secret``: the same measurements again, on purpose), made first if missing."""
+    """Kill the production run of ``fraction`` after its tract estimates
+    (``censusdp_spark.testing.faults --kill-driver-after tract``: the driver exits at once, as a
+    killed one would), resume it, and compare every table with the uninterrupted release of
+    the same secret in ``work`` (``--reuse-secret``: the same measurements again, on purpose),
+    made first if missing."""
     reference, secret = reference_release(fraction, work, master)
     release = work / f"release_resumed_{fraction:g}"
-    base = [
-        sys.executable, "-m", "censusdp_spark.cli", "topdown", "--config", str(PRODUCTION),
+    command = [
+        "topdown", "--config", str(PRODUCTION),
         "--input", str(work / f"production_{fraction:g}" / "persons"), "--output", str(release),
         "--secret-file", str(secret), "--reuse-secret", "--master", master,
     ]  # fmt: skip
-    env = {**os.environ, "CENSUSDP_TEST_FAULT": "driver_after_level:tract"}
+    fault = [sys.executable, "-m", "censusdp_spark.testing.faults", "--kill-driver-after", "tract"]
+    cli = [sys.executable, "-m", "censusdp_spark.cli"]
     started = time.perf_counter()
-    killed = subprocess.run([*base, "--overwrite"], env=env, capture_output=True, text=True)
+    killed = subprocess.run([*fault, *command, "--overwrite"], capture_output=True, text=True)
     killed_s = time.perf_counter() - started
     if killed.returncode != 17:
         raise RuntimeError(
             f"the killed run ended with {killed.returncode}: {killed.stderr[-2000:]}"
         )
     started = time.perf_counter()
-    resumed = subprocess.run([*base, "--resume"], capture_output=True, text=True)
+    resumed = subprocess.run([*cli, *command, "--resume"], capture_output=True, text=True)
     if resumed.returncode != 0:
         raise RuntimeError(f"the resumed run failed: {resumed.stderr[-2000:]}")
     resumed_s = time.perf_counter() - started
@@ -247,7 +249,7 @@ def resume_markdown(check: dict, command: str) -> str:
         + f". The {check['fraction']:g} fraction of the SYNTHETIC "
         f"national persons ({check['blocks']:,} blocks), `conf/national_production.toml`: the "
         "uninterrupted release, then a run of the same secret whose driver exits right after "
-        "the tract estimates are written (the job's fault `driver_after_level:tract`, exit "
+        "the tract estimates are written (`censusdp_spark.testing.faults --kill-driver-after tract`, exit "
         "17, as a killed driver), then `--resume` of that run.",
         "",
         "| uninterrupted (s) | killed after tract estimates (s) | resumed (s) "

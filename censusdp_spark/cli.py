@@ -242,7 +242,11 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command line; a user error prints one line and exits 2."""
     _log_stages_to_stderr()
     user_errors = _user_errors()
     try:

@@ -15,6 +15,7 @@ from censusdp_spark.release.flags import (
     add_release_flags,
     add_spark_flags,
 )
+from censusdp_spark.topdown.observer import QUIET
 
 DESCRIPTION = """\
 Release counts of the config's schema in every node of the geography under
@@ -44,7 +45,7 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
         ' (needs [estimation] method = "full_information")',
     )
     add_spark_flags(parser)
-    parser.set_defaults(run=run_topdown_from_args)
+    parser.set_defaults(run=run_topdown_from_args, observer=QUIET)
     return parser
 
 
@@ -103,6 +104,6 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
         args.evaluation_output,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
-    summary = run_topdown(spark, config, options)
+    summary = run_topdown(spark, config, options, args.observer)
     print(summary.text())
     return 0

@@ -26,11 +26,9 @@ of a one-state run is estimated from the state's measurements in the same way.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -41,6 +39,7 @@ from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import allowed_entries, group_bounds, group_cells
 from censusdp_spark.topdown.queries import TOTAL
 from censusdp_spark.topdown.readers import OCCUPIED
@@ -296,15 +295,6 @@ def parent_histogram(family: pd.DataFrame, n_cells: int) -> np.ndarray:
     return out
 
 
-def worker_fault(fault: str) -> None:
-    """Test hook: ``python_worker_once:<marker path>`` kills this Python worker the first time."""
-    if fault.startswith("python_worker_once:"):
-        marker = Path(fault.split(":", 1)[1])
-        if not marker.exists():
-            marker.touch()
-            os._exit(23)
-
-
 def _family_task(plan: LevelPlan) -> Callable[[pd.DataFrame], pd.DataFrame]:
     def task(family: pd.DataFrame) -> pd.DataFrame:
         if plan.is_root:
@@ -339,7 +329,7 @@ def estimate_level(
     invariant_totals: DataFrame,
     parent_estimates: DataFrame | None,
     parent_digits: int,
-    fault: str = "",
+    observer: RunObserver = QUIET,
 ) -> DataFrame:
     """Estimates of one level's nodes (lazy).
 
@@ -349,8 +339,7 @@ def estimate_level(
     node's ``OCCUPIED`` bits (``occupancy.node_constraints``); ``parent_estimates``: the level
     above as ``geocode, cells, counts`` (None at the root). The children's rows meet their
     parent's estimate by a join on the parent geocode, then every family is solved by
-    ``map_families`` (many families per Python call). ``fault`` is a test hook (see
-    ``worker_fault``), empty in normal runs.
+    ``map_families`` (many families per Python call), each task announced to ``observer``.
     """
     children = with_parent_estimates(
         noisy.select("geocode", "query", "noisy", "sigma2").join(
@@ -365,5 +354,5 @@ def estimate_level(
         order=["geocode", "query"],
         solve=_family_task(plan),
         schema=ESTIMATE_SCHEMA,
-        on_task_start=lambda: worker_fault(fault),
+        on_task_start=observer.task_started,
     )

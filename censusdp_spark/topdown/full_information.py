@@ -25,8 +25,8 @@ from censusdp_spark.topdown.estimate import (
     estimate_rows,
     parent_histogram,
     with_parent_estimates,
-    worker_fault,
 )
+from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import allowed_entries, group_bounds
 from censusdp_spark.topdown.solvers.bottom_up import fitting_targets
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
@@ -114,7 +114,7 @@ def estimate_level_from_bottom_up(
     invariant_totals: DataFrame,
     parent_estimates: DataFrame | None,
     parent_digits: int,
-    fault: str = "",
+    observer: RunObserver = QUIET,
     layout: SymmetricLayout | None = None,
 ) -> DataFrame:
     """Estimates of one level's nodes (lazy), as ``estimate.estimate_level`` but fitted
@@ -137,5 +137,5 @@ def estimate_level_from_bottom_up(
         order=["geocode"],
         solve=task,
         schema=ESTIMATE_SCHEMA,
-        on_task_start=lambda: worker_fault(fault),
+        on_task_start=observer.task_started,
     )

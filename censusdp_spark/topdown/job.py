@@ -17,7 +17,6 @@ Stages (each a Spark job; nothing per node is collected to the driver):
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -51,7 +50,7 @@ from censusdp_spark.topdown.bottom_up import (
     total_variances,
     write_bottom_up,
 )
-from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
+from censusdp_spark.topdown.bypass import BypassSummary, measurement_plan, plan_summary
 from censusdp_spark.topdown.capacity import check_disk, check_memory
 from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
@@ -62,6 +61,7 @@ from censusdp_spark.topdown.full_information import estimate_level_from_bottom_u
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
+from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import (
     bounds_broken,
     cells_outside_occupancy,
@@ -209,12 +209,6 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     return ReleaseRun.of(TOPDOWN, config.run, contents, options, inputs)
 
 
-def _driver_fault(after_level: str) -> None:
-    """Test hook: ``CENSUSDP_TEST_FAULT=driver_after_level:<level>`` kills the driver abruptly."""
-    if os.environ.get("CENSUSDP_TEST_FAULT") == f"driver_after_level:{after_level}":
-        os._exit(17)
-
-
 def invariant_levels(config: RunConfig) -> list[str]:
     """Levels whose node totals are held exact: each configured level and every level above."""
     if not config.invariant_levels:
@@ -241,19 +235,92 @@ def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig
     return {"persons_outside_occupancy": outside, "group_sums_outside_bounds": broken}
 
 
-def run_topdown(spark: SparkSession, config: RunConfig, options: TopDownOptions) -> RunSummary:
+def run_topdown(
+    spark: SparkSession,
+    config: RunConfig,
+    options: TopDownOptions,
+    observer: RunObserver = QUIET,
+) -> RunSummary:
+    """Run the TopDown release of ``config`` with ``options``; ``observer`` is told of each
+    committed step and each estimation task (tests pass one in to inject faults)."""
     config = _apply_options(config, options)
     with release_run(config, options) as run, reporting_progress(spark):
-        return _run_topdown(spark, config, options, run)
+        return _run_topdown(spark, config, options, run, observer)
+
+
+@dataclass(frozen=True)
+class ReadInput:
+    """The validated input: the blocks and every node's histogram (confidential, in memory
+    only) and, from the geocodes alone, the node counts and the bypass plan."""
+
+    blocks: DataFrame
+    nodes: DataFrame
+    node_counts: dict[str, int]
+    plan: DataFrame | None
+    bypass: BypassSummary | None
+
+    def unpersist(self) -> None:
+        for frame in (self.blocks, self.nodes, self.plan):
+            if frame is not None:
+                frame.unpersist()
+
+
+@dataclass(frozen=True)
+class HeldExact:
+    """What the estimation holds besides the noisy measurements: the invariant node totals
+    (``level, geocode, inv_total``) and, with ``[[estimation.occupancy]]``, each node's
+    occupancy bits and bounds."""
+
+    invariants: DataFrame
+    occupancy: DataFrame | None
+
+    def unpersist(self) -> None:
+        self.invariants.unpersist()
+        if self.occupancy is not None:
+            self.occupancy.unpersist()
 
 
 def _run_topdown(
-    spark: SparkSession, config: RunConfig, options: TopDownOptions, run: ReleaseRun
+    spark: SparkSession,
+    config: RunConfig,
+    options: TopDownOptions,
+    run: ReleaseRun,
+    observer: RunObserver,
 ) -> RunSummary:
+    data = _read_and_validate(spark, config)
+    run.clock.lap("read_and_validate")
+    secret = run.secret()  # only once the input has passed validation
+    run.prepare_output()
+    if options.resume:
+        remove_uncommitted_files(spark, config.run.output)
+        redo_unfinished_steps(spark, config, run)
+        run.clock.lap("resume_checks")
+    if not run.done("measure"):
+        _measure(data, config, secret)
+        run.commit("measure")
+        run.clock.lap("measure")
+    held = _held_exact(data, config)
+    noisy = delta.read_table(spark, config.run.output, delta.NOISY_MEASUREMENTS)
+    _estimate_levels(spark, config, run, noisy, held, data.node_counts, observer)
+    released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
+    checks = _check_guarantees(config, released, noisy, held, data.bypass)
+    run.clock.lap("check_guarantees")
+    csv_files = _write_products(spark, config, options, released, held, data.nodes, run)
+    evaluation_rows, eval_dir = (
+        _evaluate(spark, config, run, released, data, secret) if options.evaluate else ([], None)
+    )
+    summary = _summary(config, run, data, evaluation_rows, eval_dir)
+    run.write_manifest(_manifest(config, data.bypass, summary, checks, csv_files))
+    data.unpersist()
+    held.unpersist()
+    return summary
+
+
+def _read_and_validate(spark: SparkSession, config: RunConfig) -> ReadInput:
+    """Read and validate the input, then check the disk and memory the run needs: all before
+    any secret, noise or write."""
     assert config.input is not None
-    output = config.run.output
     hierarchy = config.hierarchy
-    clock = run.clock
     blocks = read_blocks(
         spark,
         config.input,
@@ -270,55 +337,71 @@ def _run_topdown(
     if config.bypass_single_child:  # from the geocodes alone: public, fixed before any noise
         plan = measurement_plan(nodes, hierarchy)
         bypass = plan_summary(plan, config.budget, hierarchy)
-    disk = check_disk(config, node_counts, output)  # before any secret, noise or write
+    disk = check_disk(config, node_counts, config.run.output)
     memory = check_memory(config, shapes, local_mode(spark))
     log.info("disk estimate: %s", disk.text())
     log.info("memory estimate: %s", memory.text() if memory else "not made (not local mode)")
-    clock.lap("read_and_validate")
+    return ReadInput(blocks, nodes, node_counts, plan, bypass)
 
-    secret = run.secret()  # only once the input has passed validation
-    run.prepare_output()
-    if options.resume:
-        remove_uncommitted_files(spark, output)
-        redo_unfinished_steps(spark, config, run)
-        clock.lap("resume_checks")
-    if not run.done("measure"):
-        shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
-        delta.write_table(
-            measure(nodes, config, secret, plan),
-            output,
-            delta.NOISY_MEASUREMENTS,
-            partition_by="level",
-        )
-        run.commit("measure")
-        clock.lap("measure")
 
-    inv_levels = invariant_levels(config)
+def _measure(data: ReadInput, config: RunConfig, secret: bytes) -> None:
+    """The noise pass over every node, written once to ``noisy_measurements``."""
+    output = config.run.output
+    shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
+    delta.write_table(
+        measure(data.nodes, config, secret, data.plan),
+        output,
+        delta.NOISY_MEASUREMENTS,
+        partition_by="level",
+    )
+
+
+def _held_exact(data: ReadInput, config: RunConfig) -> HeldExact:
     invariants = (
-        node_totals(nodes)
-        .filter(F.col("level").isin(inv_levels))
+        node_totals(data.nodes)
+        .filter(F.col("level").isin(invariant_levels(config)))
         .withColumnRenamed("total", "inv_total")
     ).persist(StorageLevel.MEMORY_AND_DISK)
     occupancy = (
-        node_occupancy(blocks, hierarchy, config.occupancy).persist() if config.occupancy else None
+        node_occupancy(data.blocks, config.hierarchy, config.occupancy).persist()
+        if config.occupancy
+        else None
     )
-    noisy = delta.read_table(spark, output, delta.NOISY_MEASUREMENTS)
-    fault_marker = os.environ.get("CENSUSDP_TEST_FAULT", "")
+    return HeldExact(invariants, occupancy)
+
+
+def _estimate_levels(
+    spark: SparkSession,
+    config: RunConfig,
+    run: ReleaseRun,
+    noisy: DataFrame,
+    held: HeldExact,
+    node_counts: dict[str, int],
+    observer: RunObserver,
+) -> None:
+    """Estimate level after level from ``noisy`` (with ``full_information``, after the
+    bottom-up pass), each level committed to ``estimates`` before the next reads it; a step a
+    resumed run finds committed is not done again."""
+    output = config.run.output
+    hierarchy = config.hierarchy
+    clock = run.clock
     full_information = config.estimation_method == "full_information"
     if full_information:
 
         def committed(level: str) -> None:
             run.commit(f"bottom_up_{level}")
             clock.lap(f"bottom_up_{level}", f"{node_counts.get(level, 0)} nodes")
-            _driver_fault(f"bottom_up_{level}")
+            observer.step_committed(f"bottom_up_{level}")
 
         done = [lv for lv in hierarchy.names if run.done(f"bottom_up_{lv}")]
-        write_bottom_up(spark, config, noisy, invariants, occupancy, output, done, committed)
+        write_bottom_up(
+            spark, config, noisy, held.invariants, held.occupancy, output, done, committed
+        )
     parent_estimates = None
     for i, level in enumerate(hierarchy.levels):
         if not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
-            constraints = node_constraints(invariants, occupancy, level.name)
+            constraints = node_constraints(held.invariants, held.occupancy, level.name)
             leaf = i == len(hierarchy.levels) - 1
             if full_information and not (leaf and leaves_fit_their_answers(config)):
                 estimates = estimate_level_from_bottom_up(
@@ -328,7 +411,7 @@ def _run_topdown(
                     constraints,
                     parent_estimates,
                     parent_digits,
-                    fault_marker,
+                    observer,
                     config_layout(config),
                 )
             else:
@@ -338,110 +421,157 @@ def _run_topdown(
                     constraints,
                     parent_estimates,
                     parent_digits,
-                    fault_marker,
+                    observer,
                 )
             delta.write_level(delta.long_cells(estimates), output, delta.ESTIMATES, level.name)
             run.commit(level.name)
             clock.lap(f"estimate_{level.name}", f"{node_counts.get(level.name, 0)} nodes")
-            _driver_fault(level.name)
+            observer.step_committed(level.name)
         parent_estimates = delta.sparse_nodes(
             delta.read_table(spark, output, delta.ESTIMATES).filter(F.col("level") == level.name)
         ).select("geocode", "cells", "counts")
 
-    released = delta.read_table(spark, output, delta.ESTIMATES)
-    checks = check_estimates(released, hierarchy, invariants)
-    if occupancy is not None:
-        checks.update(check_occupancy(released, occupancy, config))
+
+def _check_guarantees(
+    config: RunConfig,
+    released: DataFrame,
+    noisy: DataFrame,
+    held: HeldExact,
+    bypass: BypassSummary | None,
+) -> dict[str, int]:
+    """Every guarantee of the released estimates and the noisy table, each a count that is 0
+    (else ``GuaranteeViolation``)."""
+    checks = check_estimates(released, config.hierarchy, held.invariants)
+    if held.occupancy is not None:
+        checks.update(check_occupancy(released, held.occupancy, config))
     paths = [cut for cut, _, _ in bypass.paths] if bypass else None
     checks.update(check_measurements(noisy, config.budget, paths))
-    clock.lap("check_guarantees")
-    shutil.rmtree(
-        output / delta.MICRODATA, ignore_errors=True
-    )  # only an uncommitted leftover can be here
+    return checks
+
+
+def _write_products(
+    spark: SparkSession,
+    config: RunConfig,
+    options: TopDownOptions,
+    released: DataFrame,
+    held: HeldExact,
+    nodes: DataFrame,
+    run: ReleaseRun,
+) -> list[str]:
+    """What is computed from the released estimates alone: ``microdata``, with
+    ``--variances`` ``total_variances``, with ``[output.pl94_tables]`` the P.L. 94-171 tables
+    (their CSV files returned)."""
+    output = config.run.output
+    shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # an uncommitted leftover
     delta.write_table(
-        microdata(released.filter(F.col("level") == hierarchy.leaf.name), config.schema),
+        microdata(released.filter(F.col("level") == config.hierarchy.leaf.name), config.schema),
         output,
         delta.MICRODATA,
     )
-    clock.lap("microdata")
+    run.clock.lap("microdata")
     if options.variances:
         shutil.rmtree(output / TOTAL_VARIANCES, ignore_errors=True)  # an uncommitted leftover
         bottom_up = delta.read_table(spark, output, BOTTOM_UP)
-        delta.write_table(total_variances(bottom_up, config, occupancy), output, TOTAL_VARIANCES)
-        clock.lap("total_variances")
-    csv_files: list[str] = []
-    if config.pl94_tables is not None:  # post-processing of the released estimates only
-        geography = nodes.select("level", "geocode")  # the node list: from the spine alone
-        csv_files = write_census_tables(spark, released, geography, config)
-        clock.lap("pl94_tables")
-
-    evaluation_rows: list[dict[str, Any]] = []
-    eval_dir: Path | None = None
-    if options.evaluate:
-        truth = delta.long_cells(nodes)
-        table = evaluation_table(
-            truth, released, blocks, node_counts, config, secret, config.estimation_method
+        delta.write_table(
+            total_variances(bottom_up, config, held.occupancy), output, TOTAL_VARIANCES
         )
-        eval_dir = run.evaluation_folder()
-        evaluation = spark.createDataFrame(table, EVALUATION_SCHEMA).coalesce(1)
-        delta.write_table(evaluation, eval_dir, delta.EVALUATION_TABLE)
-        table.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
-        plot_errors(
-            table,
-            hierarchy.names,
-            str(eval_dir / "error_by_level.png"),
-            f"{config.run.name}: rho = {float(config.budget.total_rho):.3g}",
-        )
-        evaluation_rows = table.to_dict("records")
-        clock.lap("evaluate")
+        run.clock.lap("total_variances")
+    if config.pl94_tables is None:
+        return []
+    geography = nodes.select("level", "geocode")  # the node list: from the spine alone
+    csv_files = write_census_tables(spark, released, geography, config)
+    run.clock.lap("pl94_tables")
+    return csv_files
 
+
+def _evaluate(
+    spark: SparkSession,
+    config: RunConfig,
+    run: ReleaseRun,
+    released: DataFrame,
+    data: ReadInput,
+    secret: bytes,
+) -> tuple[list[dict[str, Any]], Path]:
+    """The error against the truth, in the evaluation folder beside the release (internal,
+    not for release): its rows and the folder."""
+    table = evaluation_table(
+        delta.long_cells(data.nodes),
+        released,
+        data.blocks,
+        data.node_counts,
+        config,
+        secret,
+        config.estimation_method,
+    )
+    eval_dir = run.evaluation_folder()
+    evaluation = spark.createDataFrame(table, EVALUATION_SCHEMA).coalesce(1)
+    delta.write_table(evaluation, eval_dir, delta.EVALUATION_TABLE)
+    table.to_csv(eval_dir / delta.EVALUATION_CSV, index=False)
+    plot_errors(
+        table,
+        config.hierarchy.names,
+        str(eval_dir / "error_by_level.png"),
+        f"{config.run.name}: rho = {float(config.budget.total_rho):.3g}",
+    )
+    run.clock.lap("evaluate")
+    return table.to_dict("records"), eval_dir
+
+
+def _summary(
+    config: RunConfig,
+    run: ReleaseRun,
+    data: ReadInput,
+    evaluation_rows: list[dict[str, Any]],
+    eval_dir: Path | None,
+) -> RunSummary:
     privacy = privacy_summary(config)
-    summary = RunSummary(
-        output=output,
-        levels=list(hierarchy.names),
-        nodes={lv: int(node_counts.get(lv, 0)) for lv in hierarchy.names},
+    return RunSummary(
+        output=config.run.output,
+        levels=list(config.hierarchy.names),
+        nodes={lv: int(data.node_counts.get(lv, 0)) for lv in config.hierarchy.names},
         rho=privacy["rho"],
         epsilon=privacy["epsilon_tight"],
         delta=config.run.delta,
-        elapsed_s=clock.elapsed(),
-        timings=clock.timings,
+        elapsed_s=run.clock.elapsed(),
+        timings=run.clock.timings,
         evaluation=evaluation_rows,
         for_release=run.for_release,
         evaluation_dir=eval_dir,
         method=config.estimation_method,
         method_fallback=config.method_fallback,
-        bypass=bypass.text() if bypass else "",
+        bypass=data.bypass.text() if data.bypass else "",
         tables=run.contents.tables,
         privacy_unit=privacy_unit(config),
     )
-    run.write_manifest(
-        {
-            "run": config.run.name,
-            "config_file": config.source,
-            "config_text": config.document.text,
-            "input": str(config.input.path),
-            "spine": str(config.spine.path) if config.spine else None,
-            "privacy": privacy,
-            "budget": budget_rows(config),
-            "estimation": {
-                "method": config.estimation_method,
-                "fallback_reason": config.method_fallback or None,
-            },
-            "bypass": bypass.manifest() if bypass else {"bypass_single_child": False},
-            "nodes": summary.nodes,
-            "guarantee_checks": checks,
-            **(
-                {"pl94_tables": {"tables": list(config.pl94_tables.tables), "csv": csv_files}}
-                if config.pl94_tables
-                else {}
-            ),
+
+
+def _manifest(
+    config: RunConfig,
+    bypass: BypassSummary | None,
+    summary: RunSummary,
+    checks: dict[str, int],
+    csv_files: list[str],
+) -> dict[str, Any]:
+    """The release's own manifest fields (the runner adds those every release carries)."""
+    assert config.input is not None
+    return {
+        "run": config.run.name,
+        "config_file": config.source,
+        "config_text": config.document.text,
+        "input": str(config.input.path),
+        "spine": str(config.spine.path) if config.spine else None,
+        "privacy": privacy_summary(config),
+        "budget": budget_rows(config),
+        "estimation": {
+            "method": config.estimation_method,
+            "fallback_reason": config.method_fallback or None,
         },
-    )
-    blocks.unpersist()
-    nodes.unpersist()
-    invariants.unpersist()
-    if occupancy is not None:
-        occupancy.unpersist()
-    if plan is not None:
-        plan.unpersist()
-    return summary
+        "bypass": bypass.manifest() if bypass else {"bypass_single_child": False},
+        "nodes": summary.nodes,
+        "guarantee_checks": checks,
+        **(
+            {"pl94_tables": {"tables": list(config.pl94_tables.tables), "csv": csv_files}}
+            if config.pl94_tables
+            else {}
+        ),
+    }

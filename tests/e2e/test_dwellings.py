@@ -7,7 +7,6 @@ quarters persons), as a housing file beside the persons would give them."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -243,10 +242,12 @@ import json, sys
 from pathlib import Path
 from censusdp_spark.engine.session import spark_session
 from censusdp_spark.topdown.config import load_config
+from censusdp_spark.testing.faults import KillDriverAfter
 from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 doc = json.loads(Path(sys.argv[1]).read_text())
 options = TopDownOptions(output=Path(sys.argv[2]), secret_file=Path(sys.argv[3]))
-run_topdown(spark_session("killed", "local[2]"), load_config(doc), options)
+killed = KillDriverAfter("bottom_up_block")
+run_topdown(spark_session("killed", "local[2]"), load_config(doc), options, killed)
 """
 
 
@@ -265,7 +266,6 @@ def test_block_groups_recomputed_from_the_written_blocks_hold_the_same_zeros(
     killed = subprocess.run(
         [sys.executable, "-c", KILLED_RUN, str(doc_file), str(out), str(secret_file)],
         cwd=ROOT,
-        env={**os.environ, "CENSUSDP_TEST_FAULT": "driver_after_level:bottom_up_block"},
         capture_output=True,
         text=True,
         timeout=900,

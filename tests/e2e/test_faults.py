@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from tests.helpers.cli import censusdp
+from tests.helpers.cli import censusdp_with_fault
 from tests.helpers.release import assert_same_tables
 
 pytestmark = pytest.mark.slow  # the faults run the CLI in a JVM subprocess of its own
@@ -48,7 +48,7 @@ def test_killed_python_worker_is_retried_with_identical_noise(
     out = tmp_path / "out"
     # local[2,4]: up to 4 attempts per task, as on a cluster; the hook kills the first estimation worker.
     args = [*topdown_args(quick_tract, quick_secret, out)[:-1], "local[2,4]"]
-    run = censusdp(*args, env={"CENSUSDP_TEST_FAULT": f"python_worker_once:{marker}"})
+    run = censusdp_with_fault(["--kill-worker-once", str(marker)], *args)
     assert run.returncode == 0, run.stderr[-3000:]
     assert marker.exists(), "the fault hook never fired"
     assert_same_tables(spark, quick_reference, out)
@@ -58,9 +58,8 @@ def test_killed_python_worker_is_retried_with_identical_noise(
 def killed_after_tract(quick_tract, quick_secret, tmp_path_factory) -> Path:
     """The output of a run whose driver was killed once the tract level was committed."""
     out = tmp_path_factory.mktemp("killed") / "out"
-    killed = censusdp(
-        *topdown_args(quick_tract, quick_secret, out),
-        env={"CENSUSDP_TEST_FAULT": "driver_after_level:tract"},
+    killed = censusdp_with_fault(
+        ["--kill-driver-after", "tract"], *topdown_args(quick_tract, quick_secret, out)
     )
     assert killed.returncode == 17, killed.stderr[-3000:]
     assert not (out / "manifest.json").exists() and not (out / "microdata").exists()

@@ -15,7 +15,7 @@ from scipy.sparse.linalg import LinearOperator, cg
 from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.topdown.config import load_config
-from tests.helpers.cli import censusdp
+from tests.helpers.cli import censusdp_with_fault
 from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,8 +207,7 @@ def test_killed_driver_resumes_the_bottom_up_pass_where_it_stopped(
     csv, config = quick_tract
     out = tmp_path / "out"
     args = fi_args(config, csv, quick_secret, out)
-    fault = f"driver_after_level:bottom_up_{killed_after}"
-    killed = censusdp(*args, env={"CENSUSDP_TEST_FAULT": fault})
+    killed = censusdp_with_fault(["--kill-driver-after", f"bottom_up_{killed_after}"], *args)
     assert killed.returncode == 17, killed.stderr[-3000:]
     capsys.readouterr()
     code = main([*args, "--resume"])

@@ -26,6 +26,19 @@ def censusdp(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+def censusdp_with_fault(fault: list[str], *args: str) -> subprocess.CompletedProcess:
+    """``censusdp *args`` in a subprocess of its own with one fault injected
+    (``censusdp_spark.testing.faults``: ``--kill-driver-after STEP`` or ``--kill-worker-once
+    MARKER``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "censusdp_spark.testing.faults", *fault, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
 def error_lines(captured: str) -> list[str]:
     """stderr without the stage lines (``[censusdp] read_and_validate: 1.2 s``)."""
     return [ln for ln in captured.strip().splitlines() if not ln.startswith("[censusdp]")]
