@@ -513,6 +513,9 @@ def run_topdown(
     resume: bool = False,
     reuse_secret: bool = False,
     evaluation_output: Path | None = None,
+    variances: bool = False,
+    noisy_measurements: Path | None = None,
+    noisy_format: str = "census_nmf",
 ) -> Release:
     """Run the TopDown release of ``config`` (as ``censusdp topdown``).
 
@@ -532,6 +535,13 @@ def run_topdown(
         reuse_secret: Allow a secret bound to another release; the release is then marked
             not for release.
         evaluation_output: Where ``evaluate`` writes; default ``<output>.evaluation``.
+        variances: Also write ``total_variances``, the bottom-up variance of every node's
+            total (``full_information`` only; ``--variances``).
+        noisy_measurements: Estimate from these published noisy measurements instead of
+            measuring (``--noisy-measurements``): no input is read, no secret read or made,
+            no budget spent; the variances are the file's.
+        noisy_format: Their layout: ``"census_nmf"`` (the Census Noisy Measurement File) or
+            ``"censusdp"`` (a TopDown release folder of censusdp).
 
     Returns:
         The release written, with the run's ``summary`` (and ``evaluation`` folder).
@@ -559,14 +569,24 @@ def run_topdown(
         ```
     """
     from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.given import NoisyFormat
     from censusdp_spark.topdown.job import TopDownOptions
     from censusdp_spark.topdown.job import run_topdown as run
 
     loaded = load_config(config)
     options = TopDownOptions(
-        _path(input), _path(output), _path(secret_file), evaluate, overwrite, resume, reuse_secret,
+        input=_path(input),
+        output=_path(output),
+        secret_file=_path(secret_file),
+        evaluate=evaluate,
+        overwrite=overwrite,
+        resume=resume,
+        reuse_secret=reuse_secret,
+        variances=variances,
         evaluation_output=_path(evaluation_output),
-    )  # fmt: skip
+        noisy_measurements=_path(noisy_measurements),
+        noisy_format=NoisyFormat(noisy_format),
+    )
     summary = run(_session(spark, "topdown"), loaded, options)
     return _finished(summary)
 
@@ -682,6 +702,13 @@ def run_synth(
         reuse_secret: Allow a secret bound to another release; the release is then marked
             not for release.
         evaluation_output: Where ``evaluate`` writes; default ``<output>.evaluation``.
+        variances: Also write ``total_variances``, the bottom-up variance of every node's
+            total (``full_information`` only; ``--variances``).
+        noisy_measurements: Estimate from these published noisy measurements instead of
+            measuring (``--noisy-measurements``): no input is read, no secret read or made,
+            no budget spent; the variances are the file's.
+        noisy_format: Their layout: ``"census_nmf"`` (the Census Noisy Measurement File) or
+            ``"censusdp"`` (a TopDown release folder of censusdp).
 
     Returns:
         The release written, with the run's ``summary`` (and ``evaluation`` folder).

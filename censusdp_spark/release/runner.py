@@ -257,6 +257,10 @@ class RunState:
         return state
 
 
+NO_SECRET = "none: post-processing of given noisy measurements"
+"""The secret fingerprint of a run that draws no noise (``ReleaseRun`` without a secret)."""
+
+
 def input_fingerprint(paths: Sequence[Path]) -> str:
     """SHA-256 over every file under ``paths`` (sorted): content, or metadata past the limit."""
     files = sorted(f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
@@ -402,6 +406,10 @@ class ReleaseRun:
 
     With ``evaluate``, the evaluation against the truth goes to :meth:`evaluation_folder`
     (``evaluation_output``, default ``<output>.evaluation``), checked on entry like the output.
+
+    Without a ``secret_source`` the run post-processes noisy measurements it was given: it
+    draws no noise, so no secret is read, made or bound, and its state and manifest say so
+    (``NO_SECRET``).
     """
 
     def __init__(
@@ -409,7 +417,7 @@ class ReleaseRun:
         release: str,
         output: Path,
         private_dir: Path,
-        secret_source: SecretSource,
+        secret_source: SecretSource | None,
         contents: ReleaseContents,
         *,
         inputs: Sequence[Path] = (),
@@ -498,6 +506,8 @@ class ReleaseRun:
 
     def secret(self) -> bytes:
         """The run secret under the policy in the module docstring (read or made once)."""
+        if self.secret_source is None:
+            raise RuntimeError("a post-processing run draws no noise: it has no secret")
         if self._secret is None:
             self._secret = self._load_secret()
             if self.state is not None and self.state.secret_fingerprint != secret_fingerprint(
@@ -508,12 +518,16 @@ class ReleaseRun:
                 )
         return self._secret
 
+    def _secret_fingerprint(self) -> str:
+        return NO_SECRET if self.secret_source is None else secret_fingerprint(self.secret())
+
     @property
     def for_release(self) -> bool:
         return not self.reuse_secret
 
     def _load_secret(self) -> bytes:
         source = self.secret_source
+        assert source is not None, "a post-processing run has no secret"
         if not source.user_supplied:
             generated = self.private_dir / SECRET_FILE_NAME
             if not self.resume:
@@ -570,7 +584,7 @@ class ReleaseRun:
             self.release,
             str(self.output),
             self.contents.fingerprints(),
-            secret_fingerprint(self.secret()),
+            self._secret_fingerprint(),
         )
         self.state.save(self.private_dir)
         return self.state
@@ -666,7 +680,7 @@ class ReleaseRun:
         return {
             "release_kind": self.release,
             "for_release": self.for_release,
-            "secret_fingerprint": secret_fingerprint(self.secret()),
+            "secret_fingerprint": self._secret_fingerprint(),
             "measurement_sha256": self.measurement_sha256,
             "contents_sha256": {p: _sha256(keys) for p, keys in self.contents.parts.items()},
             "timings_s": self.clock.timings,

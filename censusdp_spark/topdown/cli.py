@@ -44,6 +44,20 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="also write total_variances: the bottom-up variance of every node's total"
         ' (needs [estimation] method = "full_information")',
     )
+    parser.add_argument(
+        "--noisy-measurements",
+        type=Path,
+        metavar="PATH",
+        help="estimate from these published noisy measurements instead of measuring: no input"
+        " is read, no secret read or made, no budget spent (docs/post-processing.md)",
+    )
+    parser.add_argument(
+        "--noisy-format",
+        choices=["census_nmf", "censusdp"],
+        default="census_nmf",
+        help="with --noisy-measurements: the Census Noisy Measurement File's layout, or a"
+        " censusdp TopDown release folder",
+    )
     add_spark_flags(parser)
     parser.set_defaults(run=run_topdown_from_args, observer=QUIET)
     return parser
@@ -83,6 +97,7 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
     from censusdp_spark.engine.session import spark_session
     from censusdp_spark.model.errors import ConfigError
     from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.given import NoisyFormat
     from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 
     config = load_config(args.config)
@@ -93,15 +108,17 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
             f'--variances needs "full_information", not {config.estimation_method!r}',
         )
     options = TopDownOptions(
-        args.input,
-        args.output,
-        args.secret_file,
-        args.evaluate,
-        args.overwrite,
-        args.resume,
-        args.reuse_secret,
-        args.variances,
-        args.evaluation_output,
+        input=args.input,
+        output=args.output,
+        secret_file=args.secret_file,
+        evaluate=args.evaluate,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        reuse_secret=args.reuse_secret,
+        variances=args.variances,
+        evaluation_output=args.evaluation_output,
+        noisy_measurements=args.noisy_measurements,
+        noisy_format=NoisyFormat(args.noisy_format),
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options, args.observer)

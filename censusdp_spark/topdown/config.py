@@ -234,6 +234,14 @@ class RunConfig:
         raise KeyError(name)
 
 
+def invariant_levels(config: RunConfig) -> list[str]:
+    """Levels whose node totals are held exact: each configured level and every level above."""
+    if not config.invariant_levels:
+        return []
+    deepest = max(config.hierarchy.index(lv) for lv in config.invariant_levels)
+    return list(config.hierarchy.names[: deepest + 1])
+
+
 def _level_range(value: Any) -> Any:
     """``{ from, to, width }``: the levels ``from``..``to``, zero-padded to ``width`` digits."""
     if not isinstance(value, Mapping):

@@ -54,10 +54,11 @@ from censusdp_spark.topdown.bypass import BypassSummary, measurement_plan, plan_
 from censusdp_spark.topdown.capacity import check_disk, check_memory
 from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
-from censusdp_spark.topdown.config import RunConfig, privacy_unit
+from censusdp_spark.topdown.config import RunConfig, invariant_levels, privacy_unit
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table, plot_errors
 from censusdp_spark.topdown.full_information import estimate_level_from_bottom_up
+from censusdp_spark.topdown.given import NoisyFormat, given_budget, read_given
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
@@ -75,7 +76,7 @@ from censusdp_spark.topdown.resume import redo_unfinished_steps, remove_uncommit
 TOPDOWN = "topdown"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TopDownOptions:
     input: Path | None = None
     output: Path | None = None
@@ -86,6 +87,8 @@ class TopDownOptions:
     reuse_secret: bool = False
     variances: bool = False  # write total_variances (full_information only)
     evaluation_output: Path | None = None  # None: <output>.evaluation
+    noisy_measurements: Path | None = None  # post-process these instead of measuring
+    noisy_format: NoisyFormat = NoisyFormat.CENSUS_NMF
 
 
 @dataclass
@@ -106,6 +109,8 @@ class RunSummary:
     bypass: str = ""  # the bypassed single-child parents per level, with bypassing
     tables: list[str] = field(default_factory=list)  # the Delta tables written
     privacy_unit: PrivacyUnit | None = None
+    post_processed: str = ""  # the noisy measurements estimated, when given rather than drawn
+    budget_disagreements: tuple[str, ...] = ()  # the config's [budget] against the file's
 
     def text(self) -> str:
         lines = [
@@ -115,9 +120,7 @@ class RunSummary:
             f"  estimation: {self.method}"
             + (f" (fallback: {self.method_fallback})" if self.method_fallback else ""),
             *([self.bypass] if self.bypass else []),
-            f"  privacy: rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
-            f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}",
-            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
+            *self._privacy_lines(),
             f"  elapsed: {self.elapsed_s:.1f} s ("
             + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
             + ")",
@@ -128,6 +131,22 @@ class RunSummary:
             lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
             lines += _headline(self.evaluation, self.levels)
         return "\n".join(lines)
+
+    def _privacy_lines(self) -> list[str]:
+        spent = (
+            f"rho = {self.rho} (~{float(Fraction(self.rho)):.4f}) zCDP,"
+            f" epsilon = {self.epsilon:.2f} at delta = {self.delta:g}"
+        )
+        if not self.post_processed:
+            return [
+                f"  privacy: {spent}",
+                *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
+            ]
+        return [
+            f"  privacy: no budget spent: post-processing of {self.post_processed}",
+            f"    the file's variances spent {spent} when it was measured",
+            *(f"    config [budget] not used: {line}" for line in self.budget_disagreements),
+        ]
 
 
 def _headline(rows: list[dict[str, Any]], levels: list[str]) -> list[str]:
@@ -209,14 +228,6 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     return ReleaseRun.of(TOPDOWN, config.run, contents, options, inputs)
 
 
-def invariant_levels(config: RunConfig) -> list[str]:
-    """Levels whose node totals are held exact: each configured level and every level above."""
-    if not config.invariant_levels:
-        return []
-    deepest = max(config.hierarchy.index(lv) for lv in config.invariant_levels)
-    return list(config.hierarchy.names[: deepest + 1])
-
-
 def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig) -> dict[str, int]:
     """``persons_outside_occupancy``: released counts where ``[[estimation.occupancy]]``
     allows none, and ``group_sums_outside_bounds``: released node and group sums outside their
@@ -243,6 +254,8 @@ def run_topdown(
 ) -> RunSummary:
     """Run the TopDown release of ``config`` with ``options``; ``observer`` is told of each
     committed step and each estimation task (tests pass one in to inject faults)."""
+    if options.noisy_measurements is not None:
+        return _post_process(spark, config, options, options.noisy_measurements, observer)
     config = _apply_options(config, options)
     with release_run(config, options) as run, reporting_progress(spark):
         return _run_topdown(spark, config, options, run, observer)
@@ -309,8 +322,18 @@ def _run_topdown(
     evaluation_rows, eval_dir = (
         _evaluate(spark, config, run, released, data, secret) if options.evaluate else ([], None)
     )
-    summary = _summary(config, run, data, evaluation_rows, eval_dir)
-    run.write_manifest(_manifest(config, data.bypass, summary, checks, csv_files))
+    summary = replace(
+        _summary(config, run, data.node_counts),
+        evaluation=evaluation_rows,
+        evaluation_dir=eval_dir,
+        bypass=data.bypass.text() if data.bypass else "",
+    )
+    read = {
+        "input": str(config.input.path) if config.input else None,
+        "spine": str(config.spine.path) if config.spine else None,
+    }
+    bypass = data.bypass.manifest() if data.bypass else {"bypass_single_child": False}
+    run.write_manifest(_manifest(config, summary, checks, csv_files, read, bypass))
     data.unpersist()
     held.unpersist()
     return summary
@@ -517,29 +540,20 @@ def _evaluate(
     return table.to_dict("records"), eval_dir
 
 
-def _summary(
-    config: RunConfig,
-    run: ReleaseRun,
-    data: ReadInput,
-    evaluation_rows: list[dict[str, Any]],
-    eval_dir: Path | None,
-) -> RunSummary:
+def _summary(config: RunConfig, run: ReleaseRun, node_counts: dict[str, int]) -> RunSummary:
     privacy = privacy_summary(config)
     return RunSummary(
         output=config.run.output,
         levels=list(config.hierarchy.names),
-        nodes={lv: int(data.node_counts.get(lv, 0)) for lv in config.hierarchy.names},
+        nodes={lv: int(node_counts.get(lv, 0)) for lv in config.hierarchy.names},
         rho=privacy["rho"],
         epsilon=privacy["epsilon_tight"],
         delta=config.run.delta,
         elapsed_s=run.clock.elapsed(),
         timings=run.clock.timings,
-        evaluation=evaluation_rows,
         for_release=run.for_release,
-        evaluation_dir=eval_dir,
         method=config.estimation_method,
         method_fallback=config.method_fallback,
-        bypass=data.bypass.text() if data.bypass else "",
         tables=run.contents.tables,
         privacy_unit=privacy_unit(config),
     )
@@ -547,26 +561,26 @@ def _summary(
 
 def _manifest(
     config: RunConfig,
-    bypass: BypassSummary | None,
     summary: RunSummary,
     checks: dict[str, int],
     csv_files: list[str],
+    read: dict[str, Any],
+    bypass: dict[str, Any],
 ) -> dict[str, Any]:
-    """The release's own manifest fields (the runner adds those every release carries)."""
-    assert config.input is not None
+    """The release's own manifest fields (the runner adds those every release carries);
+    ``read``: what the release was made from."""
     return {
         "run": config.run.name,
         "config_file": config.source,
         "config_text": config.document.text,
-        "input": str(config.input.path),
-        "spine": str(config.spine.path) if config.spine else None,
+        **read,
         "privacy": privacy_summary(config),
         "budget": budget_rows(config),
         "estimation": {
             "method": config.estimation_method,
             "fallback_reason": config.method_fallback or None,
         },
-        "bypass": bypass.manifest() if bypass else {"bypass_single_child": False},
+        "bypass": bypass,
         "nodes": summary.nodes,
         "guarantee_checks": checks,
         **(
@@ -575,3 +589,99 @@ def _manifest(
             else {}
         ),
     }
+
+
+def _post_process(
+    spark: SparkSession,
+    config: RunConfig,
+    options: TopDownOptions,
+    source: Path,
+    observer: RunObserver,
+) -> RunSummary:
+    """The release of the noisy measurements at ``source`` (``topdown.given``): estimation,
+    every guarantee check and the products of the estimates, as a release that measures;
+    no input, secret, noise or evaluation."""
+    if options.evaluate:
+        raise ValueError(
+            f"{source}: --evaluate compares with the truth, which post-processing does not read"
+        )
+    config = replace(config, run=with_command_line(config.run, options.output, None))
+    contents = release_contents(
+        TOPDOWN,
+        config.document.doc,
+        input_fingerprint([source]),
+        tables=release_tables(config, options.variances),
+        estimation_keys=ESTIMATION_KEYS,
+        output_keys=OUTPUT_KEYS,
+    )
+    run = ReleaseRun(
+        TOPDOWN,
+        config.run.output,
+        config.run.private_dir,
+        None,
+        contents,
+        inputs=[source],
+        overwrite=options.overwrite,
+        resume=options.resume,
+    )
+    with run, reporting_progress(spark):
+        return _run_post_processing(spark, config, options, source, run, observer)
+
+
+def _run_post_processing(
+    spark: SparkSession,
+    config: RunConfig,
+    options: TopDownOptions,
+    source: Path,
+    run: ReleaseRun,
+    observer: RunObserver,
+) -> RunSummary:
+    given = read_given(spark, source, options.noisy_format, config)
+    budget = given_budget(given.noisy, config, source)
+    for line in budget.disagreements:
+        log.info("config [budget] not used: %s", line)
+    config = budget.config
+    geography = given.geography.persist(StorageLevel.MEMORY_AND_DISK)
+    node_counts = {
+        r["level"]: int(r["count"]) for r in geography.groupBy("level").count().collect()
+    }
+    run.clock.lap("read_and_validate")
+    run.prepare_output()
+    if options.resume:
+        remove_uncommitted_files(spark, config.run.output)
+        redo_unfinished_steps(spark, config, run)
+        run.clock.lap("resume_checks")
+    if not run.done("measure"):
+        output = config.run.output
+        shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
+        delta.write_table(given.noisy, output, delta.NOISY_MEASUREMENTS, partition_by="level")
+        run.commit("measure")
+        run.clock.lap("copy_measurements")
+    held = HeldExact(given.invariants.persist(StorageLevel.MEMORY_AND_DISK), None)
+    noisy = delta.read_table(spark, config.run.output, delta.NOISY_MEASUREMENTS)
+    _estimate_levels(spark, config, run, noisy, held, node_counts, observer)
+    released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
+    checks = _check_guarantees(config, released, noisy, held, None)
+    run.clock.lap("check_guarantees")
+    csv_files = _write_products(spark, config, options, released, held, geography, run)
+    described = f"{source} ({options.noisy_format})"
+    summary = replace(
+        _summary(config, run, node_counts),
+        post_processed=described,
+        budget_disagreements=budget.disagreements,
+    )
+    read = {
+        "input": None,
+        "spine": None,
+        "post_processing": {
+            "noisy_measurements": str(source),
+            "format": str(options.noisy_format),
+            "rho_spent_by_this_release": "0",
+            "config_budget_not_used": list(budget.disagreements),
+        },
+    }
+    bypass = {"bypass_single_child": False}
+    run.write_manifest(_manifest(config, summary, checks, csv_files, read, bypass))
+    geography.unpersist()
+    held.unpersist()
+    return summary

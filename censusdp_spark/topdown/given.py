@@ -1,0 +1,208 @@
+"""Noisy measurements given, not drawn: TopDown's estimation of measurements made elsewhere.
+
+``censusdp topdown --noisy-measurements PATH --noisy-format FORMAT`` estimates from a file of
+noisy measurements someone already released: the Census Bureau's Noisy Measurement File
+(``census_nmf``, ``topdown.nmf``) or a TopDown release of this project (``censusdp``: its
+folder, whose ``noisy_measurements`` table is read). Post-processing spends no privacy budget
+and draws no noise, so no secret is read or made.
+
+What the estimation takes from the file, and from the config:
+
+* the measurements, each with the variance it was drawn with (the file's, never the config's
+  budget: a ``[budget]`` that disagrees is reported in the summary and the manifest, not used);
+* the geography: every node is a prefix of a leaf geocode the file holds, at the config's
+  ``[geography] levels`` digits;
+* the values held exact: the node totals at the config's invariant levels (``invariants``
+  and every level above), from the file (an NMF's constraints; a ``censusdp`` release's
+  estimates, which hold them exactly);
+* from the config: the schema, the queries' definitions, structural zeros and the estimation
+  settings.
+
+Not yet: ``[budget] bypass_single_child`` (a node's chain of levels is not in an NMF) and
+``[[estimation.occupancy]]`` / ``[estimation] dwellings`` (their bounds come from an input
+table): each is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from fractions import Fraction
+from functools import reduce
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from censusdp_spark.engine.hierarchy import geocode_prefix
+from censusdp_spark.io import delta
+from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.privacy.accounting import allocate_per_query_rho
+from censusdp_spark.topdown.config import RunConfig, invariant_levels
+
+
+class NoisyFormat(StrEnum):
+    """The layouts ``--noisy-format`` reads."""
+
+    CENSUS_NMF = "census_nmf"
+    """The Census Bureau's Noisy Measurement File (``topdown.nmf``)."""
+    CENSUSDP = "censusdp"
+    """A TopDown release folder of censusdp: its ``noisy_measurements`` and ``estimates``."""
+
+
+@dataclass(frozen=True)
+class GivenMeasurements:
+    """Noisy measurements read from ``source`` (lazy Spark frames):
+
+    * ``noisy``: the ``noisy_measurements`` schema (``topdown.measure.NOISY_SCHEMA``);
+    * ``invariants``: ``level, geocode, inv_total`` of every node at the invariant levels;
+    * ``geography``: ``level, geocode`` of every node of every level."""
+
+    source: Path
+    format: NoisyFormat
+    noisy: DataFrame
+    invariants: DataFrame
+    geography: DataFrame
+
+
+@dataclass(frozen=True)
+class GivenBudget:
+    """The config with the file's variances as its budget (``config``: the queries the file
+    measured, in the config's order, each at ``rho = 1 / sigma2``) and the ways the config's
+    own ``[budget]`` disagrees with the file (``disagreements``, one line each)."""
+
+    config: RunConfig
+    disagreements: tuple[str, ...]
+
+
+def refuse_unsupported(config: RunConfig, source: Path) -> None:
+    """What post-processing cannot take yet, in one line each."""
+    if config.bypass_single_child:
+        raise ValueError(
+            f"{config.source}: [budget] bypass_single_child: post-processing {source} needs"
+            " every node measured at its own level; set it to false"
+        )
+    if config.occupancy or config.dwellings:
+        raise ValueError(
+            f"{config.source}: [[estimation.occupancy]] and [estimation] dwellings come from an"
+            f" input table, which post-processing {source} does not read; remove them"
+        )
+
+
+def read_given(
+    spark: SparkSession, source: Path, fmt: NoisyFormat, config: RunConfig
+) -> GivenMeasurements:
+    """The noisy measurements at ``source`` in layout ``fmt``, checked against ``config``
+    (one-line ``ValueError`` naming the file, the row and the rule)."""
+    refuse_unsupported(config, source)
+    if fmt is NoisyFormat.CENSUS_NMF:
+        from censusdp_spark.topdown.nmf import read_nmf
+
+        measured = read_nmf(spark, source, config)
+        return GivenMeasurements(
+            source, fmt, measured.noisy, measured.invariants, measured.geography
+        )
+    return read_censusdp_release(spark, source, config)
+
+
+def read_censusdp_release(
+    spark: SparkSession, source: Path, config: RunConfig
+) -> GivenMeasurements:
+    """A censusdp TopDown release's noisy measurements; its invariant node totals are its
+    estimates' (which hold them exactly), zero for a node without a non-zero cell."""
+    manifest = source / "manifest.json"
+    if not manifest.is_file():
+        raise ValueError(f"{source}: not a censusdp release (no manifest.json)")
+    kind = json.loads(manifest.read_text()).get("release_kind")
+    if kind != "topdown":
+        raise ValueError(
+            f"{manifest}: a {kind} release; --noisy-format censusdp needs a TopDown one"
+        )
+    for table in (delta.NOISY_MEASUREMENTS, delta.ESTIMATES):
+        if not delta.is_table(source, table):
+            raise ValueError(f"{source}: no {table} table; the release is incomplete")
+    noisy = delta.read_table(spark, source, delta.NOISY_MEASUREMENTS)
+    geography = geography_of(noisy, config.hierarchy)
+    held = invariant_levels(config)
+    totals = (
+        delta.read_table(spark, source, delta.ESTIMATES)
+        .filter(F.col("level").isin(held))
+        .groupBy("level", "geocode")
+        .agg(F.sum("count").alias("inv_total"))
+    )
+    invariants = (
+        geography.filter(F.col("level").isin(held))
+        .join(totals, ["level", "geocode"], "left")
+        .select(
+            "level", "geocode", F.coalesce("inv_total", F.lit(0)).cast("long").alias("inv_total")
+        )
+    )
+    return GivenMeasurements(source, NoisyFormat.CENSUSDP, noisy, invariants, geography)
+
+
+def geography_of(noisy: DataFrame, hierarchy: Hierarchy) -> DataFrame:
+    """``level, geocode`` of every node: each level's prefixes of the measured leaves."""
+    leaves = noisy.filter(F.col("level") == hierarchy.leaf.name).select("geocode").distinct()
+    return reduce(
+        DataFrame.unionByName,
+        [
+            leaves.select(
+                F.lit(lv.name).alias("level"), geocode_prefix(lv.digits).alias("geocode")
+            ).distinct()
+            for lv in hierarchy.levels
+        ],
+    )
+
+
+def given_budget(noisy: DataFrame, config: RunConfig, source: Path) -> GivenBudget:
+    """The budget the file's variances spend (``rho = 1 / sigma2`` per query: a marginal's
+    squared sensitivity is 2) as the config's, and how the config's own disagrees. Every
+    level must be measured, every query once per level with one variance."""
+    classes = (
+        noisy.groupBy("level", "query")
+        .agg(F.countDistinct("sigma2").alias("variances"), F.min("sigma2").alias("sigma2"))
+        .collect()
+    )
+    found: dict[str, dict[str, Fraction]] = {}
+    for row in classes:
+        if row["variances"] != 1:
+            raise ValueError(
+                f"{source}: level {row['level']}, query {row['query']!r}: {row['variances']}"
+                " different variances; a query of a level has one"
+            )
+        found.setdefault(row["level"], {})[row["query"]] = Fraction(row["sigma2"])
+    levels = config.hierarchy.names
+    for level in levels:
+        if level not in found:
+            raise ValueError(f"{source}: no measurement of level {level!r}")
+        unknown = sorted(set(found[level]) - {q.name for q in config.queries[level]})
+        if unknown:
+            raise ValueError(
+                f"{source}: level {level!r}: query {unknown[0]!r} is not one of the config's"
+                f" queries there ({config.source})"
+            )
+    queries = {lv: tuple(q for q in config.queries[lv] if q.name in found[lv]) for lv in levels}
+    budget = allocate_per_query_rho(
+        {lv: {q.name: 1 / found[lv][q.name] for q in queries[lv]} for lv in levels}, levels
+    )
+    return GivenBudget(
+        replace(config, budget=budget, queries=queries),
+        tuple(_disagreements(config, found)),
+    )
+
+
+def _disagreements(config: RunConfig, found: dict[str, dict[str, Fraction]]) -> list[str]:
+    lines = []
+    for level in config.hierarchy.names:
+        for query in config.queries[level]:
+            given = found[level].get(query.name)
+            wanted = config.budget.sigma2_for(level, query.name)
+            if given is None:
+                lines.append(f"{level} {query.name}: in [budget], not measured in the file")
+            elif given != wanted:
+                lines.append(
+                    f"{level} {query.name}: sigma2 {float(wanted):.6g} in [budget],"
+                    f" {float(given):.6g} in the file (the file's is used)"
+                )
+    return lines
