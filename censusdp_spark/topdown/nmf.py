@@ -30,7 +30,6 @@ from pathlib import Path
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import NullType
 
 from censusdp_spark.io.readers import RowRule
 from censusdp_spark.model.errors import ConfigError, InputError
@@ -43,6 +42,7 @@ from censusdp_spark.topdown.nmf_layout import (
     DPQUERY,
     DPQUERY_COLUMNS,
     EXACT_VARIANCE,
+    LEVEL_SUFFIX,
     STATE_LEVEL,
     STATE_PARTITION,
     TOTAL_CONSTRAINT,
@@ -68,50 +68,55 @@ class NmfMeasurements:
     geography: DataFrame
 
 
-# --- the config's levels and queries as small tables ---------------------------------------
+# --- the config's levels and queries as literal maps (looked up per row: no join) ----------
 
 
-def _levels(spark: SparkSession, config: RunConfig, root: Path) -> DataFrame:
-    """One row per level: ``level, order, digits, parent, parent_digits, dpq_folder,
-    con_folder`` (the folders as the messages name them)."""
+def _level_info(config: RunConfig, root: Path) -> Column:
+    """Each level's ``order, digits, parent, parent_digits, dpq_folder, con_folder`` (the
+    folders as the messages name them), looked up by the row's ``level``; null if unknown."""
     names = nmf_level_names(config)
     levels = config.hierarchy.levels
-    rows = [
-        (
-            lv.name,
-            i,
-            lv.digits,
-            levels[i - 1].name if i else None,
-            levels[i - 1].digits if i else None,
-            str(level_folder(root, names[lv.name], DPQUERY)),
-            str(level_folder(root, names[lv.name], CONSTRAINT)),
+    pairs = []
+    for i, lv in enumerate(levels):
+        up = levels[i - 1] if i else None
+        info = F.struct(
+            F.lit(i).alias("order"),
+            F.lit(lv.digits).alias("digits"),
+            F.lit(up.name if up else None).cast("string").alias("parent"),
+            F.lit(up.digits if up else None).cast("int").alias("parent_digits"),
+            F.lit(str(level_folder(root, names[lv.name], DPQUERY))).alias("dpq_folder"),
+            F.lit(str(level_folder(root, names[lv.name], CONSTRAINT))).alias("con_folder"),
         )
-        for i, lv in enumerate(levels)
-    ]
-    schema = (
-        "level string, order int, digits int, parent string, parent_digits int,"
-        " dpq_folder string, con_folder string"
-    )
-    return spark.createDataFrame(rows, schema)
+        pairs += [F.lit(lv.name), info]
+    return F.create_map(*pairs)[F.col("level")]
 
 
-def _queries(spark: SparkSession, config: RunConfig) -> DataFrame:
-    """One row per (level, query): ``level, key, query, cells, shape, config_sigma2``."""
-    rows = [
-        (
-            q.level,
-            q.key,
-            q.name,
-            q.cells,
-            list(q.shape),
-            str(config.budget.sigma2_for(q.level, q.name)),
-        )
-        for q in nmf_queries(config)
-    ]
-    schema = (
-        "level string, key string, query string, cells int, shape array<int>, config_sigma2 string"
+def _with_level(df: DataFrame, config: RunConfig, root: Path, folder: str) -> DataFrame:
+    """``df`` with its level's ``order, digits`` and ``folder`` (``dpq_folder`` or
+    ``con_folder``; the root folder for an unknown level)."""
+    info = _level_info(config, root)
+    return df.withColumns(
+        {
+            "order": info["order"],
+            "digits": info["digits"],
+            "folder": F.coalesce(info[folder], F.lit(str(root))),
+        }
     )
-    return spark.createDataFrame(rows, schema)
+
+
+def _query_info(config: RunConfig, key: Column) -> Column:
+    """The configured query ``query, cells, shape, config_sigma2`` of the row's ``level`` whose
+    ``nmf_layout.query_key`` is ``key``; null if there is none."""
+    pairs = []
+    for q in nmf_queries(config):
+        info = F.struct(
+            F.lit(q.name).alias("query"),
+            F.lit(q.cells).alias("cells"),
+            F.array(*[F.lit(n) for n in q.shape]).cast("array<int>").alias("shape"),
+            F.lit(str(config.budget.sigma2_for(q.level, q.name))).alias("config_sigma2"),
+        )
+        pairs += [F.lit(f"{q.level}|{q.key}"), info]
+    return F.create_map(*pairs)[F.concat_ws("|", F.col("level"), key)]
 
 
 def _counts(config: RunConfig) -> Column:
@@ -238,15 +243,21 @@ def _structure_problems(rows: DataFrame, config: RunConfig) -> DataFrame:
     return twice.unionByName(missing)
 
 
-def _orphans(nodes: DataFrame, levels: DataFrame) -> DataFrame:
-    """Nodes (``level, order, folder, geocode``) whose parent is not a node of the level above."""
+def _up(df: DataFrame, info: Column) -> DataFrame:
+    """The rows of ``df`` below the root, with their ``parent`` level and ``parent_code``."""
+    return df.withColumns(
+        {
+            "parent": info["parent"],
+            "parent_code": F.col("geocode").substr(F.lit(1), info["parent_digits"]),
+        }
+    ).filter(F.col("parent").isNotNull())
+
+
+def _orphans(nodes: DataFrame, info: Column) -> DataFrame:
+    """Nodes (``level, order, folder, geocode``) whose parent is not a node of the level above;
+    ``info``: ``_level_info``."""
     parents = nodes.select(F.col("level").alias("parent"), F.col("geocode").alias("parent_code"))
-    up = F.broadcast(levels.select("level", "parent", "parent_digits"))
-    children = (
-        nodes.join(up, "level")
-        .filter(F.col("parent").isNotNull())
-        .withColumn("parent_code", F.col("geocode").substr(F.lit(1), F.col("parent_digits")))
-    )
+    children = _up(nodes, info)
     return children.join(parents, ["parent", "parent_code"], "left_anti").select(
         F.lit(ORPHAN).alias("rank"),
         "order",
@@ -259,7 +270,7 @@ def _orphans(nodes: DataFrame, levels: DataFrame) -> DataFrame:
     )
 
 
-def _total_problems(totals: DataFrame, levels: DataFrame) -> DataFrame:
+def _total_problems(totals: DataFrame, info: Column) -> DataFrame:
     """Total constraints (``level, order, folder, geocode, query_name, inv_total``) that are not
     one count, given twice with two values, or not the sum of their children's where the level
     below has totals."""
@@ -287,14 +298,12 @@ def _total_problems(totals: DataFrame, levels: DataFrame) -> DataFrame:
             "rule"
         ),
     )
-    up = F.broadcast(levels.select("level", "parent", "parent_digits"))
     sums = (
-        distinct.join(up, "level")
-        .filter(F.col("parent").isNotNull())
+        _up(distinct, info)
         .select(
             F.col("level").alias("child_level"),
             F.col("parent").alias("level"),
-            F.col("geocode").substr(F.lit(1), F.col("parent_digits")).alias("geocode"),
+            F.col("parent_code").alias("geocode"),
             "inv_total",
         )
         .groupBy("level", "geocode", "child_level")
@@ -338,8 +347,8 @@ def _refuse_first(problems: Sequence[DataFrame]) -> None:
 def _check(
     rows: DataFrame,
     totals: DataFrame,
-    levels: DataFrame,
     config: RunConfig,
+    root: Path,
     exact: tuple[Column, str],
 ) -> None:
     """Every rule over the DPQuery ``rows`` and the total constraints ``totals``, in one job.
@@ -353,8 +362,8 @@ def _check(
             _rule_problems(rows, rules),
             _rule_problems(totals, rules[:2]),
             _structure_problems(rows, config),
-            _orphans(nodes.select(*node).distinct(), levels),
-            _total_problems(totals, levels),
+            _orphans(nodes.select(*node).distinct(), _level_info(config, root)),
+            _total_problems(totals, _level_info(config, root)),
         ]
     )
 
@@ -380,45 +389,39 @@ def write_nmf(
     if out.exists() and any(out.iterdir()):
         raise InputError(str(out), "folder", "exists and is not empty (the NMF goes to a new one)")
     root = out.absolute()
-    levels = _levels(spark, config, root)
     state = F.col("geocode").substr(1, config.hierarchy.levels[STATE_LEVEL].digits)
-
-    def known(folder: str) -> DataFrame:
-        return F.broadcast(levels.select("level", "order", "digits", F.col(folder).alias("folder")))
-
+    query = _query_info(config, F.col("query"))
     rows = (
-        noisy.join(known("dpq_folder"), "level", "left")
-        .join(F.broadcast(_queries(spark, config)), ["level", "query"], "left")
-        .select(
+        _with_level(noisy, config, root, "dpq_folder").select(
             "level",
             "order",
             "digits",
-            F.coalesce("folder", F.lit(str(root))).alias("folder"),
+            "folder",
             "geocode",
-            "query",
+            query["query"].alias("query"),
             F.concat(F.col("query"), F.lit(dpq_name(""))).alias("query_name"),
-            "shape",
-            F.col("shape").alias("query_shape"),
-            "cells",
+            query["shape"].alias("shape"),
+            query["shape"].alias("query_shape"),
+            query["cells"].alias("cells"),
             F.col("noisy").cast("array<bigint>").alias("value"),
             _as_double(F.col(EXACT_VARIANCE)).alias("variance"),
             EXACT_VARIANCE,
-            "config_sigma2",
+            query["config_sigma2"].alias("config_sigma2"),
             state.alias("state"),
         )
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    totals = invariants.join(known("con_folder"), "level", "left").select(
+    totals = _with_level(invariants, config, root, "con_folder").select(
         "level",
         "order",
         "digits",
-        F.coalesce("folder", F.lit(str(root))).alias("folder"),
+        "folder",
         "geocode",
         F.lit(TOTAL_CONSTRAINT).alias("query_name"),
         F.col("inv_total").cast("bigint").alias("inv_total"),
     )
     try:
         exact = F.col(EXACT_VARIANCE) == F.col("config_sigma2")
-        _check(rows, totals, levels, config, (exact, "sigma2 is not the config's for the query"))
+        _check(rows, totals, config, root, (exact, "sigma2 is not the config's for the query"))
         with_totals = {r["level"] for r in totals.groupBy("level").count().collect()}
         _write_levels(rows, totals, config, root, with_totals)
     finally:
@@ -498,38 +501,43 @@ def read_nmf(spark: SparkSession, path: Path, config: RunConfig) -> NmfMeasureme
     folder, the row and the rule, for the first rule the file breaks (module docstring)."""
     root = path.absolute()
     names = nmf_level_names(config)
-    levels = _levels(spark, config, root)
-    parts, cons, inexact = [], [], False
-    for level in config.hierarchy.names:
-        part = _read_dpq(spark, level_folder(root, names[level], DPQUERY), level)
-        inexact = inexact or isinstance(part.schema[EXACT_VARIANCE].dataType, NullType)
-        parts.append(part.withColumn(EXACT_VARIANCE, F.col(EXACT_VARIANCE).cast("string")))
-        con = _read_constraints(spark, level_folder(root, names[level], CONSTRAINT), level)
-        if con is not None:
-            cons.append(con)
-    known = F.broadcast(levels.select("level", "order", "digits"))
-    queries = F.broadcast(_queries(spark, config).drop("config_sigma2"))
-    rows = (
-        reduce(DataFrame.unionByName, parts)
-        .withColumn("key", _query_key(F.col("query_name")))
-        .join(known, "level")
-        .join(queries, ["level", "key"], "left")
+    for level, nmf_level in names.items():
+        folder = level_folder(root, nmf_level, DPQUERY)
+        if not _data_files(folder):
+            raise InputError(
+                str(folder),
+                "folder",
+                f"missing: level {level} has no measurements (every level of the hierarchy has)",
+            )
+    dpq = _read_kind(spark, root, config, DPQUERY, DPQUERY_COLUMNS)
+    sigma2 = F.col(EXACT_VARIANCE) if EXACT_VARIANCE in dpq.columns else F.lit(None)
+    rows = dpq.select(
+        "level",
+        "order",
+        "digits",
+        "folder",
+        "state",
+        F.col("geocode").cast("string"),
+        F.col("query_name").cast("string"),
+        F.col("query_shape").cast("array<int>"),
+        F.col("value").cast("array<bigint>"),
+        F.col("variance").cast("double"),
+        sigma2.cast("string").alias(EXACT_VARIANCE),
     )
-    totals = _totals(spark, cons).join(known, "level")
+    query = _query_info(config, _query_key(F.col("query_name")))
+    rows = rows.withColumns({c: query[c] for c in ("query", "cells", "shape")})
+    totals = _totals(spark, root, config)
     variance = _as_double(F.col(EXACT_VARIANCE))
     exact = F.col(EXACT_VARIANCE).isNull() | (
         F.abs(variance - F.col("variance")) <= F.col("variance") * RELATIVE_VARIANCE_TOLERANCE
     )
-    _check(rows, totals, levels, config, (exact, "sigma2 does not agree with the variance"))
-    sigma2 = F.col(EXACT_VARIANCE)
-    if inexact:
-        sigma2 = F.coalesce(sigma2, _exact_variances(rows))
+    _check(rows, totals, config, root, (exact, "sigma2 does not agree with the variance"))
     noisy = rows.select(
         "level",
         "geocode",
         "query",
         F.col("value").alias("noisy"),
-        sigma2.alias("sigma2"),
+        F.coalesce(EXACT_VARIANCE, _exact_variances(rows)).alias("sigma2"),
         F.array("level").alias("budget_levels"),
     )
     node = ["level", "geocode"]
@@ -558,70 +566,65 @@ def _data_files(folder: Path) -> bool:
     )
 
 
-def _read_folder(spark: SparkSession, folder: Path, columns: Sequence[str]) -> DataFrame:
-    """Every Parquet file under ``folder`` (no partition inference: ``State=01`` stays text),
-    with ``state`` (its ``State=`` folder) and ``folder``; a missing column is refused."""
-    df = spark.read.option("recursiveFileLookup", "true").parquet(str(folder))
+def _read_kind(
+    spark: SparkSession, root: Path, config: RunConfig, kind: str, columns: Sequence[str]
+) -> DataFrame:
+    """Every Parquet file of every level's ``kind`` folder that has one, in one read (no
+    partition inference: ``State=01`` stays text; the files' schemas merged), with ``level``,
+    its ``order, digits, folder`` and ``state`` (the ``State=`` folder) from each file's path.
+    A column no file has is refused."""
+    names = nmf_level_names(config)
+    folders = [level_folder(root, n, kind) for n in names.values()]
+    present = [str(f) for f in folders if _data_files(f)]
+    try:
+        df = (
+            spark.read.option("recursiveFileLookup", "true")
+            .option("mergeSchema", "true")
+            .parquet(*present)
+        )
+    except Exception as err:  # noqa: BLE001 - Spark's and Py4J's errors alike
+        raise InputError(
+            str(root), f"{kind} files", f"unreadable: {str(err).splitlines()[0][:300]}"
+        ) from None
     for column in columns:
         if column not in df.columns:
             raise InputError(
-                str(folder), f"column {column}", f"missing (the layout has {', '.join(columns)})"
+                str(root), f"column {column}", f"missing (the layout has {', '.join(columns)})"
             )
-    state = F.regexp_extract(F.col("_metadata.file_path"), f"/{STATE_PARTITION}=([^/]+)/", 1)
-    return df.withColumns({"state": state, "folder": F.lit(str(folder))})
-
-
-def _read_dpq(spark: SparkSession, folder: Path, level: str) -> DataFrame:
-    """A level's DPQuery rows; ``sigma2`` is null-typed when the file has no such column."""
-    if not _data_files(folder):
-        raise InputError(
-            str(folder),
-            "folder",
-            f"missing: level {level} has no measurements (every level of the hierarchy has)",
-        )
-    df = _read_folder(spark, folder, DPQUERY_COLUMNS)
-    sigma2 = F.col(EXACT_VARIANCE).cast("string") if EXACT_VARIANCE in df.columns else F.lit(None)
-    return df.select(
-        F.lit(level).alias("level"),
-        F.col("geocode").cast("string"),
-        F.col("query_name").cast("string"),
-        F.col("query_shape").cast("array<int>"),
-        F.col("value").cast("array<bigint>"),
-        F.col("variance").cast("double"),
-        sigma2.alias(EXACT_VARIANCE),
-        "state",
-        "folder",
+    file = F.col("_metadata.file_path")
+    nmf_level = F.regexp_extract(file, f"^.*/([^/]+){LEVEL_SUFFIX}/{kind}/", 1)
+    ours = F.create_map(*[F.lit(x) for n, o in names.items() for x in (o, n)])
+    df = df.withColumns(
+        {
+            "level": ours[nmf_level],
+            "state": F.regexp_extract(file, f"/{STATE_PARTITION}=([^/]+)/", 1),
+        }
     )
+    return _with_level(df, config, root, "dpq_folder" if kind == DPQUERY else "con_folder")
 
 
-def _read_constraints(spark: SparkSession, folder: Path, level: str) -> DataFrame | None:
-    """The level's total constraints (other constraints are not ours), None if it has none."""
-    if not _data_files(folder):
-        return None
-    df = _read_folder(spark, folder, CONSTRAINT_COLUMNS)
-    return df.select(
-        F.lit(level).alias("level"),
-        F.col("geocode").cast("string"),
-        F.col("query_name").cast("string"),
-        F.col("value").cast("array<bigint>"),
-        "folder",
-    ).filter(F.col("query_name") == TOTAL_CONSTRAINT)
-
-
-def _totals(spark: SparkSession, cons: list[DataFrame]) -> DataFrame:
-    """``level, geocode, query_name, folder, inv_total``; a total that is not one non-negative
-    count gets another ``query_name``, so that ``_total_problems`` refuses it."""
-    if not cons:
-        empty = "level string, geocode string, query_name string, folder string, inv_total bigint"
+def _totals(spark: SparkSession, root: Path, config: RunConfig) -> DataFrame:
+    """The total constraints (the other constraints are not ours): ``level, order, digits,
+    folder, geocode, query_name, inv_total``; a total that is not one non-negative count gets
+    another ``query_name``, so that ``_total_problems`` refuses it."""
+    names = nmf_level_names(config)
+    if not any(_data_files(level_folder(root, n, CONSTRAINT)) for n in names.values()):
+        empty = (
+            "level string, order int, digits int, folder string, geocode string,"
+            " query_name string, inv_total bigint"
+        )
         return spark.createDataFrame([], empty)
-    df = reduce(DataFrame.unionByName, cons)
-    one = (F.size("value") == 1) & (F.get("value", 0) >= 0)
-    return df.select(
+    df = _read_kind(spark, root, config, CONSTRAINT, CONSTRAINT_COLUMNS)
+    value = F.col("value").cast("array<bigint>")
+    one = (F.size(value) == 1) & (F.get(value, 0) >= 0)
+    return df.filter(F.col("query_name") == TOTAL_CONSTRAINT).select(
         "level",
-        "geocode",
-        F.when(one, F.col("query_name")).otherwise(F.lit("not_one_count")).alias("query_name"),
+        "order",
+        "digits",
         "folder",
-        F.get("value", 0).alias("inv_total"),
+        F.col("geocode").cast("string"),
+        F.when(one, F.col("query_name")).otherwise(F.lit("not_one_count")).alias("query_name"),
+        F.get(value, 0).alias("inv_total"),
     )
 
 
