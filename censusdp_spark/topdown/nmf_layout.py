@@ -138,9 +138,3 @@ def exact_variance(variance: float) -> str:
     """The exact value of a file's float variance as fraction text (a double is a dyadic
     rational: ``Fraction(0.1)`` is 3602879701896397/36028797018963968, not 1/10)."""
     return str(Fraction(variance))
-
-
-def describe_shape(config: RunConfig, query: NmfQuery) -> str:
-    """``hhgq 8 x votingage 1 x ...``: the expected shape with the attributes named, in order."""
-    names = (a.name for a in config.schema.attributes)
-    return " x ".join(f"{n} {s}" for n, s in zip(names, query.shape, strict=True))

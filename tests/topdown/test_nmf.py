@@ -191,6 +191,26 @@ def test_a_files_query_names_and_float_variances_are_matched_exactly():
     assert Fraction(exact_variance(0.1)) == Fraction(0.1) != Fraction(1, 10)
 
 
+def test_a_census_style_file_reads_with_its_float_variances_made_exact(spark, written, tmp_path):
+    """The Census's file: no ``sigma2``, float32 variances, int32 values, query names spelled
+    without spaces, columns we do not read."""
+    census = tmp_path / "census"
+    shutil.copytree(written, census)
+    for path in census.rglob("part-*"):
+        if "DPQuery" in path.parts:
+            df = pd.read_parquet(path).drop(columns="sigma2")
+            df["variance"] = df["variance"].astype(np.float32)
+            df["value"] = [np.asarray(v, dtype=np.int32) for v in df["value"]]
+            df["query_name"] = df["query_name"].str.replace(" * ", "*")
+            df["cenrace"] = "*"
+            df.to_parquet(path, index=False)
+    nmf = read_nmf(spark, census, CONFIG)
+    got = sorted(tuple(r) for r in nmf.noisy.collect())
+    as_float32 = {s2: exact_variance(float(np.float32(Fraction(s2)))) for *_, s2, _ in noisy_rows()}
+    assert got == sorted((lv, g, q, n, as_float32[s2], b) for lv, g, q, n, s2, b in noisy_rows())
+    assert as_float32["16/3"] == str(Fraction(float(np.float32(16 / 3)))) != "16/3"
+
+
 # --- bad files --------------------------------------------------------------------------------
 
 
@@ -294,6 +314,12 @@ DPQ_CASES = {
         set_column("451111", "detailed_dpq", "geocode", "4511110"),
         "Block.parquet/DPQuery: row geocode '4511110', query 'detailed_dpq': geocode of the"
         " wrong length; level block has 6 digits, the geocode 7",
+    ),
+    "state_folder": (
+        "County.parquet/DPQuery/State=45",
+        lambda df: df.assign(geocode="441"),
+        "County.parquet/DPQuery: row geocode '441', query 'agegroup * kind_dpq': the row is not"
+        " in its State folder; State=45 holds it",
     ),
     "sigma2_disagrees": (
         "County.parquet/DPQuery/State=45",
