@@ -35,15 +35,21 @@ What we write and read: ``DPQuery`` rows ``geocode string, query_name string, qu
 array<int>, value array<bigint>, variance double`` plus ``sigma2 string``, the exact variance as
 a fraction (a column BlueDown does not read; the reader prefers it to ``variance``); and
 ``Constraint`` rows ``geocode, query_name = "total_con", sign = "=", query_shape = [1, ...],
-value = [total], variance = 0`` for every node whose total is held exact. The reader ignores
+value = [total], variance = 0`` for every node whose total is held exact (``total_con`` is our
+name, in the ``_con`` naming of the Census's constraints), and an empty ``Constraint`` folder
+where a level has no totals (BlueDown lists a level's Constraint folder before reading it: it
+must be there). Each folder holds one Parquet file and nothing else. The reader ignores
 constraint rows of other names (the Census's hhgq bounds); our runs have none of those, so
 BlueDown's constrained steps, which need them, cannot run on a file of ours.
 
 Our level names map to the NMF's by position (root first): a hierarchy of 6 levels is written as
 US, State, ..., Block, whatever its own names; any other shape is refused. The geocode is ours,
 verbatim (the root's is empty), and the ``State`` folder is the node's geocode prefix at the
-second level: a config whose state level has 3 digits (the AIAN flag and the FIPS code, as the
-Census's geocodes have) gives the Census's own folder names and reads the Census's file.
+second level. A config whose levels have the Census's lengths (``digits`` 0, 3, 9, 13, 15, 31:
+the state's 3 are the AIAN flag and the FIPS code) gives the Census's own folder names and is
+the one to read the Census's file with. BlueDown's code does not show the geocode of the
+Census's root row (it passes ``root_geocode=''`` to its solver); ours is empty, and a root row
+with another geocode is refused (not tried on the Census's file itself).
 
 Cell order: row-major over the schema's attributes in config order (the last fastest), which is
 ``numpy.ravel`` of the marginal as an array of shape ``query_shape`` and the order of the
