@@ -336,6 +336,20 @@ def test_a_bad_measurement_file_is_refused_in_one_line(spark, written, tmp_path,
     assert expected in refusal(spark, written, tmp_path, folder, change)
 
 
+def test_a_file_without_a_column_of_the_layout_is_refused(spark, written, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(written, bad)
+    for path in bad.rglob("part-*"):
+        if "DPQuery" in path.parts:
+            pd.read_parquet(path).drop(columns="query_shape").to_parquet(path, index=False)
+    with pytest.raises(InputError) as err:
+        read_nmf(spark, bad, CONFIG)
+    assert str(err.value) == (
+        f"{bad.absolute()}: column query_shape: missing (the layout has geocode, query_name,"
+        " query_shape, value, variance)"
+    )
+
+
 def test_a_total_that_is_not_its_childrens_sum_is_refused(spark, written, tmp_path):
     total = int(histograms()[("nation", "")].sum())
     change = set_column("", "total_con", "value", np.array([total + 1]))
