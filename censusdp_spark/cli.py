@@ -16,7 +16,11 @@ from censusdp_spark.generate.cli import add_generate_parser
 from censusdp_spark.group_sizes.cli import add_group_sizes_parser
 from censusdp_spark.release.flags import CommandParser, add_config_flag, add_validate_flags
 from censusdp_spark.synth.cli import add_synth_parser
-from censusdp_spark.topdown.cli import add_optimizer_flags, add_topdown_parser
+from censusdp_spark.topdown.cli import (
+    add_export_nmf_parser,
+    add_optimizer_flags,
+    add_topdown_parser,
+)
 
 DESCRIPTION = """\
 Differentially private statistics on Apache Spark. Three releases, each run
@@ -26,7 +30,10 @@ from a TOML config (conf/ holds examples):
   group-sizes   households of each size per geography (pure epsilon-DP)
   synth         synthetic households and persons (rho-zCDP)
 
-Each writes Delta tables and a manifest.json to its [run] output. Before a
+Each writes Delta tables and a manifest.json to its [run] output. `topdown
+--noisy-measurements` estimates from published noisy measurements instead (the
+Census's Noisy Measurement File, or a release of ours), and `export-nmf` writes
+a release's measurements in that file's layout. Before a
 run, `check` validates a config (no Spark), `budget` prints how it spends its
 privacy budget, and `validate` also reads the input and the secret (Spark).
 `jars` fetches the Delta Lake jars a local session needs, once per user."""
@@ -88,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_validate_flags(validate)
     validate.set_defaults(run=_validate)
     add_topdown_parser(sub)
+    add_export_nmf_parser(sub)
     add_group_sizes_parser(sub)
     add_synth_parser(sub)
     add_generate_parser(sub)

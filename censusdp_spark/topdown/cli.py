@@ -6,6 +6,7 @@ Building the parser imports no Spark; running it imports the job.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,49 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_spark_flags(parser)
     parser.set_defaults(run=run_topdown_from_args, observer=QUIET)
     return parser
+
+
+def add_export_nmf_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``export-nmf`` to the CLI's subparsers."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "export-nmf",
+        help="write a TopDown release's noisy measurements in the Census NMF layout",
+        description="Write a TopDown release's noisy measurements and invariant totals in the"
+        " layout of the Census Bureau's Noisy Measurement File (<Level>.parquet/DPQuery and"
+        " Constraint folders), for any tool that reads that file; `censusdp topdown"
+        " --noisy-measurements PATH --noisy-format census_nmf` reads it back.",
+    )
+    parser.add_argument(
+        "--release", type=Path, required=True, metavar="DIR", help="the TopDown release folder"
+    )
+    parser.add_argument(
+        "--output", type=Path, required=True, metavar="DIR", help="a new folder for the file"
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="CONF",
+        help="the release's config (default: the config file its manifest names)",
+    )
+    add_spark_flags(parser)
+    parser.set_defaults(run=run_export_nmf_from_args)
+    return parser
+
+
+def run_export_nmf_from_args(args: argparse.Namespace) -> int:
+    """``censusdp export-nmf``."""
+    from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.given import export_nmf
+
+    manifest = args.release / "manifest.json"
+    if not manifest.is_file():
+        raise ValueError(f"{args.release}: not a censusdp release (no manifest.json)")
+    config = load_config(args.config or Path(json.loads(manifest.read_text())["config_file"]))
+    spark = spark_session("censusdp-export-nmf", args.master, args.remote)
+    export_nmf(spark, args.release, config, args.output)
+    print(f"noisy measurements of {args.release} written in the NMF layout to {args.output}")
+    return 0
 
 
 def add_optimizer_flags(parser: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ from censusdp_spark.io import delta
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import allocate_per_query_rho
 from censusdp_spark.topdown.config import RunConfig, invariant_levels
+from censusdp_spark.topdown.nmf import read_nmf, write_nmf
 
 
 class NoisyFormat(StrEnum):
@@ -97,13 +98,37 @@ def read_given(
     (one-line ``ValueError`` naming the file, the row and the rule)."""
     refuse_unsupported(config, source)
     if fmt is NoisyFormat.CENSUS_NMF:
-        from censusdp_spark.topdown.nmf import read_nmf
-
         measured = read_nmf(spark, source, config)
-        return GivenMeasurements(
+        given = GivenMeasurements(
             source, fmt, measured.noisy, measured.invariants, measured.geography
         )
-    return read_censusdp_release(spark, source, config)
+    else:
+        given = read_censusdp_release(spark, source, config)
+    return _held_where_the_config_says(given, config)
+
+
+def _held_where_the_config_says(given: GivenMeasurements, config: RunConfig) -> GivenMeasurements:
+    """The file's node totals at the config's invariant levels, every node's there: a node
+    without its total is refused (the config holds it exact); totals at other levels are not
+    held."""
+    held = invariant_levels(config)
+    invariants = given.invariants.filter(F.col("level").isin(held))
+    missing = (
+        given.geography.filter(F.col("level").isin(held))
+        .join(invariants, ["level", "geocode"], "left_anti")
+        .orderBy("level", "geocode")
+        .limit(1)
+        .collect()
+        if held
+        else []
+    )
+    if missing:
+        level, geocode = missing[0]["level"], missing[0]["geocode"]
+        raise ValueError(
+            f"{given.source}: level {level}, geocode {geocode!r}: no node total in the file,"
+            f" but {config.source} holds the {level} totals exact ([estimation] invariants)"
+        )
+    return replace(given, invariants=invariants)
 
 
 def read_censusdp_release(
@@ -139,6 +164,15 @@ def read_censusdp_release(
         )
     )
     return GivenMeasurements(source, NoisyFormat.CENSUSDP, noisy, invariants, geography)
+
+
+def export_nmf(spark: SparkSession, release: Path, config: RunConfig, out: Path) -> None:
+    """Write the TopDown release at ``release`` (made with ``config``) in the Census NMF layout
+    at ``out`` (``topdown.nmf``): its noisy measurements and its invariant node totals, for
+    BlueDown or any tool that reads the Census's file, and back (``--noisy-format
+    census_nmf``)."""
+    given = read_censusdp_release(spark, release, config)
+    write_nmf(spark, given.noisy, given.invariants, config, out)
 
 
 def geography_of(noisy: DataFrame, hierarchy: Hierarchy) -> DataFrame:

@@ -53,6 +53,34 @@ def test_the_estimates_are_the_original_release_row_for_row(spark, reference_rel
     assert_same_tables(spark, reference_release, again[0], tables)
 
 
+@pytest.fixture(scope="module")
+def exported(reference_release, tmp_path_factory) -> Path:
+    """The reference release in the Census NMF layout (``censusdp export-nmf``)."""
+    nmf = tmp_path_factory.mktemp("exported") / "nmf"
+    assert main(["export-nmf", "--release", str(reference_release), "--output", str(nmf)]) == 0
+    return nmf
+
+
+@pytest.fixture(scope="module")
+def through_nmf(exported, tmp_path_factory) -> Path:
+    """The reference release estimated again from its export in the NMF layout."""
+    nmf = exported
+    out = tmp_path_factory.mktemp("through_nmf") / "again"
+    args = ["topdown", "--config", str(DEMO), "--output", str(out), "--variances"]
+    assert main([*args, "--noisy-measurements", str(nmf), "--noisy-format", "census_nmf"]) == 0
+    return out
+
+
+def test_through_the_nmf_layout_the_estimates_are_the_original_release(
+    spark, reference_release, through_nmf
+):
+    tables = ("noisy_measurements", "estimates", "microdata", "bottom_up", "total_variances")
+    assert_same_tables(spark, reference_release, through_nmf, tables)
+    manifest = json.loads((through_nmf / "manifest.json").read_text())
+    assert manifest["post_processing"]["format"] == "census_nmf"
+    assert manifest["post_processing"]["config_budget_not_used"] == []
+
+
 def test_no_secret_no_noise_no_budget(reference_release, again):
     out, printed = again
     manifest = json.loads((out / "manifest.json").read_text())
@@ -111,4 +139,16 @@ def test_evaluation_needs_the_truth(reference_release, tmp_path, capsys):
     )
     assert code == 2
     assert "--evaluate compares with the truth" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_total_the_config_holds_must_be_in_the_file(exported, tmp_path, capsys):
+    """The export holds the state totals (the demo's invariants); a config that also holds the
+    counties' is refused in one line naming the first county, and nothing is written."""
+    config = demo_with(tmp_path, 'invariants = ["state"]', 'invariants = ["county"]')
+    out = tmp_path / "out"
+    args = ["topdown", "--config", str(config), "--output", str(out)]
+    assert main([*args, "--noisy-measurements", str(exported)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{exported}: level county, geocode '44001': no node total in the file" in err
     assert not out.exists()
