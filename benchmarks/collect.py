@@ -23,6 +23,7 @@ GROUPS = [
             "topdown_bypass",
             "topdown_production",
             "budget_optimizer",
+            "post_processing",
             "pl94_legacy",
             "occupancy",
             "gq_bounds",
