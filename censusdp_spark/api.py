@@ -702,13 +702,6 @@ def run_synth(
         reuse_secret: Allow a secret bound to another release; the release is then marked
             not for release.
         evaluation_output: Where ``evaluate`` writes; default ``<output>.evaluation``.
-        variances: Also write ``total_variances``, the bottom-up variance of every node's
-            total (``full_information`` only; ``--variances``).
-        noisy_measurements: Estimate from these published noisy measurements instead of
-            measuring (``--noisy-measurements``): no input is read, no secret read or made,
-            no budget spent; the variances are the file's.
-        noisy_format: Their layout: ``"census_nmf"`` (the Census Noisy Measurement File) or
-            ``"censusdp"`` (a TopDown release folder of censusdp).
 
     Returns:
         The release written, with the run's ``summary`` (and ``evaluation`` folder).

@@ -303,13 +303,9 @@ def _run_topdown(
     data = _read_and_validate(spark, config)
     run.clock.lap("read_and_validate")
     secret = run.secret()  # only once the input has passed validation
-    run.prepare_output()
-    if options.resume:
-        remove_uncommitted_files(spark, config.run.output)
-        redo_unfinished_steps(spark, config, run)
-        run.clock.lap("resume_checks")
+    _start_writing(spark, config, options, run)
     if not run.done("measure"):
-        _measure(data, config, secret)
+        _write_measurements(measure(data.nodes, config, secret, data.plan), config.run.output)
         run.commit("measure")
         run.clock.lap("measure")
     held = _held_exact(data, config)
@@ -367,16 +363,22 @@ def _read_and_validate(spark: SparkSession, config: RunConfig) -> ReadInput:
     return ReadInput(blocks, nodes, node_counts, plan, bypass)
 
 
-def _measure(data: ReadInput, config: RunConfig, secret: bytes) -> None:
-    """The noise pass over every node, written once to ``noisy_measurements``."""
-    output = config.run.output
+def _start_writing(
+    spark: SparkSession, config: RunConfig, options: TopDownOptions, run: ReleaseRun
+) -> None:
+    """Empty the output for a fresh run; resuming, drop the uncommitted files and redo the
+    steps whose tables are missing or incomplete."""
+    run.prepare_output()
+    if options.resume:
+        remove_uncommitted_files(spark, config.run.output)
+        redo_unfinished_steps(spark, config, run)
+        run.clock.lap("resume_checks")
+
+
+def _write_measurements(noisy: DataFrame, output: Path) -> None:
+    """``noisy`` written once as the ``noisy_measurements`` table, by level."""
     shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
-    delta.write_table(
-        measure(data.nodes, config, secret, data.plan),
-        output,
-        delta.NOISY_MEASUREMENTS,
-        partition_by="level",
-    )
+    delta.write_table(noisy, output, delta.NOISY_MEASUREMENTS, partition_by="level")
 
 
 def _held_exact(data: ReadInput, config: RunConfig) -> HeldExact:
@@ -646,15 +648,9 @@ def _run_post_processing(
         r["level"]: int(r["count"]) for r in geography.groupBy("level").count().collect()
     }
     run.clock.lap("read_and_validate")
-    run.prepare_output()
-    if options.resume:
-        remove_uncommitted_files(spark, config.run.output)
-        redo_unfinished_steps(spark, config, run)
-        run.clock.lap("resume_checks")
+    _start_writing(spark, config, options, run)
     if not run.done("measure"):
-        output = config.run.output
-        shutil.rmtree(output / delta.NOISY_MEASUREMENTS, ignore_errors=True)  # never committed
-        delta.write_table(given.noisy, output, delta.NOISY_MEASUREMENTS, partition_by="level")
+        _write_measurements(given.noisy, config.run.output)
         run.commit("measure")
         run.clock.lap("copy_measurements")
     held = HeldExact(given.invariants.persist(StorageLevel.MEMORY_AND_DISK), None)
