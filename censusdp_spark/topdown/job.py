@@ -349,7 +349,7 @@ def _run_topdown(
         ).select("geocode", "cells", "counts")
 
     released = delta.read_table(spark, output, delta.ESTIMATES)
-    checks = check_estimates(released, hierarchy, invariants)
+    checks = check_estimates(released, hierarchy, invariants, inv_levels)
     if occupancy is not None:
         checks.update(check_occupancy(released, occupancy, config))
     paths = [cut for cut, _, _ in bypass.paths] if bypass else None
