@@ -208,30 +208,74 @@ class RowRule:
     shown: Column | None = None
     describe: Callable[[Any], str] = repr
 
+    def violations(self) -> Column:
+        """The number of rows breaking the rule (an aggregate)."""
+        return F.count_if(self.broken)
+
+    def refusal(self, df: DataFrame, source: str) -> InputError:
+        """The error naming the first row of ``df`` (in file order) breaking the rule."""
+        if self.shown is None:
+            row, text = row_number_of(df, self.broken), self.rule
+        else:
+            pos = F.monotonically_increasing_id().alias("pos")
+            flags = df.select(pos, self.broken.alias("bad"), self.shown.alias("value"))
+            row, value = _first_flagged(flags)
+            text = f"{self.rule}; {self.describe(value)}"
+        return InputError(source, f"row {row}, column {self.column}", text)
+
+
+@dataclass(frozen=True)
+class UniqueGeocodes:
+    """The rule that no two rows share a ``geocode``, checked among row rules in
+    :func:`enforce_rules`'s one job; a refusal names the geocode columns of ``spec``."""
+
+    spec: GeocodeSpec
+
+    def violations(self) -> Column:
+        """The number of rows repeating an earlier row's geocode (an aggregate)."""
+        return F.count("geocode") - F.count_distinct("geocode")
+
+    def refusal(self, df: DataFrame, source: str) -> InputError:
+        """The error naming a repeated geocode at its first row (``df`` has a repeat)."""
+        error = duplicate_geocode(df, source, self.spec.geocode_columns)
+        assert error is not None
+        return error
+
+
+@dataclass(frozen=True)
+class NonEmpty:
+    """The rule that the table has a row, checked first among :func:`enforce_rules`'s rules
+    (on a table without rows every other rule holds); a refusal says ``what`` is empty."""
+
+    what: str
+
+    def violations(self) -> Column:
+        """1 if the table has no row, else 0 (an aggregate)."""
+        return (F.count(F.lit(1)) == 0).cast("int")
+
+    def refusal(self, df: DataFrame, source: str) -> InputError:
+        return InputError(source, "rows", f"{self.what} is empty")
+
 
 def enforce_rules(
-    df: DataFrame, source: str, rules: list[RowRule], total: Column | None = None
+    df: DataFrame,
+    source: str,
+    rules: Sequence[RowRule | UniqueGeocodes | NonEmpty],
+    total: Column | None = None,
 ) -> None:
     """Check all rules in one Spark job; raise for the first rule broken, at its first row.
     With ``total`` (a count per row), the same job also refuses an input whose sum of it over
     all rows is above ``MAX_COUNT``."""
     if not rules and total is None:
         return
-    aggregates = [F.count_if(r.broken).alias(f"r{i}") for i, r in enumerate(rules)]
+    aggregates = [r.violations().alias(f"r{i}") for i, r in enumerate(rules)]
     if total is not None:  # decimal: a sum of longs must not overflow before it is compared
         aggregates.append(F.sum(total.cast("decimal(38,0)")).alias("total"))
     counts = df.agg(*aggregates).first()
     assert counts is not None
     for i, rule in enumerate(rules):
         if counts[f"r{i}"]:
-            if rule.shown is None:
-                row, text = row_number_of(df, rule.broken), rule.rule
-            else:
-                pos = F.monotonically_increasing_id().alias("pos")
-                flags = df.select(pos, rule.broken.alias("bad"), rule.shown.alias("value"))
-                row, value = _first_flagged(flags)
-                text = f"{rule.rule}; {rule.describe(value)}"
-            raise InputError(source, f"row {row}, column {rule.column}", text)
+            raise rule.refusal(df, source)
     if total is not None and (counts["total"] or 0) > MAX_COUNT:
         raise InputError(
             source,
@@ -314,21 +358,36 @@ def geocode_rule(spec: GeocodeSpec, digits: int) -> RowRule:
 
 
 def check_unique_geocodes(df: DataFrame, spec: GeocodeSpec) -> None:
-    source = str(spec.path)
-    name = "+".join(spec.geocode_columns)
+    error = duplicate_geocode(df, str(spec.path), spec.geocode_columns)
+    if error is not None:
+        raise error
+
+
+def duplicate_geocode(df: DataFrame, source: str, columns: Sequence[str]) -> InputError | None:
+    """The error naming a geocode of ``df`` listed twice, at its first row (its geocode built
+    from ``columns``); None if none is."""
     dup = df.groupBy("geocode").count().filter("count > 1").limit(1).collect()
-    if dup:
-        code = dup[0]["geocode"]
-        row = row_number_of(df, F.col("geocode") == code)
-        raise InputError(source, f"row {row}, column {name}", f"duplicate geocode {code}")
+    if not dup:
+        return None
+    code = dup[0]["geocode"]
+    row = row_number_of(df, F.col("geocode") == code)
+    name = "+".join(columns)
+    return InputError(source, f"row {row}, column {name}", f"duplicate geocode {code}")
 
 
 def read_checked(spark: SparkSession, spec: ColumnSpec) -> DataFrame:
     """The input table of ``spec``, refused if a column is missing or unlisted, or if it is empty."""
+    raw = read_with_columns_checked(spark, spec)
+    if not raw.limit(1).collect():
+        raise NonEmpty("the input").refusal(raw, str(spec.path))
+    return raw
+
+
+def read_with_columns_checked(spark: SparkSession, spec: ColumnSpec) -> DataFrame:
+    """The input table of ``spec``, refused if a column is missing or unlisted; its reader
+    refuses an empty one in its rules' job (``NonEmpty("the input")`` first)."""
     raw = read_table(spark, spec.path, spec.format)
     check_columns(raw, spec)
-    if not raw.limit(1).collect():
-        raise InputError(str(spec.path), "rows", "the input is empty")
     return raw
 
 
@@ -355,10 +414,9 @@ def read_spine(spark: SparkSession, spine: SpineSpec, digits: int) -> DataFrame:
                 source, f"column {col}", "missing (named in [geography] spine.geocode)"
             )
     df = raw.select(geocode_of(spine).alias("geocode"))
-    if not df.limit(1).collect():
-        raise InputError(source, "rows", "the spine is empty")
-    enforce_rules(df, source, [geocode_rule(spine, digits)])
-    check_unique_geocodes(df, spine)
+    enforce_rules(
+        df, source, [NonEmpty("the spine"), geocode_rule(spine, digits), UniqueGeocodes(spine)]
+    )
     return df
 
 

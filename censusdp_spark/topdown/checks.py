@@ -28,33 +28,44 @@ from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import BudgetError, ZcdpAllocation
 from censusdp_spark.topdown.path_cuts import PathCut, cut_at, path_rho
 
+GUARANTEES = ("negative_counts", "children_not_summing_to_parent", "invariants_broken")
+"""The guarantees ``check_estimates`` counts the violations of (1 to 3 of the module docstring)."""
+
 
 def check_estimates(
-    estimates: DataFrame, hierarchy: Hierarchy, invariant_totals: DataFrame
+    estimates: DataFrame,
+    hierarchy: Hierarchy,
+    invariant_totals: DataFrame,
+    invariant_levels: Sequence[str],
 ) -> dict[str, int]:
-    """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``.
+    """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``;
+    one Spark query counts them all.
 
     ``estimates`` is long format ``level, geocode, cell, count``; ``invariant_totals`` is
-    ``level, geocode, inv_total``.
+    ``level, geocode, inv_total`` of every node of the ``invariant_levels``.
     """
-    negatives = estimates.filter(F.col("count") < 0).count()
-    inconsistent = children_not_summing_to_parent(estimates, hierarchy, "cell").count()
-    invariant_levels = [r["level"] for r in invariant_totals.select("level").distinct().collect()]
+    node = ["level", "geocode"]
     totals = (
-        estimates.filter(F.col("level").isin(invariant_levels))
-        .groupBy("level", "geocode")
+        estimates.filter(F.col("level").isin(list(invariant_levels)))
+        .groupBy(*node)
         .agg(F.sum("count").alias("total"))
     )
-    broken_invariants = (
-        invariant_totals.join(totals, ["level", "geocode"], "left")
-        .filter(F.coalesce(F.col("total"), F.lit(0)) != F.col("inv_total"))
-        .count()
+    broken_invariants = invariant_totals.join(totals, node, "left").filter(
+        F.coalesce(F.col("total"), F.lit(0)) != F.col("inv_total")
     )
-    result = {
-        "negative_counts": negatives,
-        "children_not_summing_to_parent": inconsistent,
-        "invariants_broken": broken_invariants,
-    }
+    negatives, inconsistent, broken = GUARANTEES
+    violations = (
+        estimates.filter(F.col("count") < 0)
+        .select(F.lit(negatives).alias("guarantee"))
+        .unionByName(
+            children_not_summing_to_parent(estimates, hierarchy, "cell").select(
+                F.lit(inconsistent).alias("guarantee")
+            )
+        )
+        .unionByName(broken_invariants.select(F.lit(broken).alias("guarantee")))
+    )
+    found = {r["guarantee"]: r["count"] for r in violations.groupBy("guarantee").count().collect()}
+    result = {guarantee: int(found.get(guarantee, 0)) for guarantee in GUARANTEES}
     if any(result.values()):
         raise GuaranteeViolation(f"released estimates break guarantees: {result}")
     return result

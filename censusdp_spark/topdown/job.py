@@ -466,7 +466,7 @@ def _check_guarantees(
 ) -> dict[str, int]:
     """Every guarantee of the released estimates and the noisy table, each a count that is 0
     (else ``GuaranteeViolation``)."""
-    checks = check_estimates(released, config.hierarchy, held.invariants)
+    checks = check_estimates(released, config.hierarchy, held.invariants, invariant_levels(config))
     if held.occupancy is not None:
         checks.update(check_occupancy(released, held.occupancy, config))
     paths = [cut for cut, _, _ in bypass.paths] if bypass else None

@@ -15,17 +15,18 @@ from pyspark.sql import functions as F
 from censusdp_spark.io.pl94_layout import CELLS
 from censusdp_spark.io.readers import (
     MAX_COUNT,
+    NonEmpty,
     RowRule,
-    check_unique_geocodes,
+    UniqueGeocodes,
     count_rules,
     enforce_rules,
     geocode_of,
     geocode_rule,
     nonzero_cells,
     on_spine,
-    read_checked,
     read_spine,
     read_table,
+    read_with_columns_checked,
     row_number_of,
 )
 from censusdp_spark.model.config import SpineSpec
@@ -37,23 +38,18 @@ from censusdp_spark.topdown.schema import Schema
 
 
 def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) -> DataFrame:
-    """Block count tables: each configured cell is an expression over integer count columns."""
+    """Block count tables: each configured cell is an expression over integer count columns.
+    Every rule, the cells' and the total's included, is checked in one Spark job."""
     source = str(spec.path)
-    raw = read_checked(spark, spec)
+    raw = read_with_columns_checked(spark, spec)
     totals = [spec.total] if spec.total else []
     count_cols = sorted({c for cell in spec.cells for c in (*cell.plus, *cell.minus)} | {*totals})
     df = raw.select(
         geocode_of(spec).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in count_cols]
     )
-    rules = [geocode_rule(spec, leaf_digits)] + [r for c in count_cols for r in count_rules(c)]
-    enforce_rules(df, source, rules)
-    check_unique_geocodes(df, spec)
-    typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
-    values: list[tuple[int, Column]] = []
+    checked = {c: checked_count(c) for c in count_cols}
     cell_rules = []
-    for cell in spec.cells:
-        terms = [F.col(c) for c in cell.plus] + [-F.col(c) for c in cell.minus]
-        value = reduce(lambda a, b: a + b, terms)
+    for cell, value in zip(spec.cells, cell_values(spec, checked), strict=True):
         cell_rules.append(RowRule(value < 0, cell.expr, f"cell value {cell.expr} is negative"))
         cell_rules.append(
             RowRule(
@@ -62,13 +58,34 @@ def read_block_counts(spark: SparkSession, spec: InputSpec, leaf_digits: int) ->
                 f"cell value {cell.expr} above MAX_COUNT = {MAX_COUNT:_}",
             )
         )
-        values.append((cell.cell, value))
-    mapped = reduce(lambda a, b: a + b, [v for _, v in values])  # input.cells is non-empty
+    mapped = reduce(lambda a, b: a + b, cell_values(spec, checked))  # input.cells is non-empty
     for total in totals:
         rule = "the cells of input.cells do not sum to this column (input.total)"
-        cell_rules.append(RowRule(mapped != F.col(total), total, rule))
-    enforce_rules(typed, source, cell_rules, mapped)
-    return typed.select("geocode", *nonzero_cells(values))
+        cell_rules.append(RowRule(mapped != checked[total], total, rule))
+    rules = [geocode_rule(spec, leaf_digits)] + [r for c in count_cols for r in count_rules(c)]
+    enforce_rules(
+        df, source, [NonEmpty("the input"), *rules, UniqueGeocodes(spec), *cell_rules], mapped
+    )
+    typed = df.select("geocode", *[F.trim(F.col(c)).cast("long").alias(c) for c in count_cols])
+    values = cell_values(spec, {c: F.col(c) for c in count_cols})
+    cells = [cell.cell for cell in spec.cells]
+    return typed.select("geocode", *nonzero_cells(list(zip(cells, values, strict=True))))
+
+
+def checked_count(column: str) -> Column:
+    """The value of a count column of text where it keeps ``count_rules``, else null: the cell
+    expressions over it never fail (nor overflow) on a bad row, so the cells' rules are checked
+    in the count rules' own job."""
+    broken = reduce(Column.__or__, [r.broken for r in count_rules(column)])
+    return F.when(~broken, F.trim(F.col(column)).try_cast("long"))
+
+
+def cell_values(spec: InputSpec, counts: dict[str, Column]) -> list[Column]:
+    """Each cell of ``input.cells``: its expression (``plus`` minus ``minus``) over ``counts``."""
+    terms = [
+        [counts[c] for c in cell.plus] + [-counts[c] for c in cell.minus] for cell in spec.cells
+    ]
+    return [reduce(lambda a, b: a + b, cell_terms) for cell_terms in terms]
 
 
 def read_microdata(
@@ -76,7 +93,7 @@ def read_microdata(
 ) -> DataFrame:
     """One row per person: attribute columns are mapped to levels and aggregated per block."""
     source = str(spec.path)
-    raw = read_checked(spark, spec)
+    raw = read_with_columns_checked(spark, spec)
     df = raw.select(
         geocode_of(spec).alias("geocode"),
         *[F.trim(F.col(a.column).cast("string")).alias(a.column) for a in spec.attributes],
@@ -100,7 +117,7 @@ def read_microdata(
             )
         )
         cell = cell + index.cast("long") * int(strides[pos])
-    enforce_rules(df, source, rules, total=F.lit(1))  # one person a row
+    enforce_rules(df, source, [NonEmpty("the input"), *rules], total=F.lit(1))  # a person a row
     counted = df.groupBy("geocode", cell.cast("int").alias("cell")).agg(F.count("*").alias("count"))
     per_block = counted.groupBy("geocode").agg(
         F.sort_array(F.collect_list(F.struct("cell", "count"))).alias("h")
@@ -349,11 +366,8 @@ def with_dwellings(
     df = raw.select(
         geocode_of(dwellings).alias("geocode"), *[F.col(c).cast("string").alias(c) for c in columns]
     )
-    if not df.limit(1).collect():
-        raise InputError(source, "rows", "the dwellings table is empty")
     rules = [geocode_rule(dwellings, leaf_digits)] + [r for c in columns for r in count_rules(c)]
-    enforce_rules(df, source, rules)
-    check_unique_geocodes(df, dwellings)
+    enforce_rules(df, source, [NonEmpty("the dwellings table"), *rules, UniqueGeocodes(dwellings)])
     counts = {c: F.trim(F.col(c)).cast("long") for c in columns}
     bits = reduce(
         lambda a, b: a.bitwiseOR(b),
