@@ -152,3 +152,26 @@ def test_a_total_the_config_holds_must_be_in_the_file(exported, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{exported}: level county, geocode '44001': no node total in the file" in err
     assert not out.exists()
+
+
+def test_another_method_from_the_file_is_that_method_s_release(
+    spark, quick_tract, quick_secret, quick_reference, tmp_path
+):
+    """The quick tract's release (``full_information``) post-processed with ``topdown``
+    equals the release made with ``topdown`` from the same secret (the same measurements: a
+    change of estimation is no new measurement)."""
+    csv, config = quick_tract
+    topdown = tmp_path / "quick_topdown.toml"
+    text = config.read_text()
+    assert 'method = "full_information"' in text
+    topdown.write_text(text.replace('method = "full_information"', 'method = "topdown"', 1))
+    made = tmp_path / "made"
+    args = ["topdown", "--config", str(topdown), "--input", str(csv), "--output", str(made)]
+    assert main([*args, "--secret-file", str(quick_secret)]) == 0
+    again = tmp_path / "again"
+    args = ["topdown", "--config", str(topdown), "--output", str(again)]
+    assert (
+        main([*args, "--noisy-measurements", str(quick_reference), "--noisy-format", "censusdp"])
+        == 0
+    )
+    assert_same_tables(spark, made, again)
