@@ -301,7 +301,12 @@ def optimize_budget(
     nodes = spine_node_counts(_session(spark, "budget"), spine, loaded.hierarchy)
     model = strategy.ErrorModel(loaded, nodes, chosen_workload)
     return strategy.BudgetChoice(
-        loaded, source, loaded.document.shown(spine.path), nodes, model, strategy.optimize(model)
+        config=loaded,
+        source=source,
+        spine=loaded.document.shown(spine.path),
+        nodes=nodes,
+        model=model,
+        optimized=strategy.optimize(model),
     )
 
 
