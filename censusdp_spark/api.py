@@ -660,9 +660,16 @@ def run_group_sizes(
 
     loaded = load_pgsr_config(config)
     options = PgsrOptions(
-        mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
-        reuse_secret, _path(evaluation_output), None if epsilon is None else Fraction(epsilon),
-    )  # fmt: skip
+        mechanism=mechanism,
+        input=_path(input),
+        output=_path(output),
+        secret_file=_path(secret_file),
+        evaluate=evaluate,
+        overwrite=overwrite,
+        reuse_secret=reuse_secret,
+        evaluation_output=_path(evaluation_output),
+        epsilon=None if epsilon is None else Fraction(epsilon),
+    )
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return _finished(summary)
 

@@ -71,7 +71,7 @@ RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
 """The rounded relaxations: their violations are reported, not raised."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PgsrOptions:
     mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
     input: Path | None = None
