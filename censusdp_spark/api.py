@@ -747,17 +747,17 @@ def run_synth(
     loaded = load_synth_config(config)
     refuse_unfit_method(loaded, method)  # before a session starts: the config decides it
     options = SynthOptions(
-        method,
-        None if rho is None else Fraction(rho),
-        epsilon,
-        delta,
-        rounds,
-        _path(output),
-        _path(secret_file),
-        evaluate,
-        overwrite,
-        reuse_secret,
-        _path(evaluation_output),
+        method=method,
+        rho=None if rho is None else Fraction(rho),
+        epsilon=epsilon,
+        delta=delta,
+        rounds=rounds,
+        output=_path(output),
+        secret_file=_path(secret_file),
+        evaluate=evaluate,
+        overwrite=overwrite,
+        reuse_secret=reuse_secret,
+        evaluation_output=_path(evaluation_output),
     )
     summary = run(_session(spark, "synth"), loaded, options)
     return _finished(summary)
