@@ -117,7 +117,7 @@ NATIONAL_TALLIES = Tallies(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelParameters:
     """Tuning of the model, set so the validation table matches RI/HI 2010 in shape."""
 
@@ -248,7 +248,7 @@ def apportion_within(group: np.ndarray, totals: np.ndarray, weights: np.ndarray)
     return base + (rank < deficit[group])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """The national draw all states share (steps 1-3 of the model).
 
@@ -602,7 +602,7 @@ def _run_lengths(sorted_values: np.ndarray) -> np.ndarray:
     return np.diff(np.concatenate(([0], edges, [len(sorted_values)])))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BlockSummary:
     """What the validation needs of a block file: per block the 15-digit code, pop, vap and
     the number of non-zero cells of the 16-cell histogram; totals by race and household size."""

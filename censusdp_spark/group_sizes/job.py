@@ -84,7 +84,7 @@ class PgsrOptions:
     epsilon: Fraction | None = None  # None: the config's; else each level keeps its share
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PgsrSummary:
     output: Path
     mechanism: str
