@@ -48,8 +48,23 @@ def family(k: int, n: int, binding: int, seed: int) -> tuple[ChildrenProblem, Ch
     weights = np.array([1.0, 0.5, 0.5])
     parent = truth.sum(axis=0)
     return (
-        ChildrenProblem(maps, sizes, weights, noisy, parent, None, group_bounds=bounds),
-        ChildrenProblem(maps, sizes, weights, noisy, parent, None),
+        ChildrenProblem(
+            marginals=maps,
+            marginal_sizes=sizes,
+            weights=weights,
+            noisy=noisy,
+            parent=parent,
+            child_totals=None,
+            group_bounds=bounds,
+        ),
+        ChildrenProblem(
+            marginals=maps,
+            marginal_sizes=sizes,
+            weights=weights,
+            noisy=noisy,
+            parent=parent,
+            child_totals=None,
+        ),
     )
 
 

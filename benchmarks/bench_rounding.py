@@ -51,12 +51,12 @@ def family(rng: np.random.Generator, k: int, population: int, totals: bool) -> C
         for m, s, sigma in zip(MAPS, SIZES, SIGMAS, strict=True)
     )
     return ChildrenProblem(
-        MAPS,
-        SIZES,
-        1.0 / SIGMAS**2,
-        noisy,
-        parent.astype(np.int64),
-        children.sum(axis=1).astype(np.int64) if totals else None,
+        marginals=MAPS,
+        marginal_sizes=SIZES,
+        weights=1.0 / SIGMAS**2,
+        noisy=noisy,
+        parent=parent.astype(np.int64),
+        child_totals=children.sum(axis=1).astype(np.int64) if totals else None,
     )
 
 

@@ -79,7 +79,14 @@ def realistic_problem(
         + rng.normal(0.0, sigma, (k, s))
         for m, s, sigma in zip(maps, sizes, sigmas, strict=True)
     )
-    return ChildrenProblem(maps, sizes, 1.0 / sigmas**2, noisy, parent.astype(np.int64), None)
+    return ChildrenProblem(
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=1.0 / sigmas**2,
+        noisy=noisy,
+        parent=parent.astype(np.int64),
+        child_totals=None,
+    )
 
 
 def clarabel_solve(problem: ChildrenProblem) -> tuple[float, float]:

@@ -301,7 +301,12 @@ def optimize_budget(
     nodes = spine_node_counts(_session(spark, "budget"), spine, loaded.hierarchy)
     model = strategy.ErrorModel(loaded, nodes, chosen_workload)
     return strategy.BudgetChoice(
-        loaded, source, loaded.document.shown(spine.path), nodes, model, strategy.optimize(model)
+        config=loaded,
+        source=source,
+        spine=loaded.document.shown(spine.path),
+        nodes=nodes,
+        model=model,
+        optimized=strategy.optimize(model),
     )
 
 
@@ -655,9 +660,16 @@ def run_group_sizes(
 
     loaded = load_pgsr_config(config)
     options = PgsrOptions(
-        mechanism, _path(input), _path(output), _path(secret_file), evaluate, overwrite,
-        reuse_secret, _path(evaluation_output), None if epsilon is None else Fraction(epsilon),
-    )  # fmt: skip
+        mechanism=mechanism,
+        input=_path(input),
+        output=_path(output),
+        secret_file=_path(secret_file),
+        evaluate=evaluate,
+        overwrite=overwrite,
+        reuse_secret=reuse_secret,
+        evaluation_output=_path(evaluation_output),
+        epsilon=None if epsilon is None else Fraction(epsilon),
+    )
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return _finished(summary)
 
@@ -735,17 +747,17 @@ def run_synth(
     loaded = load_synth_config(config)
     refuse_unfit_method(loaded, method)  # before a session starts: the config decides it
     options = SynthOptions(
-        method,
-        None if rho is None else Fraction(rho),
-        epsilon,
-        delta,
-        rounds,
-        _path(output),
-        _path(secret_file),
-        evaluate,
-        overwrite,
-        reuse_secret,
-        _path(evaluation_output),
+        method=method,
+        rho=None if rho is None else Fraction(rho),
+        epsilon=epsilon,
+        delta=delta,
+        rounds=rounds,
+        output=_path(output),
+        secret_file=_path(secret_file),
+        evaluate=evaluate,
+        overwrite=overwrite,
+        reuse_secret=reuse_secret,
+        evaluation_output=_path(evaluation_output),
     )
     summary = run(_session(spark, "synth"), loaded, options)
     return _finished(summary)

@@ -96,7 +96,7 @@ MAX_BLOCKS_PER_BLOCK_GROUP = 1000  # three geocode digits after the block-group 
 HOUSEHOLD_CHUNK_PERSONS = 5_000_000  # bounds the memory of the household stream of big states
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tallies:
     states: int
     counties: int
@@ -107,10 +107,17 @@ class Tallies:
 
 
 # census.gov 2020 tallies for the 50 states + DC; the population is the spine's (= official).
-NATIONAL_TALLIES = Tallies(51, 3_143, 84_414, 239_780, 8_132_968, 331_449_281)
+NATIONAL_TALLIES = Tallies(
+    states=51,
+    counties=3_143,
+    tracts=84_414,
+    block_groups=239_780,
+    blocks=8_132_968,
+    population=331_449_281,
+)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelParameters:
     """Tuning of the model, set so the validation table matches RI/HI 2010 in shape."""
 
@@ -241,7 +248,7 @@ def apportion_within(group: np.ndarray, totals: np.ndarray, weights: np.ndarray)
     return base + (rank < deficit[group])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """The national draw all states share (steps 1-3 of the model).
 
@@ -502,7 +509,7 @@ def household_sizes(
     return np.concatenate(parts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StateBlocks:
     """The drawn blocks of one state, sorted by code: per block its population, its people by
     group (``RACES`` order, all ages and adults), those in group quarters, and its households
@@ -527,7 +534,14 @@ def draw_state(layout: Layout, state: int, seed: int, p: ModelParameters) -> Sta
     adults = voting_age_counts(rng, layout, s, races, p)
     outside = group_quarters_persons(rng, pop, p)
     households = household_sizes(rng, layout, s, pop - outside, p)
-    return StateBlocks(s.block_code, pop, races, adults, outside, households)
+    return StateBlocks(
+        code=s.block_code,
+        pop=pop,
+        races=races,
+        adults=adults,
+        group_quarters=outside,
+        households=households,
+    )
 
 
 def block_geoids(code: np.ndarray) -> pa.Array:
@@ -588,7 +602,7 @@ def _run_lengths(sorted_values: np.ndarray) -> np.ndarray:
     return np.diff(np.concatenate(([0], edges, [len(sorted_values)])))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BlockSummary:
     """What the validation needs of a block file: per block the 15-digit code, pop, vap and
     the number of non-zero cells of the 16-cell histogram; totals by race and household size."""

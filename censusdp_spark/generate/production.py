@@ -127,7 +127,7 @@ def load_race_anchors(folder: Path = PROVIDENCE_DIR) -> RaceAnchors:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Persons:
     """Persons of a run of blocks, in block order: index of the block in the run, and codes."""
 
@@ -164,7 +164,14 @@ def draw_persons(
     cenrace[hispanic] = rng.choice(63, int(hispanic.sum()), p=anchors.hispanic_race)
     site_type = _site_types(rng, blocks.group_quarters[run], anchors)
     gq_type = _group_quarters(rng, block, adult, blocks.group_quarters[run], site_type)
-    return Persons(block, site_type, gq_type, adult, hispanic, cenrace)
+    return Persons(
+        block=block,
+        site_type=site_type,
+        gq_type=gq_type,
+        adult=adult,
+        hispanic=hispanic,
+        cenrace=cenrace,
+    )
 
 
 def _site_types(rng: np.random.Generator, outside: np.ndarray, anchors: RaceAnchors) -> np.ndarray:

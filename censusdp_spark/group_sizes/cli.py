@@ -62,15 +62,15 @@ def run_group_sizes_from_args(args: argparse.Namespace) -> int:
 
     config = load_pgsr_config(args.config)
     options = PgsrOptions(
-        args.mechanism,
-        args.input,
-        args.output,
-        args.secret_file,
-        args.evaluate,
-        args.overwrite,
-        args.reuse_secret,
-        args.evaluation_output,
-        None if args.epsilon is None else parse_epsilon(config.source, args.epsilon),
+        mechanism=args.mechanism,
+        input=args.input,
+        output=args.output,
+        secret_file=args.secret_file,
+        evaluate=args.evaluate,
+        overwrite=args.overwrite,
+        reuse_secret=args.reuse_secret,
+        evaluation_output=args.evaluation_output,
+        epsilon=None if args.epsilon is None else parse_epsilon(config.source, args.epsilon),
     )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
     summary = run_pgsr(spark, config, options)

@@ -105,7 +105,7 @@ class GroupSizes:
     topcode: bool  # size N stands for "N or more"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupInputSpec:
     """Where the groups come from.
 
@@ -133,7 +133,7 @@ class GroupInputSpec:
         return tuple(dict.fromkeys(cols))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PgsrConfig:
     source: str
     run: RunOptions
@@ -186,7 +186,6 @@ class InputModel(Model):
 
     def spec(self, fail: Fail, groups: GroupSizes, base: Path) -> GroupInputSpec:
         path, geocode, ignore = resolve(base, self.path), tuple(self.geocode), tuple(self.ignore)
-        common = (path, self.format, self.layout, geocode)
         if self.layout == "size_counts":
             for key in ("household", "size", "member_quantity"):
                 if getattr(self, key) is not None:
@@ -198,7 +197,14 @@ class InputModel(Model):
                 n = groups.max_size
                 rule = f"must name {n} distinct columns (sizes 1..{n}), got {list(columns)}"
                 raise fail("input.size_columns", rule)
-            return GroupInputSpec(*common, size_columns=columns, ignore=ignore)
+            return GroupInputSpec(
+                path=path,
+                format=self.format,
+                layout=self.layout,
+                geocode_columns=geocode,
+                size_columns=columns,
+                ignore=ignore,
+            )
         if self.size_columns is not None:
             raise fail("input.size_columns", "only for layout = 'size_counts'")
         if self.household is None:
@@ -209,7 +215,17 @@ class InputModel(Model):
                 " per member, summed); with neither, a row per member counts one"
             )
             raise fail("input", rule)
-        return GroupInputSpec(*common, (), self.household, self.size, self.member_quantity, ignore)
+        return GroupInputSpec(
+            path=path,
+            format=self.format,
+            layout=self.layout,
+            geocode_columns=geocode,
+            size_columns=(),
+            household_column=self.household,
+            size_column=self.size,
+            member_column=self.member_quantity,
+            ignore=ignore,
+        )
 
 
 SIZE = "{size}"
@@ -290,9 +306,18 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
         require_spine(fail, spine, spec.layout)
     run, budget, m = model.run.options(base, document.name), model.budget, model.mechanism
     return PgsrConfig(
-        document.source, run, hierarchy, groups, budget.split(fail, hierarchy),
-        Mechanism.named(m.default), m.norm, m.faithfulness, spec, spine, document,
-    )  # fmt: skip
+        source=document.source,
+        run=run,
+        hierarchy=hierarchy,
+        groups=groups,
+        budget=budget.split(fail, hierarchy),
+        mechanism=Mechanism.named(m.default),
+        norm=m.norm,
+        faithfulness=m.faithfulness,
+        input=spec,
+        spine=spine,
+        document=document,
+    )
 
 
 def parse_epsilon(source: str, text: str) -> Fraction:

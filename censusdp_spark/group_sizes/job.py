@@ -71,7 +71,7 @@ RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
 """The rounded relaxations: their violations are reported, not raised."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PgsrOptions:
     mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
     input: Path | None = None
@@ -84,7 +84,7 @@ class PgsrOptions:
     epsilon: Fraction | None = None  # None: the config's; else each level keeps its share
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PgsrSummary:
     output: Path
     mechanism: str

@@ -254,7 +254,7 @@ def file_of(column: str) -> FileIndex:
     return 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecordRule:
     """A rule every record keeps. ``kind``: ``count`` (``column`` is a non-negative integer at
     most the bound), ``equal`` (sum of ``plus`` = sum of ``minus``), ``at_least`` (sum of
@@ -299,7 +299,9 @@ def _structure_rules() -> list[RecordRule]:
 
     def equal(name: str, parts: Sequence[str], what: str) -> None:
         rule = f"must equal {' + '.join(parts)} ({what})"
-        rules.append(RecordRule("equal", name, rule, (name,), tuple(parts)))
+        rules.append(
+            RecordRule(kind="equal", column=name, rule=rule, plus=(name,), minus=tuple(parts))
+        )
 
     lay = RACE_LAYOUT
     for table in ("P001", "P002", "P003", "P004"):
@@ -330,16 +332,28 @@ def _structure_rules() -> list[RecordRule]:
     for table, every in (("P002", "P001"), ("P004", "P003")):
         rule = f"the total of P{int(table[1:])} must equal that of P{int(every[1:])} ({every}0001)"
         rules.append(
-            RecordRule("equal", f"{table}0001", rule, (f"{table}0001",), (f"{every}0001",))
+            RecordRule(
+                kind="equal",
+                column=f"{table}0001",
+                rule=rule,
+                plus=(f"{table}0001",),
+                minus=(f"{every}0001",),
+            )
         )
     rule = "the population 18 and over exceeds the total population P0010001"
-    rules.append(RecordRule("at_least", "P0030001", rule, ("P0010001",), ("P0030001",)))
+    rules.append(
+        RecordRule(
+            kind="at_least", column="P0030001", rule=rule, plus=("P0010001",), minus=("P0030001",)
+        )
+    )
     equal("P0050001", ["P0050002", "P0050007"], "institutionalized plus noninstitutionalized")
     equal("P0050002", [f"P00500{i:02d}" for i in range(3, 7)], "the institutional types")
     equal("P0050007", [f"P00500{i:02d}" for i in range(8, 11)], "the noninstitutional types")
     equal("H0010001", ["H0010002", "H0010003"], "occupied plus vacant")
     rule = "must equal the total population P0010001 of segment 1"
-    rules.append(RecordRule("equal", "POP100", rule, ("POP100",), ("P0010001",)))
+    rules.append(
+        RecordRule(kind="equal", column="POP100", rule=rule, plus=("POP100",), minus=("P0010001",))
+    )
     return rules
 
 
@@ -350,11 +364,21 @@ def _derived_rules() -> list[RecordRule]:
     for table in TABLES.values():
         for c in table.cells:
             rule = f"the {table.name} count '{c.label}' = {c.expr} is negative"
-            rules.append(RecordRule("at_least", (c.minus or c.plus)[-1], rule, c.plus, c.minus))
+            rules.append(
+                RecordRule(
+                    kind="at_least",
+                    column=(c.minus or c.plus)[-1],
+                    rule=rule,
+                    plus=c.plus,
+                    minus=c.minus,
+                )
+            )
         plus = tuple(t for c in table.cells for t in c.plus)
         minus = (*[t for c in table.cells for t in c.minus], table.universe)
         rule = f"the {table.name} histogram (every derived cell) does not sum to it"
-        rules.append(RecordRule("equal", table.universe, rule, plus, minus))
+        rules.append(
+            RecordRule(kind="equal", column=table.universe, rule=rule, plus=plus, minus=minus)
+        )
     return rules
 
 
@@ -369,9 +393,18 @@ def _geography_rules() -> list[RecordRule]:
             f"the GEOCODE of a {name} record (SUMLEV {sumlev}) must be the {digits} digits"
             f" {' + '.join(parts)}"
         )
-        rules.append(RecordRule("geocode", "GEOCODE", rule, parts, sumlev=sumlev, digits=digits))
+        rules.append(
+            RecordRule(
+                kind="geocode",
+                column="GEOCODE",
+                rule=rule,
+                plus=parts,
+                sumlev=sumlev,
+                digits=digits,
+            )
+        )
     rule = "a block's BLKGRP must be the first digit of its BLOCK"
-    rules.append(RecordRule("block_group", "BLKGRP", rule, sumlev=BLOCK_LEVEL))
+    rules.append(RecordRule(kind="block_group", column="BLKGRP", rule=rule, sumlev=BLOCK_LEVEL))
     return rules
 
 
@@ -381,7 +414,7 @@ def record_rules(max_count: int) -> tuple[RecordRule, ...]:
         f"count must be a non-negative integer at most MAX_COUNT = {max_count:_} (the largest"
         " every stage of the release holds exactly)"
     )
-    counts = [RecordRule("count", c, bound) for c in COUNTS]
+    counts = [RecordRule(kind="count", column=c, rule=bound) for c in COUNTS]
     return (*counts, *_geography_rules(), *_structure_rules(), *_derived_rules())
 
 
@@ -473,7 +506,7 @@ def key_field(field: str, n: int) -> str:
     return f"{field}_{n}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Failure:
     """A broken rule: ``stage`` orders the kinds of rule (0 each file's record keys, 1 the same
     records in all four files, 2 the record rules), then the earliest ``line``, then ``order``
@@ -503,11 +536,29 @@ def first_failures(
         if found is not None:
             line, order = found
             check, row = checks[order], int(np.flatnonzero(lines == line)[0])
-            failures.append(Failure(stage, line, order, check.file, check.column, check.rule(row)))
+            failures.append(
+                Failure(
+                    stage=stage,
+                    line=line,
+                    order=order,
+                    file=check.file,
+                    column=check.column,
+                    rule=check.rule(row),
+                )
+            )
     value = first_broken_record(batch, counts, rules, max_count)
     if value is not None:
         broken = rules[value[1]]
-        failures.append(Failure(2, value[0], value[1], broken.file, broken.column, broken.rule))
+        failures.append(
+            Failure(
+                stage=2,
+                line=value[0],
+                order=value[1],
+                file=broken.file,
+                column=broken.column,
+                rule=broken.rule,
+            )
+        )
     return failures
 
 

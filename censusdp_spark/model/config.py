@@ -146,7 +146,7 @@ class SpineSpec:
         return replace(self, path=Path(os.path.normpath(resolve(input_path, self.beside_input))))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunOptions:
     name: str
     output: Path
@@ -187,7 +187,14 @@ class RunModel(Model):
         output = resolve(base, self.output or f"output/{name}")
         private = resolve(base, self.private_dir or f"runs/{name}")
         secret_file = resolve(base, self.secret_file) if self.secret_file else None
-        return RunOptions(name, output, private, secret_file, self.secret_env or None, self.delta)
+        return RunOptions(
+            name=name,
+            output=output,
+            private_dir=private,
+            secret_file=secret_file,
+            secret_env=self.secret_env or None,
+            delta=self.delta,
+        )
 
 
 class SpineModel(Model):

@@ -205,7 +205,7 @@ def _sha256(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunState:
     """What a resumed run must match and which steps are committed (no confidential value):
     ``parts``, the fingerprints of every key of the release's contents."""
@@ -581,10 +581,10 @@ class ReleaseRun:
         self.output.mkdir(parents=True, exist_ok=True)
         (self.output / RELEASE_MARKER).write_text(f"{self.release}\n")
         self.state = RunState(
-            self.release,
-            str(self.output),
-            self.contents.fingerprints(),
-            self._secret_fingerprint(),
+            release=self.release,
+            output=str(self.output),
+            parts=self.contents.fingerprints(),
+            secret_fingerprint=self._secret_fingerprint(),
         )
         self.state.save(self.private_dir)
         return self.state

@@ -214,7 +214,7 @@ class Synthesiser(Protocol):
     def fit(self, targets: Sequence[Target]) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Measurement:
     round: int  # 0 for the initial measurements
     workload: Workload
@@ -275,7 +275,16 @@ def adaptive_measurements(
         )
         weight = measurement_weight(sigma, reference)
         result.measurements.append(
-            Measurement(0, workload, noisy, sigma, Fraction(0), rho_i, 0.0, weight)
+            Measurement(
+                round=0,
+                workload=workload,
+                noisy=noisy,
+                sigma=sigma,
+                rho_select=Fraction(0),
+                rho_measure=rho_i,
+                epsilon_select=0.0,
+                weight=weight,
+            )
         )
         measured[i] = True
     if n_initial:
@@ -301,14 +310,14 @@ def adaptive_measurements(
         )
         result.measurements.append(
             Measurement(
-                budget.round,
-                workload,
-                noisy,
-                sigma,
-                budget.rho_select,
-                budget.rho_measure,
-                float(epsilon),
-                measurement_weight(sigma, reference),
+                round=budget.round,
+                workload=workload,
+                noisy=noisy,
+                sigma=sigma,
+                rho_select=budget.rho_select,
+                rho_measure=budget.rho_measure,
+                epsilon_select=float(epsilon),
+                weight=measurement_weight(sigma, reference),
             )
         )
         synth.fit(result.targets())

@@ -66,17 +66,17 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
     from censusdp_spark.synth.job import SynthOptions, run_synth
 
     options = SynthOptions(
-        args.method,
-        args.rho,
-        args.epsilon,
-        args.delta,
-        args.rounds,
-        args.output,
-        args.secret_file,
-        args.evaluate,
-        args.overwrite,
-        args.reuse_secret,
-        args.evaluation_output,
+        method=args.method,
+        rho=args.rho,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        rounds=args.rounds,
+        output=args.output,
+        secret_file=args.secret_file,
+        evaluate=args.evaluate,
+        overwrite=args.overwrite,
+        reuse_secret=args.reuse_secret,
+        evaluation_output=args.evaluation_output,
     )
     spark = spark_session(f"censusdp-synth-{config.run.name}", args.master, args.remote)
     summary = run_synth(spark, config, options)

@@ -41,7 +41,7 @@ from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Rol
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SynthInput:
     households: Path
     persons: Path
@@ -122,7 +122,7 @@ class HpdGenOptions:
     ] = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SynthConfig:
     source: str
     run: RunOptions
@@ -343,15 +343,25 @@ def load_synth_config(
         rule = f"{degree!r} must be at most the number of attributes, {len(names)}"
         raise fail("workload.degree", rule)
     inputs = SynthInput(
-        resolve(base, spec.households), resolve(base, spec.persons), spec.format,
-        spec.household_id, spec.member_order, spec.larger_households == "drop",
-    )  # fmt: skip
+        households=resolve(base, spec.households),
+        persons=resolve(base, spec.persons),
+        format=spec.format,
+        household_id=spec.household_id,
+        member_order=spec.member_order,
+        drop_larger=spec.larger_households == "drop",
+    )
     return SynthConfig(
-        document.source, model.run.options(base, document.name), inputs,
-        HouseholdDomain(group, individual, spec.max_members, roles),
-        SynthBudget(budget.rho, budget.rounds, budget.select_share, budget.rounds_at_rho),
-        degree, model.mwem, model.hpd_fixed, model.hpd_gen, document,
-    )  # fmt: skip
+        source=document.source,
+        run=model.run.options(base, document.name),
+        input=inputs,
+        domain=HouseholdDomain(group, individual, spec.max_members, roles),
+        budget=SynthBudget(budget.rho, budget.rounds, budget.select_share, budget.rounds_at_rho),
+        degree=degree,
+        mwem=model.mwem,
+        hpd_fixed=model.hpd_fixed,
+        hpd_gen=model.hpd_gen,
+        document=document,
+    )
 
 
 def mwem_refusal(config: SynthConfig) -> ConfigError | None:

@@ -31,7 +31,7 @@ MASKED = -1e4
 """Logit offset of an impossible level: its probability underflows to exactly 0."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """Where each probability table's logits live in a component's row of D logits."""
 
@@ -68,7 +68,15 @@ class Layout:
             rel[1:, domain.roles.head] = MASKED
             mask[member[domain.roles.attribute]] = rel.ravel()
         return cls(
-            group, size, member, pos, domain.group_sizes, domain.individual_sizes, m, mask, dtype
+            group=group,
+            size=size,
+            member=member,
+            width=pos,
+            group_sizes=domain.group_sizes,
+            individual_sizes=domain.individual_sizes,
+            max_members=m,
+            mask=mask,
+            dtype=dtype,
         )
 
     def mixture(self, logits: np.ndarray) -> ProductMixture:

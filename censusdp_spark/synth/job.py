@@ -65,7 +65,7 @@ SYNTHETIC_PERSONS = "synthetic_persons"
 NOISY_MEASUREMENTS = "noisy_measurements"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SynthOptions:
     method: str
     rho: Fraction | None = None
@@ -80,7 +80,7 @@ class SynthOptions:
     evaluation_output: Path | None = None  # None: <output>.evaluation
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SynthSummary:
     output: Path
     method: str
@@ -255,21 +255,21 @@ def _run_synth(
         clock.lap("evaluate")
 
     summary = SynthSummary(
-        output,
-        options.method,
-        rho,
-        zcdp_to_approx_dp(rho, delta_),
-        delta_,
-        totals.households,
-        totals.individuals,
-        clock.elapsed(),
-        clock.timings,
-        error_table,
-        release.for_release,
-        eval_dir,
-        counted.dropped_oversize if config.input.drop_larger else None,
-        domain.max_members,
-        privacy_unit(config),
+        output=output,
+        method=options.method,
+        rho=rho,
+        epsilon=zcdp_to_approx_dp(rho, delta_),
+        delta=delta_,
+        households=totals.households,
+        individuals=totals.individuals,
+        elapsed_s=clock.elapsed(),
+        timings=clock.timings,
+        evaluation=error_table,
+        for_release=release.for_release,
+        evaluation_dir=eval_dir,
+        dropped_oversize=counted.dropped_oversize if config.input.drop_larger else None,
+        max_members=domain.max_members,
+        privacy_unit=privacy_unit(config),
     )
     release.write_manifest(
         {

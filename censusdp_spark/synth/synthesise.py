@@ -38,7 +38,7 @@ class MethodOptions:
     hpd_gen: HpdGenOptions = field(default_factory=HpdGenOptions)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SynthResult:
     method: str
     rho: Fraction
@@ -100,14 +100,14 @@ def synthesise(
         timings["sample"] = time.perf_counter() - t
         noisy = [(0, m.label, m.noisy) for m in measured]
         return SynthResult(
-            method,
-            rho,
-            households,
-            lambda w: expected_answers(mix, w, ratio),
-            rows,
-            noisy,
-            {},
-            timings,
+            method=method,
+            rho=rho,
+            households=households,
+            model_answers=lambda w: expected_answers(mix, w, ratio),
+            budget_rows=rows,
+            noisy=noisy,
+            hyperparameters={},
+            timings=timings,
         )
 
     plan = plan_budget(
@@ -158,7 +158,16 @@ def synthesise(
             households = sample_product_mixture(synth.model.mixture(), n, sample_rng)
     timings["sample"] = time.perf_counter() - t
     noisy = [(m.round, m.workload.label, m.noisy) for m in result.measurements]
-    return SynthResult(method, rho, households, answer_fn, rows, noisy, hyper, timings)
+    return SynthResult(
+        method=method,
+        rho=rho,
+        households=households,
+        model_answers=answer_fn,
+        budget_rows=rows,
+        noisy=noisy,
+        hyperparameters=hyper,
+        timings=timings,
+    )
 
 
 def _sample_generator(

@@ -42,7 +42,7 @@ SIZE = "size"
 KINDS = (GROUP, INDIVIDUAL, RELATIONSHIP, SIZE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     kind: str
     group: tuple[int, ...]  # group attribute indices (S_G)
@@ -80,7 +80,15 @@ def make_workload(
     if kind not in KINDS:
         raise ValueError(f"unknown workload kind {kind!r}")
     if kind == SIZE:
-        return Workload(SIZE, (), (), (), "", (domain.max_members,), "size")
+        return Workload(
+            kind=SIZE,
+            group=(),
+            person=(),
+            relative=(),
+            relation="",
+            shape=(domain.max_members,),
+            label="size",
+        )
     if (kind == RELATIONSHIP) != bool(relation) or (relation and relation not in RELATIONS):
         raise ValueError(f"a Q_R workload needs a relation in {RELATIONS}; others none")
     g, p, r = tuple(group), tuple(person), tuple(relative)
@@ -97,7 +105,9 @@ def make_workload(
     )
     if kind == RELATIONSHIP:
         label += f"|{relation}:" + ",".join(domain.individual[j].name for j in r)
-    return Workload(kind, g, p, r, relation, shape, label)
+    return Workload(
+        kind=kind, group=g, person=p, relative=r, relation=relation, shape=shape, label=label
+    )
 
 
 @dataclass(frozen=True)

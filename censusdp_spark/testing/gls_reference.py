@@ -96,7 +96,7 @@ class TreeProblem:
     n_cells: int  # active cells (structural zeros removed)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SolveStats:
     unknowns: int
     constraints: int

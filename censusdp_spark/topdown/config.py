@@ -117,7 +117,7 @@ class LegacyInput:
     summary_levels: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InputSpec:
     path: Path
     format: str
@@ -145,7 +145,7 @@ class InputSpec:
         return tuple(dict.fromkeys(cols))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OccupancyGroup:
     """``[[estimation.occupancy]]``: the schema ``cells`` whose persons live in dwellings of
     one kind (housing units, or the group quarters of one type), which a block may hold only
@@ -199,7 +199,7 @@ class Pl94TablesSpec:
     variables: tuple[CensusVariable, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     source: str
     run: RunOptions
@@ -632,13 +632,20 @@ def _input(
         raise fail("input", f"missing required key(s) {missing}")
     assert model.layout is not None and model.geocode is not None
     path, geocode = resolve(base, model.path), tuple(model.geocode)
-    common = (path, model.format, model.layout, geocode)
     ignore = tuple(model.ignore or ())
     if model.layout == "block_counts":
         if model.attributes is not None:
             raise fail("input.attributes", "only for layout = 'microdata'")
         cells = _cells(fail, model.cells, schema, zeros)
-        return InputSpec(*common, cells=cells, ignore=ignore, total=model.total)
+        return InputSpec(
+            path=path,
+            format=model.format,
+            layout=model.layout,
+            geocode_columns=geocode,
+            cells=cells,
+            ignore=ignore,
+            total=model.total,
+        )
     for key in ("cells", "total"):
         if getattr(model, key) is not None:
             raise fail(f"input.{key}", "only for layout = 'block_counts'")
@@ -651,7 +658,14 @@ def _input(
             rule = f"maps to {bad}, which are not levels of {attr.name}"
             raise fail(f"input.attributes.{attr.name}.map", rule)
         columns.append(AttributeColumn(attr.name, attrs[attr.name].column, value_map))
-    return InputSpec(*common, attributes=tuple(columns), ignore=ignore)
+    return InputSpec(
+        path=path,
+        format=model.format,
+        layout=model.layout,
+        geocode_columns=geocode,
+        attributes=tuple(columns),
+        ignore=ignore,
+    )
 
 
 def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> InputSpec:
@@ -723,7 +737,12 @@ def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> 
     )
     legacy = LegacyInput(model.state, model.vintage or "2020", table.name, levels)
     return InputSpec(
-        resolve(base, model.path), PL94_LEGACY, PL94_LEGACY, ("GEOCODE",), cells, legacy=legacy
+        path=resolve(base, model.path),
+        format=PL94_LEGACY,
+        layout=PL94_LEGACY,
+        geocode_columns=("GEOCODE",),
+        cells=cells,
+        legacy=legacy,
     )
 
 
@@ -1000,7 +1019,7 @@ def _occupancy(
             for name, text in (("at_least", group.at_least), ("at_most", group.at_most))
             if text is not None
         }
-        out.append(OccupancyGroup(cells, plus, minus, group.where, **bounds))
+        out.append(OccupancyGroup(cells=cells, plus=plus, minus=minus, where=group.where, **bounds))
     return tuple(out)
 
 
@@ -1127,10 +1146,25 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             " first pass do not see which children may hold persons)",
         )
     return RunConfig(
-        document.source, run, schema, hierarchy, budget, queries, invariants, zeros, spec, spine,
-        method, fallback, document, model.budget.bypass_single_child, passes, pl94_tables,
-        occupancy, dwellings_spec,
-    )  # fmt: skip
+        source=document.source,
+        run=run,
+        schema=schema,
+        hierarchy=hierarchy,
+        budget=budget,
+        queries=queries,
+        invariant_levels=invariants,
+        structural_zero_cells=zeros,
+        input=spec,
+        spine=spine,
+        estimation_method=method,
+        method_fallback=fallback,
+        document=document,
+        bypass_single_child=model.budget.bypass_single_child,
+        estimation_passes=passes,
+        pl94_tables=pl94_tables,
+        occupancy=occupancy,
+        dwellings=dwellings_spec,
+    )
 
 
 def privacy_unit(config: RunConfig) -> PrivacyUnit:

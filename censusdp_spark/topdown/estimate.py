@@ -55,7 +55,7 @@ deviation (persons over the whole family), keeping the best rounding found (ever
 still holds exactly). No clock: a rerun or a resumed run of one secret rounds alike."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LevelPlan:
     """Everything a task needs to solve one level's families (picklable, small)."""
 

@@ -66,7 +66,12 @@ def solve_family_from_bottom_up(
         allowed = allowed_entries(plan.occupancy, child_bits(children), active)
         bounds = group_bounds(plan.occupancy, children, active)
         problem = PrecisionProblem(
-            targets, precisions, parent_active, totals, allowed=allowed, group_bounds=bounds
+            targets=targets,
+            precisions=precisions,
+            parent=parent_active,
+            child_totals=totals,
+            allowed=allowed,
+            group_bounds=bounds,
         )
         if plan.total_first:
             problem = total_pass_to_targets(problem)
@@ -103,7 +108,15 @@ def _rounding_problem(
         for m, size in zip(marginals, plan.marginal_sizes, strict=True)
     )
     return ChildrenProblem(
-        marginals, plan.marginal_sizes, plan.weights, fitted, parent, totals, held, allowed, bounds
+        marginals=marginals,
+        marginal_sizes=plan.marginal_sizes,
+        weights=plan.weights,
+        noisy=fitted,
+        parent=parent,
+        child_totals=totals,
+        held_totals=held,
+        allowed=allowed,
+        group_bounds=bounds,
     )
 
 

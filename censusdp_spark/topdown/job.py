@@ -91,7 +91,7 @@ class TopDownOptions:
     noisy_format: NoisyFormat = NoisyFormat.CENSUS_NMF
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunSummary:
     output: Path
     levels: list[str]

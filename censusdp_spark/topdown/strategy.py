@@ -441,7 +441,7 @@ def plot(model: ErrorModel, optimized: Optimized, path: Path) -> None:
     plt.close(figure)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BudgetChoice:
     """The optimizer's answer for one config, workload and spine (``api.optimize_budget``).
 

@@ -32,7 +32,7 @@ from censusdp_spark.topdown.config import RunConfig, load_config
 from censusdp_spark.topdown.readers import read_blocks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ValidationReport:
     config: str
     input: Path

@@ -305,7 +305,14 @@ def test_budget_defaults_to_an_even_split_over_the_levels(tmp_path):
 
 
 def households_spec(path: Path, **kw) -> GroupInputSpec:
-    return GroupInputSpec(path, "csv", "households", ("block",), household_column="hh", **kw)
+    return GroupInputSpec(
+        path=path,
+        format="csv",
+        layout="households",
+        geocode_columns=("block",),
+        household_column="hh",
+        **kw,
+    )
 
 
 def test_member_quantities_are_summed_per_household_and_top_coded(spark, tmp_path):
@@ -387,7 +394,12 @@ def test_a_geocode_built_from_columns_is_shown_with_the_digits_expected(
     csv = tmp_path / "households.csv"
     csv.write_text(f"state,county,hh,np\n44,007,a,2\n{state},{county},b,1\n")
     spec = GroupInputSpec(
-        csv, "csv", "households", ("state", "county"), household_column="hh", size_column="np"
+        path=csv,
+        format="csv",
+        layout="households",
+        geocode_columns=("state", "county"),
+        household_column="hh",
+        size_column="np",
     )
     with pytest.raises(InputError) as refused:
         read_leaf_histograms(spark, spec, GroupSizes(4, True), 5, None)

@@ -169,7 +169,16 @@ def test_the_run_summary_says_how_many_households_were_dropped_and_why(released)
 
 
 def test_a_summary_of_a_config_that_refuses_larger_households_counts_no_drop():
-    summary = SynthSummary(Path("out"), "mwem", Fraction(1, 2), 3.0, 1e-9, 10, 20, 1.0)
+    summary = SynthSummary(
+        output=Path("out"),
+        method="mwem",
+        rho=Fraction(1, 2),
+        epsilon=3.0,
+        delta=1e-9,
+        households=10,
+        individuals=20,
+        elapsed_s=1.0,
+    )
     assert "dropped" not in summary.text()
     summary.dropped_oversize, summary.max_members = 0, 4
     assert "  0 households of more than 4 persons dropped" in summary.text()

@@ -80,7 +80,7 @@ def test_budget_epsilon_is_the_synth_release_s_epsilon_at_delta(delta, capsys, m
     assert main(args) == 0
     out = capsys.readouterr().out
     config = load_synth_config("conf/synth_pums_reduced.toml")
-    options = SynthOptions("hpd_fixed", epsilon=1.5, delta=None if delta is None else 1e-6)
+    options = SynthOptions(method="hpd_fixed", epsilon=1.5, delta=None if delta is None else 1e-6)
     rho, at = resolve_rho(config, options)  # what the run spends
     assert rho != config.budget.rho and f"rho = {rho} (~" in out
     assert f"  epsilon = 1.500 at delta = {at:g}" in out

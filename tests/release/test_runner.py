@@ -35,7 +35,9 @@ def resume(tmp_path: Path, started: ReleaseContents, now: ReleaseContents) -> No
     """Enter a ``--resume`` of a run started with ``started``'s contents, with ``now``'s."""
     output, private = tmp_path / "out", tmp_path / "out.private"
     private.mkdir(mode=0o700, exist_ok=True)
-    RunState("topdown", str(output), started.fingerprints(), "f").save(private)
+    RunState(
+        release="topdown", output=str(output), parts=started.fingerprints(), secret_fingerprint="f"
+    ).save(private)
     run = ReleaseRun("topdown", output, private, SecretSource(None, None), now, resume=True)
     with run:
         pass
@@ -89,7 +91,17 @@ def test_a_named_secret_file_and_a_different_variable_are_refused_in_one_line(
     assert "hold different secrets" in message
     assert NAMED.hex() not in message and EXPORTED.hex() not in message
     with pytest.raises(ValueError, match="hold different secrets"):  # censusdp validate
-        check_secret(RunOptions("r", tmp_path, tmp_path / "p", None, ENV, 1e-9), named)
+        check_secret(
+            RunOptions(
+                name="r",
+                output=tmp_path,
+                private_dir=tmp_path / "p",
+                secret_file=None,
+                secret_env=ENV,
+                delta=1e-9,
+            ),
+            named,
+        )
     assert not (tmp_path / "private").exists()
 
 
@@ -112,7 +124,14 @@ def test_the_config_s_variable_is_read_before_the_config_s_own_file(tmp_path, mo
     monkeypatch.setenv(ENV, EXPORTED.hex())
     assert SecretSource(configured, ENV).read(tmp_path) == EXPORTED
     assert SecretSource(tmp_path / "absent.hex", ENV).read(tmp_path) == EXPORTED
-    run = RunOptions("r", tmp_path, tmp_path / "p", configured, ENV, 1e-9)
+    run = RunOptions(
+        name="r",
+        output=tmp_path,
+        private_dir=tmp_path / "p",
+        secret_file=configured,
+        secret_env=ENV,
+        delta=1e-9,
+    )
     assert check_secret(run) == f"from environment variable {ENV}: well formed"
     monkeypatch.delenv(ENV)
     assert SecretSource(configured, ENV).read(tmp_path) == NAMED

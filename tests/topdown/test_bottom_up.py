@@ -64,7 +64,14 @@ def random_designs(rng: np.random.Generator, depth: int) -> list[LevelDesign]:
         weights = rng.uniform(0.2, 5.0, len(picked))
         if level < depth - 1 and rng.random() < 0.2:
             weights[rng.integers(len(picked))] = 0.0
-        designs.append(LevelDesign(str(level), tuple(m[active] for m in maps), sizes, weights))
+        designs.append(
+            LevelDesign(
+                level=str(level),
+                marginals=tuple(m[active] for m in maps),
+                marginal_sizes=sizes,
+                weights=weights,
+            )
+        )
     return designs
 
 
@@ -231,14 +238,23 @@ def test_leaves_cells_held_at_zero_give_every_node_the_constrained_dense_gls(see
 def test_a_parent_with_one_child_combines_both_levels_as_one_histogram():
     rng = np.random.default_rng(7)
     maps, sizes = marginal_queries((2, 3), [(), (0, 1)])
-    child_design = LevelDesign("child", maps, sizes, np.array([1.0, 2.0]))
-    parent_design = LevelDesign("parent", maps, sizes, np.array([3.0, 0.5]))
+    child_design = LevelDesign(
+        level="child", marginals=maps, marginal_sizes=sizes, weights=np.array([1.0, 2.0])
+    )
+    parent_design = LevelDesign(
+        level="parent", marginals=maps, marginal_sizes=sizes, weights=np.array([3.0, 0.5])
+    )
     child_answers = [rng.normal(5, 1, s) for s in sizes]
     parent_answers = [rng.normal(5, 1, s) for s in sizes]
     means, covariance = leaf_estimates(child_design, [a[None, :] for a in child_answers], None)
     parent = node_estimate([Gaussian(means[0], covariance)], parent_design, parent_answers, None)
     # One histogram measured by both levels' queries: ordinary GLS on the stacked rows.
-    stacked = LevelDesign("both", maps + maps, sizes + sizes, np.array([1.0, 2.0, 3.0, 0.5]))
+    stacked = LevelDesign(
+        level="both",
+        marginals=maps + maps,
+        marginal_sizes=sizes + sizes,
+        weights=np.array([1.0, 2.0, 3.0, 0.5]),
+    )
     gls_means, gls_cov = leaf_estimates(
         stacked, [a[None, :] for a in child_answers + parent_answers], None
     )
@@ -248,19 +264,30 @@ def test_a_parent_with_one_child_combines_both_levels_as_one_histogram():
 
 def test_a_leaf_level_that_does_not_identify_every_cell_is_refused_by_name():
     maps, sizes = marginal_queries((2, 3), [(), (0,), (1,)])
-    design = LevelDesign("block", maps, sizes, np.ones(3), rule="budget.levels.block.queries")
+    design = LevelDesign(
+        level="block",
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=np.ones(3),
+        rule="budget.levels.block.queries",
+    )
     with pytest.raises(ValueError, match=r"level block: .*budget\.levels\.block\.queries"):
         leaf_covariance(design, with_totals=False)
     # A marginal query's null space lies in 1^perp, so an invariant total never identifies more.
     maps, sizes = marginal_queries((2,), [()])
     with pytest.raises(ValueError, match="level block: its queries together with the invariant"):
-        leaf_covariance(LevelDesign("block", maps, sizes, np.ones(1)), with_totals=True)
+        leaf_covariance(
+            LevelDesign(level="block", marginals=maps, marginal_sizes=sizes, weights=np.ones(1)),
+            with_totals=True,
+        )
 
 
 def test_precision_with_an_exact_total_is_the_inverse_on_the_constrained_set():
     rng = np.random.default_rng(3)
     maps, sizes = marginal_queries((2, 2), [(), (0, 1)])
-    design = LevelDesign("leaf", maps, sizes, np.array([1.0, 2.0]))
+    design = LevelDesign(
+        level="leaf", marginals=maps, marginal_sizes=sizes, weights=np.array([1.0, 2.0])
+    )
     covariance = leaf_covariance(design, with_totals=True)
     estimate = Gaussian(np.full(4, 2.5), covariance, 10.0)
     basis = null_space(np.ones((1, 4)))
@@ -274,8 +301,12 @@ def test_a_lone_child_is_released_as_the_roots_blue():
     and the child takes the root's value, so no level's budget is lost."""
     rng = np.random.default_rng(2)
     maps, sizes = marginal_queries((2, 2), [(), (0, 1)])
-    child = LevelDesign("child", maps, sizes, np.array([0.5, 2.0]))
-    root = LevelDesign("root", maps, sizes, np.array([4.0, 1.0]))
+    child = LevelDesign(
+        level="child", marginals=maps, marginal_sizes=sizes, weights=np.array([0.5, 2.0])
+    )
+    root = LevelDesign(
+        level="root", marginals=maps, marginal_sizes=sizes, weights=np.array([4.0, 1.0])
+    )
     truth = np.array([40.0, 25.0, 30.0, 55.0])
     answers = {
         d.level: [
@@ -287,12 +318,22 @@ def test_a_lone_child_is_released_as_the_roots_blue():
     means, covariance = leaf_estimates(child, [a[None, :] for a in answers["child"]], None)
     blue = node_estimate([Gaussian(means[0], covariance)], root, answers["root"], None)
     fitted_root = solve_to_targets(
-        PrecisionProblem(blue.mean[None, :], blue.precision()[None], None, None)
+        PrecisionProblem(
+            targets=blue.mean[None, :],
+            precisions=blue.precision()[None],
+            parent=None,
+            child_totals=None,
+        )
     )
     np.testing.assert_allclose(fitted_root[0], blue.mean, rtol=1e-10)
     released_root = np.round(fitted_root[0]).astype(np.int64)
     child_fit = solve_to_targets(
-        PrecisionProblem(means, np.linalg.inv(covariance)[None], released_root, None)
+        PrecisionProblem(
+            targets=means,
+            precisions=np.linalg.inv(covariance)[None],
+            parent=released_root,
+            child_totals=None,
+        )
     )
     np.testing.assert_array_equal(child_fit[0], released_root)
 
@@ -317,8 +358,20 @@ def compact_designs(
             weights[rng.integers(len(queries))] = 0.0
         marginals = tuple(q[active] for q, _ in queries)
         sizes = tuple(size for _, size in queries)
-        dense.append(LevelDesign(str(level), marginals, sizes, weights))
-        compact.append(LevelDesign(str(level), marginals, sizes, weights, layout=layout))
+        dense.append(
+            LevelDesign(
+                level=str(level), marginals=marginals, marginal_sizes=sizes, weights=weights
+            )
+        )
+        compact.append(
+            LevelDesign(
+                level=str(level),
+                marginals=marginals,
+                marginal_sizes=sizes,
+                weights=weights,
+                layout=layout,
+            )
+        )
     return dense, compact
 
 
@@ -420,8 +473,18 @@ def production_designs() -> tuple[list[LevelDesign], list[LevelDesign]]:
         marginals = tuple(q.cell_to_marginal[active] for q in queries)
         sizes = tuple(q.size for q in queries)
         weights = np.array([1.0 / float(config.budget.sigma2_for(level, q.name)) for q in queries])
-        dense.append(LevelDesign(level, marginals, sizes, weights))
-        compact.append(LevelDesign(level, marginals, sizes, weights, layout=layout))
+        dense.append(
+            LevelDesign(level=level, marginals=marginals, marginal_sizes=sizes, weights=weights)
+        )
+        compact.append(
+            LevelDesign(
+                level=level,
+                marginals=marginals,
+                marginal_sizes=sizes,
+                weights=weights,
+                layout=layout,
+            )
+        )
     return dense, compact
 
 

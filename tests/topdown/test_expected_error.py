@@ -37,7 +37,13 @@ SUBSETS = [(), (0,), (0, 1)]
 def designs_of(weights: list[list[float]], dims=DIMS, subsets=SUBSETS, layout=None):
     maps, sizes = marginal_queries(dims, subsets)
     return [
-        LevelDesign(f"level{i}", maps, sizes, np.array(w, dtype=np.float64), layout=layout)
+        LevelDesign(
+            level=f"level{i}",
+            marginals=maps,
+            marginal_sizes=sizes,
+            weights=np.array(w, dtype=np.float64),
+            layout=layout,
+        )
         for i, w in enumerate(weights)
     ]
 
@@ -254,7 +260,10 @@ def empirical_errors(designs, rng) -> list[np.ndarray]:
                     family, [e.precision() for e in family], np.ones(n, dtype=bool)
                 )
                 problem = PrecisionProblem(
-                    targets, precisions, np.rint(parent).astype(np.int64), None
+                    targets=targets,
+                    precisions=precisions,
+                    parent=np.rint(parent).astype(np.int64),
+                    child_totals=None,
                 )
                 fitted.append(solve_to_targets(problem))
             finals.append(np.concatenate(fitted))

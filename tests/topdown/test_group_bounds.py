@@ -55,12 +55,12 @@ def bounded_problem(
         for m, s in zip(maps, sizes, strict=True)
     )
     return ChildrenProblem(
-        maps,
-        sizes,
-        np.array([1.0, 0.5, 0.25][: len(maps)]),
-        noisy,
-        None if root else truth.sum(axis=0),
-        truth.sum(axis=1) if with_totals else None,
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=np.array([1.0, 0.5, 0.25][: len(maps)]),
+        noisy=noisy,
+        parent=None if root else truth.sum(axis=0),
+        child_totals=truth.sum(axis=1) if with_totals else None,
         allowed=None if seed % 3 else allowed,
         group_bounds=bounds_of(rng, truth),
     )
@@ -231,10 +231,10 @@ def test_full_information_fit_meets_the_bounds_at_the_constrained_optimum(
     precisions = factors @ factors.transpose(0, 2, 1) + 0.5 * np.eye(n)
     targets = rng.normal(2.0, 3.0, (k, n))
     problem = PrecisionProblem(
-        targets,
-        precisions,
-        base.parent,
-        base.child_totals,
+        targets=targets,
+        precisions=precisions,
+        parent=base.parent,
+        child_totals=base.child_totals,
         allowed=base.allowed,
         group_bounds=base.group_bounds,
     )

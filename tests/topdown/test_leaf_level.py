@@ -106,7 +106,11 @@ def test_full_information_at_the_leaves_is_topdowns_fit(config_name, seeds, exac
         estimates = children.estimates(rows)
         free = parent[~plan.structural_zero] > 0
         targets, precisions = fitting_targets(estimates, children.precisions(rows, estimates), free)
-        x_bottom_up = solve_to_targets(PrecisionProblem(targets, precisions, parent_active, totals))
+        x_bottom_up = solve_to_targets(
+            PrecisionProblem(
+                targets=targets, precisions=precisions, parent=parent_active, child_totals=totals
+            )
+        )
         scale = max(1.0, float(np.abs(x_answers).max()))
         np.testing.assert_allclose(x_bottom_up, x_answers, rtol=0, atol=1e-7 * scale)
 

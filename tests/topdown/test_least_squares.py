@@ -105,7 +105,12 @@ def test_zero_parent_cell_gives_zero_children() -> None:
     parent = problem.parent.copy()
     parent[[0, 4]] = 0
     zeroed = ChildrenProblem(
-        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy, parent, None
+        marginals=problem.marginals,
+        marginal_sizes=problem.marginal_sizes,
+        weights=problem.weights,
+        noisy=problem.noisy,
+        parent=parent,
+        child_totals=None,
     )
     x = solve_children(zeroed)
     assert np.all(x[:, [0, 4]] == 0)
@@ -126,8 +131,8 @@ def test_child_with_zero_total_is_all_zero() -> None:
     assert problem.parent is not None
     totals = np.array([0, problem.parent.sum() - 5, 5], dtype=np.int64)
     constrained = ChildrenProblem(
-        problem.marginals, problem.marginal_sizes, problem.weights, problem.noisy,
-        problem.parent, totals,
+        marginals=problem.marginals, marginal_sizes=problem.marginal_sizes, weights=problem.weights, noisy=problem.noisy,
+        parent=problem.parent, child_totals=totals,
     )  # fmt: skip
     x = solve_children(constrained)
     assert np.all(x[0] == 0)
@@ -142,7 +147,12 @@ def test_marginal_cells_without_active_cells_are_harmless() -> None:
     sizes = tuple(s + 2 for s in problem.marginal_sizes)
     noisy = tuple(np.hstack([y, rng.normal(5.0, 1.0, (4, 2))]) for y in problem.noisy)
     widened = ChildrenProblem(
-        problem.marginals, sizes, problem.weights, noisy, problem.parent, None
+        marginals=problem.marginals,
+        marginal_sizes=sizes,
+        weights=problem.weights,
+        noisy=noisy,
+        parent=problem.parent,
+        child_totals=None,
     )
     x = solve_children(widened)
     np.testing.assert_allclose(x, solve_children(problem), atol=1e-9)
@@ -154,7 +164,12 @@ def test_all_zero_noisy_input_splits_the_parent_evenly() -> None:
     assert problem.parent is not None
     zeros = tuple(np.zeros_like(y) for y in problem.noisy)
     blank = ChildrenProblem(
-        problem.marginals, problem.marginal_sizes, problem.weights, zeros, problem.parent, None
+        marginals=problem.marginals,
+        marginal_sizes=problem.marginal_sizes,
+        weights=problem.weights,
+        noisy=zeros,
+        parent=problem.parent,
+        child_totals=None,
     )
     np.testing.assert_allclose(solve_children(blank), np.tile(problem.parent / 5.0, (5, 1)))
 
@@ -319,7 +334,12 @@ def test_shared_precision_is_the_least_squares_problem():
         targets = np.linalg.solve(hessian, linear.T).T
         precisions = np.broadcast_to(hessian / 2.0, (6, *hessian.shape)).copy()
         targeted = solve_to_targets(
-            PrecisionProblem(targets, precisions, problem.parent, problem.child_totals)
+            PrecisionProblem(
+                targets=targets,
+                precisions=precisions,
+                parent=problem.parent,
+                child_totals=problem.child_totals,
+            )
         )
         np.testing.assert_allclose(targeted, solve_children(problem), atol=1e-8)
 
@@ -574,7 +594,13 @@ def test_a_mask_that_no_point_meets_is_refused() -> None:
     maps, sizes = marginal_queries((2,), [(), (0,)])
     noisy = tuple(np.ones((2, s)) for s in sizes)
     problem = ChildrenProblem(
-        maps, sizes, np.ones(2), noisy, np.array([1, 2]), np.array([2, 1]), allowed=allowed
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=np.ones(2),
+        noisy=noisy,
+        parent=np.array([1, 2]),
+        child_totals=np.array([2, 1]),
+        allowed=allowed,
     )
     for method in ("exact", "first_order"):
         with pytest.raises(ValueError, match="allowed: no point on the mask"):
@@ -636,7 +662,10 @@ def test_bad_masks_are_refused_naming_the_field(allowed: np.ndarray, message: st
     with pytest.raises(ValueError, match=message):
         replace(problem, allowed=allowed)
     precision = PrecisionProblem(
-        np.zeros((3, 6)), np.broadcast_to(np.eye(6), (3, 6, 6)).copy(), problem.parent, None
+        targets=np.zeros((3, 6)),
+        precisions=np.broadcast_to(np.eye(6), (3, 6, 6)).copy(),
+        parent=problem.parent,
+        child_totals=None,
     )
     with pytest.raises(ValueError, match=message):
         replace(precision, allowed=allowed)
@@ -691,7 +720,12 @@ def test_ill_conditioned_fits_the_active_set_cannot_settle_reach_the_kkt_point(
     truth = rng.poisson(0.3, n).astype(float)
     target = truth + 30 * q @ (rng.standard_normal(n) / np.sqrt(spectrum))
     total = int(truth.sum())
-    problem = PrecisionProblem(target[None], precision[None], None, np.array([total]))
+    problem = PrecisionProblem(
+        targets=target[None],
+        precisions=precision[None],
+        parent=None,
+        child_totals=np.array([total]),
+    )
     x = solve_to_targets(problem)[0]
     assert fallbacks, "the case no longer needs the fallback: pick a harder one"
     assert x.min() >= 0 and x.sum() == pytest.approx(total, rel=1e-12)

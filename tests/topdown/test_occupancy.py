@@ -13,8 +13,8 @@ def groups() -> tuple[np.ndarray, ...]:
     """Six cells: 0-2 housing units (group 0), 3-4 one facility type (group 1), 5 in none."""
     return group_cells(
         (
-            OccupancyGroup((0, 1, 2), ("H",), (), "H"),
-            OccupancyGroup((3, 4), ("G",), (), "G"),
+            OccupancyGroup(cells=(0, 1, 2), plus=("H",), minus=(), where="H"),
+            OccupancyGroup(cells=(3, 4), plus=("G",), minus=(), where="G"),
         ),
         6,
     )

@@ -30,12 +30,12 @@ def small_problem(
         for m, s in zip(maps, sizes, strict=True)
     )
     return ChildrenProblem(
-        maps,
-        sizes,
-        np.array([1.0, 0.7, 0.4]),
-        noisy,
-        None if root else parent,
-        children.sum(axis=1).astype(np.int64) if with_totals else None,
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=np.array([1.0, 0.7, 0.4]),
+        noisy=noisy,
+        parent=None if root else parent,
+        child_totals=children.sum(axis=1).astype(np.int64) if with_totals else None,
     )
 
 
@@ -109,7 +109,12 @@ def test_constraints_hold_on_a_larger_problem() -> None:
         for m, s in zip(maps, (1, 4, n_cells), strict=True)
     )
     problem = ChildrenProblem(
-        maps, (1, 4, n_cells), np.ones(3), noisy, parent, children.sum(axis=1).astype(np.int64)
+        marginals=maps,
+        marginal_sizes=(1, 4, n_cells),
+        weights=np.ones(3),
+        noisy=noisy,
+        parent=parent,
+        child_totals=children.sum(axis=1).astype(np.int64),
     )
     x = round_children(problem, solve_children(problem))
     np.testing.assert_array_equal(x.sum(axis=0), parent)
@@ -258,12 +263,12 @@ def random_estimate(
         x_hat = x_hat + rng.uniform(-0.4, 0.4, size=(1, n)) * (x_hat > 0.5)
     sizes = tuple(int(m.max()) + 1 for m in maps)
     problem = ChildrenProblem(
-        maps,
-        sizes,
-        np.ones(len(maps)),
-        tuple(np.zeros((k, s)) for s in sizes),
-        tables[0].sum(axis=0) if parent else None,
-        tables[0].sum(axis=1) if totals else None,
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=np.ones(len(maps)),
+        noisy=tuple(np.zeros((k, s)) for s in sizes),
+        parent=tables[0].sum(axis=0) if parent else None,
+        child_totals=tables[0].sum(axis=1) if totals else None,
     )
     return problem, x_hat
 
@@ -328,7 +333,12 @@ def test_crossing_queries_and_huge_families_take_the_milp_and_nested_ones_the_fl
     maps = crossing_queries() if queries == "crossing" else NESTED_QUERY_SETS["chain"](6)
     sizes = tuple(int(m.max()) + 1 for m in maps)
     problem = ChildrenProblem(
-        maps, sizes, np.ones(3), tuple(np.zeros((2, s)) for s in sizes), np.ones(6, np.int64), None
+        marginals=maps,
+        marginal_sizes=sizes,
+        weights=np.ones(3),
+        noisy=tuple(np.zeros((2, s)) for s in sizes),
+        parent=np.ones(6, np.int64),
+        child_totals=None,
     )
     x = round_children(problem, np.full((2, 6), 0.5))
     assert calls == [path]
@@ -405,12 +415,12 @@ def test_sums_that_no_rounding_meets_together_are_rejected() -> None:
     """Each cell and each child can be met alone, but not both: the estimate misses them."""
     maps = NESTED_QUERY_SETS["total_detailed"](2)
     problem = ChildrenProblem(
-        maps,
-        (1, 2),
-        np.ones(2),
-        (np.zeros((2, 1)), np.zeros((2, 2))),
-        np.array([1, 0]),
-        np.array([0, 1]),
+        marginals=maps,
+        marginal_sizes=(1, 2),
+        weights=np.ones(2),
+        noisy=(np.zeros((2, 1)), np.zeros((2, 2))),
+        parent=np.array([1, 0]),
+        child_totals=np.array([0, 1]),
     )
     with pytest.raises(ValueError, match="parent and child_totals"):
         round_children(problem, np.array([[0.5, 0.0], [0.0, 0.5]]))

@@ -107,10 +107,10 @@ def test_the_models_errors_are_those_of_the_configs_own_sigmas(demo, tmp_path):
     model = strategy.ErrorModel(demo, RI_NODES, workload)
     designs = [
         LevelDesign(
-            level,
-            tuple(q.cell_to_marginal for q in demo.queries[level]),
-            tuple(q.size for q in demo.queries[level]),
-            np.array(
+            level=level,
+            marginals=tuple(q.cell_to_marginal for q in demo.queries[level]),
+            marginal_sizes=tuple(q.size for q in demo.queries[level]),
+            weights=np.array(
                 [1 / float(demo.budget.sigma2_for(level, q.name)) for q in demo.queries[level]]
             ),
         )

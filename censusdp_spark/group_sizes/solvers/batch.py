@@ -623,7 +623,7 @@ def window_centres(problem: TreeProblem) -> np.ndarray:
     return np.rint(np.concatenate(internal, axis=1)).astype(np.int64)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _PinnedLeastSquares:
     """The least-squares estimate (reals) of a tree's cells that is consistent and sums to G at
     the root, ignoring integrality and non-negativity except that pinned leaf cells are held
@@ -659,17 +659,17 @@ class _PinnedLeastSquares:
         count = np.diff(starts)
         smallest = np.where(count > 0, leaves[starts[1:] - 1], np.inf)
         out = cls(
-            problem,
-            noisy,
-            leaves,
-            running,
-            starts,
-            starts[1:].copy(),
-            (running[starts[1:]] - running[starts[:-1]]).astype(np.float64),
-            count.astype(np.float64),
-            smallest.astype(np.float64),
-            [],
-            np.zeros(0),
+            problem=problem,
+            noisy=noisy,
+            leaves=leaves,
+            running=running,
+            starts=starts,
+            free_end=starts[1:].copy(),
+            free_sum=(running[starts[1:]] - running[starts[:-1]]).astype(np.float64),
+            free_count=count.astype(np.float64),
+            smallest=smallest.astype(np.float64),
+            estimate=[],
+            shift=np.zeros(0),
         )
         out.solve()
         return out

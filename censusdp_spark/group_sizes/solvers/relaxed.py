@@ -32,7 +32,7 @@ RELIABLE_GAP = 1e-6  # (objective - lower bound) / max(objective, 1)
 RELIABLE_RESIDUAL = 1e-2  # largest |A x - b|, in counts (well below rounding's 0.5)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RelaxedSolution:
     """The relaxation's solution (floats, n x N, >= 0) and its independent check."""
 
@@ -184,7 +184,9 @@ def solve_relaxed(
     if fixed_root is not None:
         out[0] = fixed_root
     out[first:] = y.reshape(n - first, m)
-    return RelaxedSolution(out, status, scale, objective, lower, residual)
+    return RelaxedSolution(
+        x=out, status=status, scale=scale, objective=objective, lower_bound=lower, residual=residual
+    )
 
 
 REFINEMENTS = 2  # Clarabel solves per QP: one from the clipped noisy counts, one refinement

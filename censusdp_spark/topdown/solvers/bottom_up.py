@@ -70,7 +70,7 @@ IDENTIFIED_TOLERANCE = 1e-10
 largest."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LevelDesign:
     """The queries of one level, restricted to the active cells.
 

@@ -77,7 +77,7 @@ _FINAL_SUM_TOLERANCE = 1e-11
 """The returned point meets the row sums to this (absolute), or as near as round-off allows."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Model:
     """The objective in the cells-by-children layout ``z = x^T`` (shape ``(n, k)``).
 

@@ -117,7 +117,7 @@ class GroupBounds:
                 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChildrenProblem:
     """The noisy measurements and invariants of the children of one parent.
 
@@ -262,7 +262,7 @@ class ChildrenProblem:
         return int(self.marginals[0].shape[0])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrecisionProblem:
     """Children fitted to per-child targets, each weighted by its own precision matrix.
 

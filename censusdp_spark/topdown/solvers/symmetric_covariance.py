@@ -65,7 +65,7 @@ SMALL_SCHEMA_CELLS = 64
 numbers are those of the dense formulas, unchanged)."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class SymmetricLayout:
     """Which attributes are held symmetric, and where each active cell sits.
 
