@@ -176,13 +176,23 @@ def changed_nodes(a: Measurements, b: Measurements, exempt: set[str]) -> set[tup
 
 
 @pytest.fixture(scope="module")
-def spine_runs(spark, inputs, test_spine, fixed_secret, tmp_path_factory) -> tuple[Path, Path]:
+def spine_secret(tmp_path_factory) -> Path:
+    """This module's own secret: the session's ``fixed_secret`` is the county's, and a first
+    release here would bind it to the PPMF, refusing the county's reference release after it."""
+    path = tmp_path_factory.mktemp("spine_secret") / "secret.hex"
+    path.write_text("5c" * 32 + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def spine_runs(spark, inputs, test_spine, spine_secret, tmp_path_factory) -> tuple[Path, Path]:
     """The same config and secret on the PPMF and on its neighbour, both on the test spine."""
     outs = []
     for name, input_csv in zip(("original", "neighbour"), inputs, strict=True):
         folder = tmp_path_factory.mktemp(name)
         config = write_config(folder, input_csv, spine_line(test_spine))
-        assert topdown(config, fixed_secret, folder / "out") == 0
+        assert topdown(config, spine_secret, folder / "out") == 0
         outs.append(folder / "out")
     return outs[0], outs[1]
 
