@@ -26,6 +26,7 @@ table): each is refused in one line.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from fractions import Fraction
@@ -75,6 +76,25 @@ class GivenBudget:
 
     config: RunConfig
     disagreements: tuple[str, ...]
+    exact: dict[tuple[str, str], Fraction]
+    """``(level, query)`` -> the config's exact ``sigma2`` where the file's is its float
+    (``FLOAT_ROUNDING``): the noisy rows' ``sigma2`` to write instead of the float's value."""
+
+    def with_exact_variances(self, noisy: DataFrame) -> DataFrame:
+        """``noisy`` with the exact ``sigma2`` of every query whose file variance was a float
+        of the config's."""
+        if not self.exact:
+            return noisy
+        pairs = [
+            x for (lv, q), v in self.exact.items() for x in (F.lit(f"{lv}|{q}"), F.lit(str(v)))
+        ]
+        key = F.concat_ws("|", "level", "query")
+        return noisy.withColumn("sigma2", F.coalesce(F.create_map(*pairs)[key], F.col("sigma2")))
+
+
+FLOAT_ROUNDING = 1e-12
+"""A file's variance within this relative distance of the config's exact ``sigma2`` is that
+value stored as a float (the Census's file holds floats): the exact fraction is used."""
 
 
 def refuse_unsupported(config: RunConfig, source: Path) -> None:
@@ -206,6 +226,9 @@ def given_budget(noisy: DataFrame, config: RunConfig, source: Path) -> GivenBudg
                 " different variances; a query of a level has one"
             )
         found.setdefault(row["level"], {})[row["query"]] = Fraction(row["sigma2"])
+    exact = _floats_of_the_config(found, config)
+    for (level, query), value in exact.items():
+        found[level][query] = value
     levels = config.hierarchy.names
     for level in levels:
         if level not in found:
@@ -223,7 +246,24 @@ def given_budget(noisy: DataFrame, config: RunConfig, source: Path) -> GivenBudg
     return GivenBudget(
         replace(config, budget=budget, queries=queries),
         tuple(_disagreements(config, found)),
+        exact,
     )
+
+
+def _floats_of_the_config(
+    found: dict[str, dict[str, Fraction]], config: RunConfig
+) -> dict[tuple[str, str], Fraction]:
+    """The file's variances that are the config's exact ``sigma2`` stored as a float."""
+    exact = {}
+    for level, queries in found.items():
+        known = {q.name for q in config.queries.get(level, ())}
+        for query, given in queries.items():
+            if query not in known:
+                continue
+            wanted = config.budget.sigma2_for(level, query)
+            if given != wanted and math.isclose(given, wanted, rel_tol=FLOAT_ROUNDING):
+                exact[(level, query)] = wanted
+    return exact
 
 
 def _disagreements(config: RunConfig, found: dict[str, dict[str, Fraction]]) -> list[str]:

@@ -650,7 +650,7 @@ def _run_post_processing(
     run.clock.lap("read_and_validate")
     _start_writing(spark, config, options, run)
     if not run.done("measure"):
-        _write_measurements(given.noisy, config.run.output)
+        _write_measurements(budget.with_exact_variances(given.noisy), config.run.output)
         run.commit("measure")
         run.clock.lap("copy_measurements")
     held = HeldExact(given.invariants.persist(StorageLevel.MEMORY_AND_DISK), None)

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from censusdp_spark.cli import main
@@ -175,3 +176,30 @@ def test_another_method_from_the_file_is_that_method_s_release(
         == 0
     )
     assert_same_tables(spark, made, again)
+
+
+def test_a_census_file_s_float_variances_are_the_config_s_exact_ones(
+    spark, reference_release, exported, tmp_path
+):
+    """The Census's file holds each variance as a float, without our exact ``sigma2``: within
+    float rounding of the config's ``sigma2`` it is read as that exact value, so the release
+    is the original's, noisy table included, with no budget disagreement."""
+    floats = tmp_path / "floats"
+    for part in exported.rglob("*.parquet"):
+        if part.is_file():
+            target = floats / part.relative_to(exported)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            table = pq.read_table(part)
+            pq.write_table(
+                table.drop_columns(["sigma2"]) if "sigma2" in table.column_names else table, target
+            )
+    for empty in exported.rglob("Constraint"):
+        (floats / empty.relative_to(exported)).mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "out"
+    args = ["topdown", "--config", str(DEMO), "--output", str(out), "--variances"]
+    assert main([*args, "--noisy-measurements", str(floats)]) == 0
+    tables = ("noisy_measurements", "estimates", "microdata", "bottom_up", "total_variances")
+    assert_same_tables(spark, reference_release, out, tables)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["post_processing"]["config_budget_not_used"] == []
+    assert manifest["privacy"]["rho"] == "293764/114921"
