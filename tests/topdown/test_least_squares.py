@@ -696,42 +696,110 @@ def test_the_masked_kkt_check_rejects_a_feasible_suboptimal_point() -> None:
     assert kkt_violation(problem, solve_children(problem)) < 1e-8
 
 
-@pytest.mark.parametrize(("n", "cond", "seed"), [(60, 1e5, 1), (60, 1e6, 0), (120, 1e5, 0)])
-def test_ill_conditioned_fits_the_active_set_cannot_settle_reach_the_kkt_point(
-    n, cond, seed, monkeypatch
-) -> None:
+def _ill_conditioned_root(n: int, cond: float, seed: int) -> tuple[PrecisionProblem, np.ndarray]:
     """A root fitted to a target of many negative entries under a precision of condition
-    number ``cond`` (an allocation that gives some queries 1e-5 of another's weight): the
-    primal-dual steps cycle, the interior point's support is where the exact steps restart,
-    and the answer is a KKT point of the fit, its total held."""
-    from censusdp_spark.topdown.solvers import least_squares
-
-    fallbacks = []
-    guess = least_squares._interior_point_guess
-    monkeypatch.setattr(
-        least_squares,
-        "_interior_point_guess",
-        lambda *a: fallbacks.append(1) or guess(*a),
-    )
+    number ``cond`` (an allocation that gives some queries 1e-5 of another's weight), its
+    total held; and the precision."""
     rng = np.random.default_rng(seed)
     q, _ = np.linalg.qr(rng.standard_normal((n, n)))
     spectrum = np.logspace(0, np.log10(cond), n)
     precision = q @ np.diag(spectrum) @ q.T
     truth = rng.poisson(0.3, n).astype(float)
     target = truth + 30 * q @ (rng.standard_normal(n) / np.sqrt(spectrum))
-    total = int(truth.sum())
     problem = PrecisionProblem(
         targets=target[None],
         precisions=precision[None],
         parent=None,
-        child_totals=np.array([total]),
+        child_totals=np.array([int(truth.sum())]),
     )
-    x = solve_to_targets(problem)[0]
-    assert fallbacks, "the case no longer needs the fallback: pick a harder one"
+    return problem, precision
+
+
+def _assert_kkt_of_root(problem: PrecisionProblem, precision: np.ndarray, x: np.ndarray) -> None:
+    assert problem.child_totals is not None
+    total = int(problem.child_totals[0])
     assert x.min() >= 0 and x.sum() == pytest.approx(total, rel=1e-12)
-    gradient = 2 * precision @ (x - target)
+    gradient = 2 * precision @ (x - problem.targets[0])
     free = x > 1e-9 * total
     multiplier = -gradient[free].mean()
     scale = np.abs(gradient).max()
     assert np.abs(gradient[free] + multiplier).max() <= 1e-7 * scale
     assert (gradient[~free] + multiplier).min() >= -1e-7 * scale
+
+
+ILL_CONDITIONED = [(60, 1e5, 1), (60, 1e6, 0), (120, 1e5, 0)]
+
+
+def _counted(monkeypatch, name: str) -> list[int]:
+    """Calls of ``least_squares.<name>`` from now on, one entry each."""
+    from censusdp_spark.topdown.solvers import least_squares
+
+    calls: list[int] = []
+    method = getattr(least_squares, name)
+    monkeypatch.setattr(least_squares, name, lambda *a: calls.append(1) or method(*a))
+    return calls
+
+
+@pytest.mark.parametrize(("n", "cond", "seed"), ILL_CONDITIONED)
+def test_ill_conditioned_fits_settle_by_primal_dual_steps_alone(n, cond, seed, monkeypatch) -> None:
+    """With its inverses kept accurate (``_Face._drifted``), the primal-dual iteration reaches
+    the KKT point itself: neither the primal method nor the interior point is called."""
+    fallbacks = _counted(monkeypatch, "_primal_active_set")
+    fallbacks += _counted(monkeypatch, "_interior_point_guess")
+    problem, precision = _ill_conditioned_root(n, cond, seed)
+    _assert_kkt_of_root(problem, precision, solve_to_targets(problem)[0])
+    assert not fallbacks
+
+
+@pytest.mark.parametrize(("n", "cond", "seed"), ILL_CONDITIONED)
+def test_when_the_primal_dual_steps_run_out_the_primal_method_reaches_the_kkt_point(
+    n, cond, seed, monkeypatch
+) -> None:
+    """With one primal-dual step allowed, the primal method started on that iterate's
+    support ends at a KKT point with the total held, without the interior point."""
+    from censusdp_spark.topdown.solvers import least_squares
+
+    monkeypatch.setattr(least_squares, "_MAX_PDAS_STEPS", 1)
+    primal = _counted(monkeypatch, "_primal_active_set")
+    interior = _counted(monkeypatch, "_interior_point_guess")
+    problem, precision = _ill_conditioned_root(n, cond, seed)
+    _assert_kkt_of_root(problem, precision, solve_to_targets(problem)[0])
+    assert primal and not interior
+
+
+@pytest.mark.parametrize(("n", "cond", "seed"), ILL_CONDITIONED)
+def test_when_the_primal_steps_run_out_too_the_interior_point_support_leads_to_the_kkt_point(
+    n, cond, seed, monkeypatch
+) -> None:
+    """With one primal-dual step and one primal step allowed, the interior-point answer's
+    support is where the exact steps restart; the answer is still a KKT point."""
+    from censusdp_spark.topdown.solvers import least_squares
+
+    monkeypatch.setattr(least_squares, "_MAX_PDAS_STEPS", 1)
+    monkeypatch.setattr(least_squares, "_MAX_PRIMAL_STEPS", 1)
+    interior = _counted(monkeypatch, "_interior_point_guess")
+    problem, precision = _ill_conditioned_root(n, cond, seed)
+    _assert_kkt_of_root(problem, precision, solve_to_targets(problem)[0])
+    assert interior
+
+
+@pytest.mark.parametrize(("n", "cond", "seed"), ILL_CONDITIONED)
+def test_the_face_inverses_stay_inverses_through_many_fixes_and_releases(n, cond, seed) -> None:
+    """Bordered updates on an ill-conditioned Hessian lose accuracy at every release (a small
+    Schur complement); after a hundred random moves of the free set every child's kept
+    inverse still inverts its Hessian's free block to 1e-8."""
+    from censusdp_spark.topdown.solvers.least_squares import _Face
+
+    rng = np.random.default_rng(seed)
+    _, precision = _ill_conditioned_root(n, cond, seed)
+    hessians = np.stack([2 * precision, 2 * precision[::-1, ::-1]])
+    face = _Face(hessians, rng.standard_normal((2, n)), np.ones((2, n), dtype=bool))
+    for _ in range(100):
+        flip = rng.random((2, n)) < 0.1
+        free = face.free ^ flip
+        free[:, 0] = True
+        face.move_to(free)
+    for c in range(2):
+        cells = np.flatnonzero(face.free[c])
+        product = hessians[c][np.ix_(cells, cells)] @ face.inverses[c][np.ix_(cells, cells)]
+        assert np.abs(product - np.eye(cells.size)).max() <= 1e-8

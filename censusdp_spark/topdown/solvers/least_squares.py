@@ -36,11 +36,19 @@ Method: an active-set method with exact face solves.
 * ``B_c`` starts as ``H^{-1}`` (everything free) and is kept up to date with low-rank updates
   when entries are fixed (a Schur-complement downdate) or released (a bordered update), so a
   step that changes few entries costs ``O(n^2)`` per changed entry instead of a refactorisation.
+* Updates lose accuracy: a release divides by a Schur complement that cancellation makes
+  small when the released entries are nearly determined by the free ones, and the error
+  already in ``B_c`` is multiplied by it. After every move the touched children's ``B_c`` are
+  checked against their Hessians with one fixed random vector (``O(n^2)`` each) and computed
+  again from the Hessian's free block when they have drifted (``INVERSE_DRIFT``); without it,
+  ill-conditioned precisions (an optimized allocation's) turned ``B_c`` into noise within a
+  few dozen steps and the iteration never settled.
 * The active set is chosen by a primal-dual active-set iteration (semismooth Newton, Hintermueller,
   Ito & Kunisch 2003), which typically stops after 3-8 face solves. It is not guaranteed to
   converge for a Hessian that is not an M-matrix, so if it revisits an active set or runs too
   long, a primal active-set method (feasible iterates, monotone objective, finite) takes over
-  from a feasible point near the last iterate.
+  from a feasible point on the last iterate's support; should that run out of steps too, from
+  the support of an interior-point answer (Clarabel), or that answer itself.
 * A point is returned only after a KKT check: free entries non-negative, multipliers of the
   fixed entries non-negative, stationarity and the equality constraints to round-off.
 * Forbidden entries (``allowed`` False) are fixed from the start and never released: no free
@@ -296,6 +304,7 @@ class _Face:
         self.hessian = hessian
         self.linear = linear
         self.free = np.ones((k, n), dtype=bool)
+        self._probe = np.random.default_rng(0).standard_normal((k, n))
         if hessian.ndim == 2:
             inverse = np.linalg.inv(hessian)
             inverse = 0.5 * (inverse + inverse.T)
@@ -331,13 +340,44 @@ class _Face:
         return self
 
     def move_to(self, free: np.ndarray) -> None:
-        """Change the free set to ``free``."""
+        """Change the free set to ``free``; the inverses of the children whose updates lost
+        accuracy are computed again (``_drifted``)."""
         to_fix = self.free & ~free
         to_release = free & ~self.free
         if to_fix.any():
             self._fix(to_fix)
         if to_release.any():
             self._release(to_release)
+        drifted = self._drifted(np.flatnonzero((to_fix | to_release).any(axis=1)))
+        if drifted.size:
+            self._invert_again(drifted)
+
+    def _drifted(self, children: np.ndarray) -> np.ndarray:
+        """The listed children whose ``B_c`` no longer inverts ``H_c`` on their free cells to
+        ``INVERSE_DRIFT``: ``H_c B_c z`` against ``z`` for a fixed random ``z`` on the free
+        cells (``O(n^2)`` per child). A bordered update divides by a Schur complement that
+        cancellation makes small when the released entries are nearly determined by the free
+        ones, and each such update multiplies the error already there: left alone, a few dozen
+        steps on an ill-conditioned precision turn ``B_c`` into noise."""
+        if children.size == 0:
+            return children
+        free = self.free[children]
+        probe = np.where(free, self._probe[: children.size], 0.0)
+        hessians = self.hessian if self.hessian.ndim == 2 else self.hessian[children]
+        back = _apply(np.broadcast_to(hessians, self.inverses[children].shape),
+                      _apply(self.inverses[children], probe))  # fmt: skip
+        error = np.linalg.norm(np.where(free, back - probe, 0.0), axis=1)
+        return children[error > INVERSE_DRIFT * np.linalg.norm(probe, axis=1)]
+
+    def _invert_again(self, children: np.ndarray) -> None:
+        """``B_c`` of the listed children from their Hessians' free blocks, and the sums."""
+        for c in children:
+            cells = np.flatnonzero(self.free[c])
+            hessian = self.hessian if self.hessian.ndim == 2 else self.hessian[c]
+            inverse = np.linalg.inv(hessian[np.ix_(cells, cells)])
+            self.inverses[c] = 0.0
+            self.inverses[c][np.ix_(cells, cells)] = 0.5 * (inverse + inverse.T)
+        self.refreshed()
 
     def _fix(self, entries: np.ndarray) -> None:
         """Schur-complement downdate ``B_c <- B_c - B_c[:, D] B_c[D, D]^{-1} B_c[D, :]``."""
@@ -504,28 +544,44 @@ def _solve_definite(
     found, last = _primal_dual_active_set(face, sums, scale)
     if found is not None:
         return found
-    # Cycling or out of steps (an ill-conditioned Hessian with many entries at zero): an
-    # interior-point answer's support is a face near the optimum, from which the exact steps
-    # settle; the primal method, started there, always ends.
+    # Cycling or out of steps (a Hessian that is not an M-matrix): the primal method, which
+    # always ends, from the last iterate's support (a face near the optimum: few steps).
+    try:
+        return _primal_active_set(
+            face, hessian, linear, sums, _on_support(last, _support(last, 0.0, sums), sums), scale
+        )
+    except RuntimeError:
+        pass
+    # Out of steps even so: an interior-point answer's support, from which the exact steps
+    # settle, or that answer itself.
     guess = _interior_point_guess(hessian, linear, sums)
-    if guess is not None:
-        support = _keep_feasible(sums.only_allowed(guess > SUPPORT * scale.x), guess, sums)
-        face.move_to(support)
-        found, _ = _primal_dual_active_set(face, sums, scale)
-        if found is not None:
-            return found
-        start_there = _on_support(guess, support, sums)
-        try:
-            return _primal_active_set(
-                face, hessian, linear, sums, start_there, scale, _MAX_PRIMAL_STEPS_FROM_GUESS
-            )
-        except RuntimeError:
-            # the interior point's answer to its tolerance (1e-12 of the data's scale), on
-            # its support: the rounding that follows makes it integral anyway
-            return start_there
-    return _primal_active_set(face, hessian, linear, sums, last, scale)
+    if guess is None:
+        raise RuntimeError("primal active-set method did not converge")
+    support = _support(guess, SUPPORT * scale.x, sums)
+    face.move_to(support)
+    found, _ = _primal_dual_active_set(face, sums, scale)
+    if found is not None:
+        return found
+    start_there = _on_support(guess, support, sums)
+    try:
+        return _primal_active_set(
+            face, hessian, linear, sums, start_there, scale, _MAX_PRIMAL_STEPS_FROM_GUESS
+        )
+    except RuntimeError:
+        # the interior point's answer to its tolerance (1e-12 of the data's scale), on its
+        # support: the rounding that follows makes it integral anyway
+        return start_there
 
 
+def _support(x: np.ndarray, threshold: float, sums: _Constraints) -> np.ndarray:
+    """The allowed entries of ``x`` above ``threshold``, with one entry more in any line
+    that would have none (``_keep_feasible``)."""
+    return _keep_feasible(sums.only_allowed(x > threshold), x, sums)
+
+
+INVERSE_DRIFT = 1e-9
+"""A child's ``B_c`` is computed again when ``||H_c B_c z - z|| > INVERSE_DRIFT ||z||`` on its
+free cells (a fresh inverse is near ``1e-16`` times the condition number)."""
 SUPPORT = 1e-7
 INTERIOR_POINT_MAX_ENTRIES = 20_000_000
 """The largest Hessian (entries over every child's cells) handed to the interior-point method
@@ -649,7 +705,7 @@ def _primal_active_set(
     sums: _Constraints,
     guess: np.ndarray,
     scale: _Scale,
-    max_steps: int = _MAX_PRIMAL_STEPS,
+    max_steps: int | None = None,
 ) -> np.ndarray:
     """A primal active-set method started from a feasible point near ``guess``; raises
     ``RuntimeError`` after ``max_steps`` steps.
@@ -660,7 +716,7 @@ def _primal_active_set(
     """
     x = _feasible_point_near(guess, sums)
     face.move_to(_keep_feasible(x > 0, x, sums))
-    for _ in range(max_steps):
+    for _ in range(_MAX_PRIMAL_STEPS if max_steps is None else max_steps):
         solution = _solve_face(face, sums)
         step = solution.x - x
         decreasing = face.free & (step < 0)
