@@ -190,7 +190,7 @@ class SpineSpec:
     """
 
     path: Path
-    format: str
+    format: SpineFormat
     geocode_columns: tuple[str, ...]
     beside_input: str | None = None
     """The configured path when it is relative to the input's (``relative_to = "input"``): a

@@ -45,7 +45,7 @@ MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 class SynthInput:
     households: Path
     persons: Path
-    format: str
+    format: InputFormat
     household_id: str
     member_order: str
     drop_larger: bool = False  # households of more than M persons: left out, else an input error

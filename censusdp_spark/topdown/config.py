@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
 import numpy as np
 from pydantic import (
@@ -78,11 +78,14 @@ from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layou
 
 InputLayout = Literal["block_counts", "microdata"]
 INPUT_LAYOUTS: tuple[str, ...] = get_args(InputLayout)
-PL94_LEGACY = "pl94_legacy"
+PL94_LEGACY: Final = "pl94_legacy"
 """``[input] format``: a state's P.L. 94-171 redistricting files in the legacy layout
 (``topdown.pl94``), whose geoheader lists every block (the spine, unless ``[geography] spine``)."""
 TopDownInputFormat = Literal["csv", "parquet", "delta", "pl94_legacy"]
 assert get_args(TopDownInputFormat) == (*INPUT_FORMATS, PL94_LEGACY)
+TopDownInputLayout = Literal["block_counts", "microdata", "pl94_legacy"]
+"""An input's layout: a table's, or the legacy files' own."""
+assert get_args(TopDownInputLayout) == (*INPUT_LAYOUTS, PL94_LEGACY)
 EstimationMethod = Literal["topdown", "full_information"]
 """``topdown``: each level fitted to its own measurements under its parent (the Census method);
 ``full_information``: each child fitted to its bottom-up BLUE from its own and all its
@@ -134,8 +137,8 @@ class LegacyInput:
 @dataclass(frozen=True, kw_only=True)
 class InputSpec:
     path: Path
-    format: str
-    layout: str
+    format: TopDownInputFormat
+    layout: TopDownInputLayout
     geocode_columns: tuple[str, ...]  # concatenated, in order, into the leaf geocode
     cells: tuple[CellColumn, ...] = ()  # block_counts, pl94_legacy (over the table cells)
     attributes: tuple[AttributeColumn, ...] = ()  # microdata
@@ -943,7 +946,7 @@ def _census_variable(fail: Fail, name: str, given: GivenVariable, schema: Schema
     return CensusVariable(name, given.attribute, level_of)
 
 
-def _check_method(fail: Fail, method: str, hierarchy: Hierarchy,
+def _check_method(fail: Fail, method: EstimationMethod, hierarchy: Hierarchy,
                   queries: Mapping[str, tuple[MarginalQuery, ...]], zeros: tuple[int, ...],
                   schema: Schema) -> None:  # fmt: skip
     """``full_information`` needs the leaf level's queries to determine every cell that is not
@@ -990,7 +993,7 @@ def _identify_every_cell(codes: list[np.ndarray], n_cells: int) -> bool:
 def _passes(
     fail: Fail,
     passes: list[str] | dict[str, list[str]],
-    method: str,
+    method: EstimationMethod,
     queries: Mapping[str, tuple[MarginalQuery, ...]],
 ) -> dict[str, tuple[EstimationPass, ...]]:
     """The passes of every level: ``["all"]`` (one pass, the default) or ``["total", "all"]``
