@@ -34,6 +34,7 @@ from censusdp_spark.io.pl94_layout import (
     LegacyFiles,
     table_cells,
 )
+from censusdp_spark.model.attribute import Attribute
 from censusdp_spark.model.config import (
     INPUT_FORMATS,
     Budget,
@@ -73,7 +74,7 @@ from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.topdown.path_cuts import bypass_paths
 from censusdp_spark.topdown.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
-from censusdp_spark.topdown.schema import Attribute, Recode, Schema
+from censusdp_spark.topdown.schema import Recode, Schema
 from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
 
 InputLayout = Literal["block_counts", "microdata"]
