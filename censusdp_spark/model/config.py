@@ -3,8 +3,11 @@
 Each release declares pydantic models that mirror its TOML (``Model``: unknown keys are errors,
 types are strict, choices are ``Literal``s, fractions exact: strings like ``"293764/114921"``
 or integers, floats refused). A ``ValidationError`` becomes one ``ConfigError`` naming the file,
-the dotted key (``input.cells[3].expr``) and the rule. The models then convert into the frozen
-dataclasses the rest of the code uses, checking there the rules that span sections.
+the dotted key (``input.cells[3].expr``) and the rule. A table whose variants a key tells apart
+(TopDown's ``[input]`` by ``format`` and ``layout``, its ``[budget]`` by ``mode``) is a tagged
+union of models, one per ``variant``, each taking its own keys and ``refused`` the others'. The
+models then convert into the frozen dataclasses the rest of the code uses, checking there the
+rules that span sections.
 See ``conf/ri_2010_demo.toml`` for a commented example of every section.
 """
 
