@@ -97,15 +97,22 @@ def markdown() -> str:
     return "\n".join(parts)
 
 
-def _sections(root: JsonSchema, schema: JsonSchema, path: str) -> Iterator[tuple[str, JsonSchema]]:
-    """Each table of the config, top-down: its TOML header and its definition."""
+def _sections(
+    root: JsonSchema, schema: JsonSchema, path: str, variant: str = ""
+) -> Iterator[tuple[str, JsonSchema]]:
+    """Each table of the config, top-down: its TOML header (with the ``variant`` it describes,
+    for a table whose variants a key tells apart) and its definition."""
     properties = schema.get("properties", {})
     if path:
-        yield path, schema
+        yield f"{path} ({variant})" if variant else path, schema
     for key, prop in properties.items():
-        header = _table_header(f"{path.strip('[]')}.{key}".lstrip("."), _plain(prop))
-        if header is not None:
-            yield from _sections(root, _definition(root, header[1]), header[0])
+        dotted = f"{path.strip('[]')}.{key}".lstrip(".")
+        for option in _plain(prop).get("oneOf", [prop]):
+            header = _table_header(dotted, _plain(option))
+            if header is not None:
+                definition = _definition(root, header[1])
+                label = definition["title"] if option is not prop else ""
+                yield from _sections(root, definition, header[0], label)
 
 
 def _table_header(dotted: str, prop: JsonSchema) -> tuple[str, str] | None:

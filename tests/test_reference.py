@@ -44,7 +44,14 @@ def test_the_committed_json_schema_is_what_the_models_generate(kind: Kind):
 @pytest.mark.parametrize(
     ("config", "sections"),
     [
-        ("ri_2010_demo.toml", ["[run]", "[schema]", "[budget.levels.<name>]", "[input]"]),
+        ("ri_2010_demo.toml", ["[run]", "[schema]", "[budget.levels.<name>]"]),
+        # a table whose variants a key tells apart: a section per variant, its keys only
+        (
+            "pl94_e2e_providence.toml",
+            ['[budget] (mode = "shares")', '[budget] (mode = "per_query_rho")']
+            + [f"[input] ({v})" for v in ('layout = "block_counts"', 'layout = "microdata"')]
+            + ['[input] (format = "pl94_legacy")'],
+        ),
         ("pgsr_calm.toml", ["[groups]", "[mechanism]"]),
         ("synth_pums.toml", ["[[group]]", "[[individual]]", "[hpd_gen]"]),
     ],
@@ -52,3 +59,9 @@ def test_the_committed_json_schema_is_what_the_models_generate(kind: Kind):
 def test_the_reference_has_a_section_per_table(config, sections):
     text = markdown()
     assert all(f"### `{section}`" in text for section in sections)
+
+
+def test_a_variant_section_lists_only_the_keys_its_variant_takes():
+    legacy = markdown().split('### `[input] (format = "pl94_legacy")`')[1].split("### ")[0]
+    assert "| `state` |" in legacy and "| `table` |" in legacy
+    assert "| `layout` |" not in legacy and "| `cells` |" not in legacy

@@ -118,8 +118,8 @@ class GroupInputSpec:
     """
 
     path: Path
-    format: str
-    layout: str
+    format: InputFormat
+    layout: Layout
     geocode_columns: tuple[str, ...]
     size_columns: tuple[str, ...] = ()
     household_column: str | None = None

@@ -3,8 +3,11 @@
 Each release declares pydantic models that mirror its TOML (``Model``: unknown keys are errors,
 types are strict, choices are ``Literal``s, fractions exact: strings like ``"293764/114921"``
 or integers, floats refused). A ``ValidationError`` becomes one ``ConfigError`` naming the file,
-the dotted key (``input.cells[3].expr``) and the rule. The models then convert into the frozen
-dataclasses the rest of the code uses, checking there the rules that span sections.
+the dotted key (``input.cells[3].expr``) and the rule. A table whose variants a key tells apart
+(TopDown's ``[input]`` by ``format`` and ``layout``, its ``[budget]`` by ``mode``) is a tagged
+union of models, one per ``variant``, each taking its own keys and ``refused`` the others'. The
+models then convert into the frozen dataclasses the rest of the code uses, checking there the
+rules that span sections.
 See ``conf/ri_2010_demo.toml`` for a commented example of every section.
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -30,9 +33,11 @@ from pydantic import (
     PlainValidator,
     Strict,
     StringConstraints,
+    Tag,
     ValidationError,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy, Level
@@ -98,13 +103,18 @@ PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False), Strict()]
 
 
 def check_keys(
-    data: Mapping, allowed: set[str], required: set[str], refuse: Callable = ValueError
+    data: Mapping,
+    allowed: set[str],
+    required: set[str],
+    refuse: Callable = ValueError,
+    required_by: str = "",
 ) -> None:
-    """Refuse a table with keys outside ``allowed`` or without all of ``required``: by a
-    ``ValueError`` (for pydantic), or ``refuse(rule)``, e.g. ``partial(fail, key)`` for a table
-    whose keys depend on another section (the schema's attributes)."""
+    """Refuse a table with keys outside ``allowed`` or without all of ``required`` (a missing
+    key's refusal ends with ``required_by``): by a ``ValueError`` (for pydantic), or
+    ``refuse(rule)``, e.g. ``partial(fail, key)`` for a table whose keys depend on another
+    section (the schema's attributes)."""
     unknown, missing = sorted(map(str, set(data) - allowed)), sorted(required - set(data))
-    rule = f"missing required key(s) {missing}" if missing else ""
+    rule = f"missing required key(s) {missing}{required_by}" if missing else ""
     if rule := f"unknown key(s) {unknown}; allowed: {sorted(allowed)}" if unknown else rule:
         raise refuse(rule)
 
@@ -113,14 +123,64 @@ class Model(BaseModel):
     """A TOML table: strict types, unknown keys refused (with the allowed ones named)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    required_by: ClassVar[str] = ""
+    """Why its required keys are required, ending their refusal: a variant's tag
+    (`` (format = 'pl94_legacy')``)."""
 
     @model_validator(mode="before")
     @classmethod
     def _keys(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
             keys = {f.alias or n: f for n, f in cls.model_fields.items()}
-            check_keys(data, set(keys), {k for k, f in keys.items() if f.is_required()})
+            required = {k for k, f in keys.items() if f.is_required()}
+            check_keys(data, set(keys), required, required_by=cls.required_by)
         return data
+
+
+def refused(rule: str) -> BeforeValidator:
+    """A key one variant of a table does not take, refused with ``rule`` (which variants take
+    it): declared on the variant, ``Annotated[SkipJsonSchema[None], refused(rule)] = None``, so
+    every variant allows the same keys and an unknown key's refusal names them all."""
+
+    def refuse(value: Any) -> None:
+        raise ValueError(rule)
+
+    return BeforeValidator(refuse)
+
+
+VARIANT_TAGS: set[str] = set()
+"""The tags of the variants of the tables told apart by a key (``variant``); pydantic puts a
+variant's tag in its errors' locations, where ``config_error`` leaves it out."""
+
+
+def variant(description: str) -> Tag:
+    """The tag of one variant of a table, named by the key that tells it
+    (``format = 'pl94_legacy'``)."""
+    VARIANT_TAGS.add(description)
+    return Tag(description)
+
+
+def key_error(key: str, rule: str) -> PydanticCustomError:
+    """An error in the key ``key`` of the table being validated: ``config_error`` names it."""
+    return PydanticCustomError("key", "{rule}", {"key": key, "rule": rule})
+
+
+def check_choice(data: Mapping, key: str, default: str, choices: tuple[str, ...]) -> None:
+    """Refuse a table unless its ``key`` (``default`` when absent) is one of ``choices``."""
+    if (value := data.get(key, default)) not in choices:
+        raise key_error(key, f"{value!r} must be one of {choices}")
+
+
+def choice_of(key: str, default: str, choices: tuple[str, ...]) -> BeforeValidator:
+    """``check_choice`` on a table whose variants ``key`` tells apart, before its variant is
+    chosen, so the refusal names every variant's choice."""
+
+    def check(data: Any) -> Any:
+        if isinstance(data, Mapping):
+            check_choice(data, key, default, choices)
+        return data
+
+    return BeforeValidator(check)
 
 
 @dataclass(frozen=True)
@@ -133,7 +193,7 @@ class SpineSpec:
     """
 
     path: Path
-    format: str
+    format: SpineFormat
     geocode_columns: tuple[str, ...]
     beside_input: str | None = None
     """The configured path when it is relative to the input's (``relative_to = "input"``): a
@@ -339,8 +399,11 @@ _RULES = {
 
 def config_error(source: str, error: Any) -> ConfigError:
     """One pydantic error as ``ConfigError(source, dotted key, rule)``."""
-    loc, kind, ctx = list(error["loc"]), error["type"], error.get("ctx") or {}
-    if kind in ("extra_forbidden", "unexpected_keyword_argument", "missing"):
+    ctx = error.get("ctx") or {}
+    loc, kind = [p for p in error["loc"] if p not in VARIANT_TAGS], error["type"]
+    if kind == "key":
+        loc, rule = [*loc, ctx["key"]], ctx["rule"]
+    elif kind in ("extra_forbidden", "unexpected_keyword_argument", "missing"):
         rule = f"{'missing required' if kind == 'missing' else 'unknown'} key(s) {[loc.pop()]}"
     elif kind == "literal_error":
         choices = tuple(re.findall(r"'([^']*)'", ctx["expected"]))

@@ -36,7 +36,7 @@ from censusdp_spark.model.config import (
 )
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.privacy.unit import PrivacyUnit
-from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, Roles
+from censusdp_spark.synth.domain import BinnedAttribute, Binning, HouseholdDomain, Roles
 
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 
@@ -45,7 +45,7 @@ MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 class SynthInput:
     households: Path
     persons: Path
-    format: str
+    format: InputFormat
     household_id: str
     member_order: str
     drop_larger: bool = False  # households of more than M persons: left out, else an input error
@@ -202,7 +202,7 @@ class AttributeModel(Model):
         None, description="The level blank values fall in; the only level that may be empty."
     )
 
-    def attribute(self, fail: Fail, key: str) -> Attribute:
+    def attribute(self, fail: Fail, key: str) -> BinnedAttribute:
         if (self.levels is None) == (self.ranges is None):
             rule = "give exactly one of 'levels' (value lists) and 'ranges' ([low, high) pairs)"
             raise fail(key, rule)
@@ -235,7 +235,7 @@ class AttributeModel(Model):
         if len(names) < 2:
             raise fail(key, "an attribute needs at least two levels")
         binning = Binning(self.column, values, tuple(ranges), missing)
-        return Attribute(self.name, tuple(names), binning)
+        return BinnedAttribute(self.name, tuple(names), binning)
 
 
 class RelationshipsModel(Model):
@@ -250,7 +250,7 @@ class RelationshipsModel(Model):
         description="The most members the relationship workloads cover. Default: input.max_members.",
     )
 
-    def roles(self, fail: Fail, individual: tuple[Attribute, ...], max_members: int) -> Roles:
+    def roles(self, fail: Fail, individual: tuple[BinnedAttribute, ...], max_members: int) -> Roles:
         names = [a.name for a in individual]
         if self.attribute not in names:
             rule = f"{self.attribute!r} is not an individual attribute {names}"

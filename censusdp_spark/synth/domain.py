@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from censusdp_spark.model.attribute import Attribute
+
 ABSENT = -1
 """Code of every individual attribute in an empty member slot."""
 
@@ -60,16 +62,11 @@ class Binning:
 
 
 @dataclass(frozen=True)
-class Attribute:
-    """A categorical attribute with named levels, read from one raw column."""
+class BinnedAttribute(Attribute):
+    """A categorical attribute read from one raw column, whose values ``binning`` maps to its
+    levels."""
 
-    name: str
-    levels: tuple[str, ...]
     binning: Binning
-
-    @property
-    def size(self) -> int:
-        return len(self.levels)
 
 
 @dataclass(frozen=True)
@@ -97,8 +94,8 @@ class Roles:
 
 @dataclass(frozen=True)
 class HouseholdDomain:
-    group: tuple[Attribute, ...]
-    individual: tuple[Attribute, ...]
+    group: tuple[BinnedAttribute, ...]
+    individual: tuple[BinnedAttribute, ...]
     max_members: int
     roles: Roles | None = None
 
@@ -202,7 +199,7 @@ def encode_joined(
     unmapped: dict[str, int] = {}
     examples: dict[str, list[str]] = {}
 
-    def codes(attr: Attribute, rows: pd.DataFrame) -> np.ndarray:
+    def codes(attr: BinnedAttribute, rows: pd.DataFrame) -> np.ndarray:
         raw = rows[attr.binning.column]
         out = attr.binning.encode(raw)
         bad = out == ABSENT

@@ -24,7 +24,7 @@ from censusdp_spark.io import delta
 from censusdp_spark.io.readers import RowRule, enforce_rules, read_table, row_number_of
 from censusdp_spark.model.errors import InputError
 from censusdp_spark.synth.config import SynthInput
-from censusdp_spark.synth.domain import Attribute, Binning, HouseholdDomain, encode_joined
+from censusdp_spark.synth.domain import BinnedAttribute, Binning, HouseholdDomain, encode_joined
 from censusdp_spark.synth.workloads import Totals, WorkloadSet, count_answers, totals_of
 
 PARTIAL_SCHEMA = "key string, index long, count long"
@@ -63,7 +63,7 @@ def binning_hits(binning: Binning, levels: Collection[int]) -> Column:
     return hit | blank if binning.missing in levels else hit
 
 
-def _domain_rules(attributes: Sequence[Attribute]) -> list[RowRule]:
+def _domain_rules(attributes: Sequence[BinnedAttribute]) -> list[RowRule]:
     return [
         RowRule(
             ~binning_hits(a.binning, range(a.size)),

@@ -12,10 +12,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
 import numpy as np
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from censusdp_spark.io.pl94_layout import (
     BLOCK_DIGITS,
@@ -25,6 +34,7 @@ from censusdp_spark.io.pl94_layout import (
     LegacyFiles,
     table_cells,
 )
+from censusdp_spark.model.attribute import Attribute
 from censusdp_spark.model.config import (
     INPUT_FORMATS,
     Budget,
@@ -33,6 +43,7 @@ from censusdp_spark.model.config import (
     Exact,
     Fail,
     GeographyModel,
+    InputFormat,
     Model,
     Name,
     PathText,
@@ -42,10 +53,14 @@ from censusdp_spark.model.config import (
     SpineModel,
     SpineSpec,
     budget_in_range,
+    check_choice,
     check_keys,
+    choice_of,
     read_config,
+    refused,
     require_spine,
     resolve,
+    variant,
 )
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.model.geography import Hierarchy
@@ -59,16 +74,19 @@ from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.topdown.path_cuts import bypass_paths
 from censusdp_spark.topdown.pl94_tables import CENSUS_TABLES, VARIABLES
 from censusdp_spark.topdown.queries import TOTAL, MarginalQuery, parse_query
-from censusdp_spark.topdown.schema import Attribute, Recode, Schema
+from censusdp_spark.topdown.schema import Recode, Schema
 from censusdp_spark.topdown.solvers.symmetric_covariance import covariance_layout
 
 InputLayout = Literal["block_counts", "microdata"]
 INPUT_LAYOUTS: tuple[str, ...] = get_args(InputLayout)
-PL94_LEGACY = "pl94_legacy"
+PL94_LEGACY: Final = "pl94_legacy"
 """``[input] format``: a state's P.L. 94-171 redistricting files in the legacy layout
 (``topdown.pl94``), whose geoheader lists every block (the spine, unless ``[geography] spine``)."""
 TopDownInputFormat = Literal["csv", "parquet", "delta", "pl94_legacy"]
 assert get_args(TopDownInputFormat) == (*INPUT_FORMATS, PL94_LEGACY)
+TopDownInputLayout = Literal["block_counts", "microdata", "pl94_legacy"]
+"""An input's layout: a table's, or the legacy files' own."""
+assert get_args(TopDownInputLayout) == (*INPUT_LAYOUTS, PL94_LEGACY)
 EstimationMethod = Literal["topdown", "full_information"]
 """``topdown``: each level fitted to its own measurements under its parent (the Census method);
 ``full_information``: each child fitted to its bottom-up BLUE from its own and all its
@@ -120,8 +138,8 @@ class LegacyInput:
 @dataclass(frozen=True, kw_only=True)
 class InputSpec:
     path: Path
-    format: str
-    layout: str
+    format: TopDownInputFormat
+    layout: TopDownInputLayout
     geocode_columns: tuple[str, ...]  # concatenated, in order, into the leaf geocode
     cells: tuple[CellColumn, ...] = ()  # block_counts, pl94_legacy (over the table cells)
     attributes: tuple[AttributeColumn, ...] = ()  # microdata
@@ -214,7 +232,7 @@ class RunConfig:
     estimation_method: EstimationMethod = "topdown"
     method_fallback: str = ""  # why a requested "full_information" runs as "topdown", if it does
     document: Document = field(default_factory=Document, compare=False, repr=False)
-    bypass_single_child: bool = False  # [budget] bypass_single_child (see BudgetModel)
+    bypass_single_child: bool = False  # [budget] (BYPASS_DESCRIPTION)
     estimation_passes: Mapping[str, tuple[EstimationPass, ...]] = field(default_factory=dict)
     """Per level, its estimation passes; a level not listed is one pass (``passes_at``)."""
     pl94_tables: Pl94TablesSpec | None = None  # [output.pl94_tables]
@@ -283,37 +301,82 @@ class SchemaModel(Model):
     )
 
 
-class LevelBudgetModel(Model):
-    share: Exact | None = Field(
-        None,
-        description="This level's share of rho, an exact fraction; the levels' shares sum to 1. Only with mode = \"shares\".",
+QUERY_NAMES = 'A query is "total", "detailed" (every cell), an attribute or recode, or a product such as "votingage * hisprace".'
+BYPASS_DESCRIPTION = "Census bypassing: a parent with exactly one child is not measured; its rho moves to the child (down a chain of single-child parents), whose released value it shares. Which nodes are bypassed depends on the spine alone."
+"""Census "bypassing" (spine paper, Algorithm 3 under zCDP): a parent with exactly one child
+in the geography is not measured; its share of rho moves to the child (down a chain of
+single-child parents to its lowest node, measured with its own level's queries at the
+chain's summed rho, ``ZcdpAllocation.node_budget``), and its released value is that node's.
+Which nodes are bypassed depends on the spine alone. Default off."""
+LEVELS_DESCRIPTION = (
+    "One table per geography level, [budget.levels.<level>]: its share and its queries."
+)
+BudgetMode = Literal["shares", "per_query_rho"]
+BUDGET_MODES: tuple[str, ...] = get_args(BudgetMode)
+
+
+class SharedLevelBudgetModel(Model):
+    share: Exact = Field(
+        description="This level's share of rho, an exact fraction; the levels' shares sum to 1."
     )
     queries: dict[str, Budget] = Field(
-        description='Query -> its share of the level\'s rho (the shares sum to 1), or with mode = "per_query_rho" its rho. A query is "total", "detailed" (every cell), an attribute or recode, or a product such as "votingage * hisprace".'
+        description=f"Query -> its share of the level's rho (the shares sum to 1). {QUERY_NAMES}"
     )
 
 
-class BudgetModel(Model):
-    rho: Budget | None = Field(
-        None,
-        description='The total rho (zCDP), an exact fraction such as "293764/114921". Required with mode = "shares".',
+class QueryRhoLevelBudgetModel(Model):
+    queries: dict[str, Budget] = Field(description=f"Query -> its rho. {QUERY_NAMES}")
+
+
+class SharesBudgetModel(Model):
+    """``mode = "shares"``: ``rho`` split by each level's share, then by its queries' shares."""
+
+    model_config = ConfigDict(title='mode = "shares"')
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rho(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "rho" not in data:
+            raise ValueError("missing required key 'rho' (mode = 'shares')")
+        return data
+
+    rho: Budget = Field(
+        description='The total rho (zCDP), an exact fraction such as "293764/114921".'
     )
-    mode: Literal["shares", "per_query_rho"] = Field(
+    mode: Literal["shares"] = Field(
         "shares",
-        description="shares: rho split by each level's share, then by its queries' shares; per_query_rho: each query's rho given, the total their sum.",
+        description='"shares": rho split by each level\'s share, then by its queries\' shares; else "per_query_rho".',
     )
-    bypass_single_child: bool = Field(
-        False,
-        description="Census bypassing: a parent with exactly one child is not measured; its rho moves to the child (down a chain of single-child parents), whose released value it shares. Which nodes are bypassed depends on the spine alone.",
+    bypass_single_child: bool = Field(False, description=BYPASS_DESCRIPTION)
+    levels: dict[str, SharedLevelBudgetModel] = Field(description=LEVELS_DESCRIPTION)
+
+
+class QueryRhoBudgetModel(Model):
+    """``mode = "per_query_rho"``: each query's rho given, the total their sum."""
+
+    model_config = ConfigDict(title='mode = "per_query_rho"')
+    rho: Annotated[
+        SkipJsonSchema[None],
+        refused("not used with mode = 'per_query_rho' (the total is the sum)"),
+    ] = None
+    mode: Literal["per_query_rho"] = Field(
+        description='"per_query_rho": each query\'s rho given, the total their sum (no rho, no shares).'
     )
-    """Census "bypassing" (spine paper, Algorithm 3 under zCDP): a parent with exactly one child
-    in the geography is not measured; its share of rho moves to the child (down a chain of
-    single-child parents to its lowest node, measured with its own level's queries at the
-    chain's summed rho, ``ZcdpAllocation.node_budget``), and its released value is that node's.
-    Which nodes are bypassed depends on the spine alone. Default off."""
-    levels: dict[str, LevelBudgetModel] = Field(
-        description="One table per geography level, [budget.levels.<level>]: its share and its queries."
-    )
+    bypass_single_child: bool = Field(False, description=BYPASS_DESCRIPTION)
+    levels: dict[str, QueryRhoLevelBudgetModel] = Field(description=LEVELS_DESCRIPTION)
+
+
+def _budget_variant(data: Any) -> str:
+    return f"mode = '{data.get('mode', 'shares') if isinstance(data, Mapping) else 'shares'}'"
+
+
+BudgetModel = Annotated[
+    Annotated[SharesBudgetModel, variant("mode = 'shares'")]
+    | Annotated[QueryRhoBudgetModel, variant("mode = 'per_query_rho'")],
+    Discriminator(_budget_variant),
+    choice_of("mode", "shares", BUDGET_MODES),
+]
+"""``[budget]``: its variant told by ``mode``."""
 
 
 class AttributeColumnModel(Model):
@@ -323,63 +386,154 @@ class AttributeColumnModel(Model):
     )
 
 
-class InputModel(Model):
+LegacyOnly = Annotated[SkipJsonSchema[None], refused(f"only for format = '{PL94_LEGACY}'")]
+BlockCountsOnly = Annotated[SkipJsonSchema[None], refused("only for layout = 'block_counts'")]
+MicrodataOnly = Annotated[SkipJsonSchema[None], refused("only for layout = 'microdata'")]
+FixedByLegacyLayout = Annotated[
+    SkipJsonSchema[None], refused(f"not used with format = '{PL94_LEGACY}' (fixed by the layout)")
+]
+Pl94Table = Literal["persons", "group_quarters", "units"]
+assert get_args(Pl94Table) == tuple(TABLES)
+
+
+def _usps_code(value: str) -> str:
+    if not re.fullmatch(r"[a-z]{2}", value):
+        raise ValueError(f"{value!r} must be a lower-case USPS code, as in the file names ('ri')")
+    return value
+
+
+def _summary_levels(value: list[str]) -> list[str]:
+    if bad := [level for level in value if level not in SUMMARY_LEVELS]:
+        raise ValueError(f"{bad} are not among {tuple(SUMMARY_LEVELS)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"levels must be distinct, got {value}")
+    return value
+
+
+def _non_empty_cells(value: Any) -> Any:
+    if not value:  # absent (None) or an empty list
+        raise ValueError("must be a non-empty list of {<attribute> = <level>, expr = ...}")
+    return value
+
+
+class TableInputModel(Model):
+    """The keys of an input table (``format`` csv, parquet or delta), either layout."""
+
     path: PathText = Field(
-        description="The input file or folder (pl94_legacy: the folder of the state's files); relative to the current directory."
+        description="The input file or folder, relative to the current directory."
     )
-    format: TopDownInputFormat = Field(
-        "csv",
-        description="csv, parquet, delta, or pl94_legacy (a state's P.L. 94-171 files as the Census publishes them).",
+    format: InputFormat = Field(
+        "csv", description='csv, parquet or delta (else "pl94_legacy", the Census\'s files).'
     )
-    layout: InputLayout | None = Field(
-        None,
-        description='block_counts: one row per block, count columns mapped to cells by input.cells; microdata: one row per person, attributes read by input.attributes (needs [geography] spine). Required except with format = "pl94_legacy".',
+    geocode: Columns = Field(
+        description="The block geocode column, or columns concatenated in order."
     )
-    geocode: Columns | None = Field(
-        None,
-        description='The block geocode column, or columns concatenated in order. Required except with format = "pl94_legacy".',
-    )
-    cells: list[dict[str, Name]] | None = Field(
-        None,
-        description='block_counts: one entry per cell not structurally zero, { <attribute> = "<level>", ..., expr = "<columns added and subtracted>" }, e.g. expr = "pop_white - vap_white".',
-    )
-    attributes: dict[str, AttributeColumnModel] | None = Field(
-        None,
-        description="microdata and pl94_legacy: each schema attribute's input column and value map, [input.attributes.<attribute>].",
-    )
-    ignore: list[Name] | None = Field(
-        None,
+    ignore: list[Name] = Field(
+        [],
         description="Columns present in the input but deliberately unused; any other unused column is an error.",
     )
-    total: Name | None = Field(
-        None,
-        description="block_counts: a column every row's mapped cells must sum to (checked on reading).",
-    )
-    state: str | None = Field(
-        None,
-        description="pl94_legacy: the state's lower-case USPS code, as in the files' names (\"ri\").",
-    )
-    vintage: Name | None = Field(
-        None,
-        description='pl94_legacy: the files\' name suffix (rigeo<vintage>.pl). Default: "2020".',
-    )
-    table: Name | None = Field(
-        None,
-        description="pl94_legacy: the table derived from the files: persons, group_quarters or units.",
-    )
-    summary_levels: list[Name] | None = Field(
-        None,
-        description="pl94_legacy: the summary levels whose records are checked against the sums of their blocks. Default: all four.",
-    )
+    state: LegacyOnly = None
+    vintage: LegacyOnly = None
+    table: LegacyOnly = None
+    summary_levels: LegacyOnly = None
 
-    @field_validator("state")
-    @classmethod
-    def _state(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[a-z]{2}", value):
-            raise ValueError(
-                f"{value!r} must be a lower-case USPS code, as in the file names ('ri')"
-            )
-        return value
+
+class BlockCountsInputModel(TableInputModel):
+    """``layout = "block_counts"``: one row per block, count columns mapped to cells."""
+
+    model_config = ConfigDict(title='layout = "block_counts"')
+    layout: Literal["block_counts"] = Field(
+        description="block_counts: one row per block, count columns mapped to cells by input.cells."
+    )
+    cells: Annotated[
+        list[dict[str, Name]],
+        BeforeValidator(_non_empty_cells, json_schema_input_type=list[dict[str, str]]),
+    ] = Field(
+        None,
+        validate_default=True,
+        description='Required: one entry per cell not structurally zero, { <attribute> = "<level>", ..., expr = "<columns added and subtracted>" }, e.g. expr = "pop_white - vap_white".',
+    )
+    total: Name | None = Field(
+        None, description="A column every row's mapped cells must sum to (checked on reading)."
+    )
+    attributes: MicrodataOnly = None
+
+
+class MicrodataInputModel(TableInputModel):
+    """``layout = "microdata"``: one row per person, its attributes read from columns."""
+
+    model_config = ConfigDict(title='layout = "microdata"')
+    layout: Literal["microdata"] = Field(
+        description="microdata: one row per person, attributes read by input.attributes (needs [geography] spine)."
+    )
+    attributes: dict[str, AttributeColumnModel] = Field(
+        {},
+        description="Each schema attribute's input column and value map, [input.attributes.<attribute>].",
+    )
+    cells: BlockCountsOnly = None
+    total: BlockCountsOnly = None
+
+
+class LegacyInputModel(Model):
+    """``format = "pl94_legacy"``: a state's P.L. 94-171 files as the Census publishes them."""
+
+    model_config = ConfigDict(title='format = "pl94_legacy"')
+    required_by: ClassVar[str] = f" (format = '{PL94_LEGACY}')"
+    path: PathText = Field(
+        description="The folder of the state's files, relative to the current directory."
+    )
+    format: Literal["pl94_legacy"] = Field(
+        description="pl94_legacy: a state's P.L. 94-171 files as the Census publishes them."
+    )
+    attributes: dict[str, AttributeColumnModel] = Field(
+        {},
+        description="Each schema attribute's variable of the table (column) and code -> level map, [input.attributes.<attribute>].",
+    )
+    state: Annotated[str, AfterValidator(_usps_code)] = Field(
+        description="The state's lower-case USPS code, as in the files' names (\"ri\")."
+    )
+    vintage: Name = Field("2020", description="The files' name suffix (rigeo<vintage>.pl).")
+    table: Pl94Table = Field(
+        description="The table derived from the files: persons, group_quarters or units."
+    )
+    summary_levels: Annotated[list[Name], AfterValidator(_summary_levels)] = Field(
+        list(SUMMARY_LEVELS),
+        description="The summary levels whose records are checked against the sums of their blocks. Default: all four.",
+    )
+    layout: FixedByLegacyLayout = None
+    geocode: FixedByLegacyLayout = None
+    cells: FixedByLegacyLayout = None
+    ignore: FixedByLegacyLayout = None
+    total: FixedByLegacyLayout = None
+
+
+def _input_variant(data: Any) -> str:
+    """The tag of the input's variant: its format, or else its layout (block counts when
+    absent, whose model then refuses the missing key)."""
+    if not isinstance(data, Mapping):
+        return "layout = 'block_counts'"
+    if data.get("format") == PL94_LEGACY:
+        return f"format = '{PL94_LEGACY}'"
+    return f"layout = '{data.get('layout', 'block_counts')}'"
+
+
+def _input_layout(data: Any) -> Any:
+    """An input table's ``layout`` checked before its variant is chosen (when absent, the
+    block counts' model refuses the missing key)."""
+    if isinstance(data, Mapping) and data.get("format") != PL94_LEGACY and "layout" in data:
+        check_choice(data, "layout", "", INPUT_LAYOUTS)
+    return data
+
+
+InputModel = Annotated[
+    Annotated[BlockCountsInputModel, variant("layout = 'block_counts'")]
+    | Annotated[MicrodataInputModel, variant("layout = 'microdata'")]
+    | Annotated[LegacyInputModel, variant(f"format = '{PL94_LEGACY}'")],
+    Discriminator(_input_variant),
+    BeforeValidator(_input_layout),
+    choice_of("format", "csv", get_args(TopDownInputFormat)),
+]
+"""``[input]``: its variant told by ``format``, and for an input table by ``layout``."""
 
 
 class OccupancyModel(Model):
@@ -530,22 +684,12 @@ def _budget(fail: Fail, model: BudgetModel, hierarchy: Hierarchy) -> ZcdpAllocat
         raise fail(
             "budget.levels", f"unknown level(s) {unknown}; levels are {list(hierarchy.names)}"
         )
-    shares = model.mode == "shares"
-    for name, level in model.levels.items():
-        if shares and level.share is None:
-            raise fail(f"budget.levels.{name}", "missing required key(s) ['share']")
-        if not shares and level.share is not None:
-            raise fail(f"budget.levels.{name}", "unknown key(s) ['share']; allowed: ['queries']")
     queries = {name: level.queries for name, level in model.levels.items()}
-    if shares and model.rho is None:
-        raise fail("budget", "missing required key 'rho' (mode = 'shares')")
-    if not shares and model.rho is not None:
-        raise fail("budget.rho", "not used with mode = 'per_query_rho' (the total is the sum)")
     try:
-        if model.rho is None:
+        if isinstance(model, QueryRhoBudgetModel):
             allocation = allocate_per_query_rho(queries, hierarchy.names)
         else:
-            level_shares = {n: lv.share for n, lv in model.levels.items() if lv.share is not None}
+            level_shares = {name: level.share for name, level in model.levels.items()}
             allocation = allocate_by_shares(model.rho, level_shares, queries, hierarchy.names)
     except BudgetError as err:
         raise fail("budget", str(err)) from None
@@ -570,12 +714,10 @@ def _expression(fail: Fail, key: str, expr: str) -> tuple[tuple[str, ...], tuple
 
 
 def _cells(
-    fail: Fail, cells: list[dict[str, str]] | None, schema: Schema, zeros: tuple[int, ...]
+    fail: Fail, cells: list[dict[str, str]], schema: Schema, zeros: tuple[int, ...]
 ) -> tuple[CellColumn, ...]:
     """The mapped cells; every cell of the schema is mapped or a structural zero, so none of
     the input's people silently become 0."""
-    if not cells:
-        raise fail("input.cells", "must be a non-empty list of {<attribute> = <level>, expr = ...}")
     keys = {*schema.names, "expr"}
     out: dict[int, CellColumn] = {}
     for i, c in enumerate(cells):
@@ -616,48 +758,32 @@ def _cell_text(schema: Schema, levels: np.ndarray) -> str:
     return "{" + ", ".join(f"{a.name} = {a.levels[i]!r}" for a, i in pairs) + "}"
 
 
-LEGACY_KEYS = ("state", "vintage", "table", "summary_levels")
-TABLE_KEYS = ("layout", "geocode", "cells", "ignore", "total")
-
-
 def _input(
     fail: Fail, model: InputModel, schema: Schema, zeros: tuple[int, ...], base: Path
 ) -> InputSpec:
-    if model.format == PL94_LEGACY:
+    if isinstance(model, LegacyInputModel):
         return _legacy_input(fail, model, schema, base)
-    for key in LEGACY_KEYS:
-        if getattr(model, key) is not None:
-            raise fail(f"input.{key}", f"only for format = '{PL94_LEGACY}'")
-    if missing := [k for k in ("layout", "geocode") if getattr(model, k) is None]:
-        raise fail("input", f"missing required key(s) {missing}")
-    assert model.layout is not None and model.geocode is not None
-    path, geocode = resolve(base, model.path), tuple(model.geocode)
-    ignore = tuple(model.ignore or ())
-    if model.layout == "block_counts":
-        if model.attributes is not None:
-            raise fail("input.attributes", "only for layout = 'microdata'")
-        cells = _cells(fail, model.cells, schema, zeros)
+    path, geocode, ignore = resolve(base, model.path), tuple(model.geocode), tuple(model.ignore)
+    if isinstance(model, BlockCountsInputModel):
         return InputSpec(
             path=path,
             format=model.format,
             layout=model.layout,
             geocode_columns=geocode,
-            cells=cells,
+            cells=_cells(fail, model.cells, schema, zeros),
             ignore=ignore,
             total=model.total,
         )
-    for key in ("cells", "total"):
-        if getattr(model, key) is not None:
-            raise fail(f"input.{key}", "only for layout = 'block_counts'")
-    attrs = model.attributes or {}
-    check_keys(attrs, {*schema.names}, {*schema.names}, partial(fail, "input.attributes"))
+    check_keys(
+        model.attributes, {*schema.names}, {*schema.names}, partial(fail, "input.attributes")
+    )
     columns = []
     for attr in schema.attributes:
-        value_map = attrs[attr.name].map or {lv: lv for lv in attr.levels}
+        value_map = model.attributes[attr.name].map or {lv: lv for lv in attr.levels}
         if bad := [v for v in value_map.values() if v not in attr.levels]:
             rule = f"maps to {bad}, which are not levels of {attr.name}"
             raise fail(f"input.attributes.{attr.name}.map", rule)
-        columns.append(AttributeColumn(attr.name, attrs[attr.name].column, value_map))
+        columns.append(AttributeColumn(attr.name, model.attributes[attr.name].column, value_map))
     return InputSpec(
         path=path,
         format=model.format,
@@ -668,28 +794,12 @@ def _input(
     )
 
 
-def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> InputSpec:
+def _legacy_input(fail: Fail, model: LegacyInputModel, schema: Schema, base: Path) -> InputSpec:
     """``format = "pl94_legacy"``: every schema attribute maps one variable of the derived
     ``table`` (every code to a level, so no one is left out), and each schema cell becomes the
     sum of the derived cells mapped to it, an expression over the table cells."""
-    for key in TABLE_KEYS:
-        if getattr(model, key) is not None:
-            raise fail(
-                f"input.{key}", f"not used with format = '{PL94_LEGACY}' (fixed by the layout)"
-            )
-    for key in ("state", "table"):
-        if getattr(model, key) is None:
-            raise fail("input", f"missing required key(s) ['{key}'] (format = '{PL94_LEGACY}')")
-    assert model.state is not None and model.table is not None
-    if model.table not in TABLES:
-        raise fail("input.table", f"{model.table!r} must be one of {tuple(TABLES)}")
     table = TABLES[model.table]
-    levels = tuple(model.summary_levels if model.summary_levels is not None else SUMMARY_LEVELS)
-    if bad := [lv for lv in levels if lv not in SUMMARY_LEVELS]:
-        raise fail("input.summary_levels", f"{bad} are not among {tuple(SUMMARY_LEVELS)}")
-    if len(set(levels)) != len(levels):
-        raise fail("input.summary_levels", f"levels must be distinct, got {list(levels)}")
-    attrs = model.attributes or {}
+    attrs = model.attributes
     check_keys(attrs, {*schema.names}, {*schema.names}, partial(fail, "input.attributes"))
     variable_of: dict[str, str] = {}  # attribute -> variable
     level_of: dict[str, dict[str, str]] = {}  # variable -> code -> level
@@ -735,7 +845,7 @@ def _legacy_input(fail: Fail, model: InputModel, schema: Schema, base: Path) -> 
         CellColumn(c, tuple(plus[c]), tuple(minus[c]), " - ".join([" + ".join(plus[c]), *minus[c]]))
         for c in sorted(plus)
     )
-    legacy = LegacyInput(model.state, model.vintage or "2020", table.name, levels)
+    legacy = LegacyInput(model.state, model.vintage, table.name, tuple(model.summary_levels))
     return InputSpec(
         path=resolve(base, model.path),
         format=PL94_LEGACY,
@@ -759,7 +869,7 @@ class GivenVariable:
 
 
 def _pl94_tables(
-    fail: Fail, model: Pl94TablesModel, schema: Schema, legacy: InputModel | None
+    fail: Fail, model: Pl94TablesModel, schema: Schema, legacy: LegacyInputModel | None
 ) -> Pl94TablesSpec:
     """The tables asked for, each of whose variables the schema must hold one code per level:
     with ``legacy`` input (``format = "pl94_legacy"``) as its ``[input.attributes]`` maps them,
@@ -787,7 +897,7 @@ def _pl94_tables(
 
 
 def _given_variables(
-    fail: Fail, model: Pl94TablesModel, schema: Schema, legacy: InputModel | None
+    fail: Fail, model: Pl94TablesModel, schema: Schema, legacy: LegacyInputModel | None
 ) -> dict[str, GivenVariable]:
     """Variable -> where it is mapped, its attribute and its map, from ``[input.attributes]``
     (legacy files) or ``[output.pl94_tables.variables]``."""
@@ -799,9 +909,9 @@ def _given_variables(
                 f"not used with [input] format = '{PL94_LEGACY}' (the variables are those of"
                 " [input.attributes])",
             )
-        attrs = legacy.attributes or {}
         return {
-            a.column: GivenVariable(f"input.attributes.{n}", n, a.map) for n, a in attrs.items()
+            a.column: GivenVariable(f"input.attributes.{n}", n, a.map)
+            for n, a in legacy.attributes.items()
         }
     if model.variables is None:
         raise fail(
@@ -837,7 +947,7 @@ def _census_variable(fail: Fail, name: str, given: GivenVariable, schema: Schema
     return CensusVariable(name, given.attribute, level_of)
 
 
-def _check_method(fail: Fail, method: str, hierarchy: Hierarchy,
+def _check_method(fail: Fail, method: EstimationMethod, hierarchy: Hierarchy,
                   queries: Mapping[str, tuple[MarginalQuery, ...]], zeros: tuple[int, ...],
                   schema: Schema) -> None:  # fmt: skip
     """``full_information`` needs the leaf level's queries to determine every cell that is not
@@ -884,7 +994,7 @@ def _identify_every_cell(codes: list[np.ndarray], n_cells: int) -> bool:
 def _passes(
     fail: Fail,
     passes: list[str] | dict[str, list[str]],
-    method: str,
+    method: EstimationMethod,
     queries: Mapping[str, tuple[MarginalQuery, ...]],
 ) -> dict[str, tuple[EstimationPass, ...]]:
     """The passes of every level: ``["all"]`` (one pass, the default) or ``["total", "all"]``
@@ -1116,7 +1226,7 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             f" {hierarchy.leaf.name!r} has {hierarchy.leaf.digits} digits",
         )
     tables = model.output.pl94_tables
-    legacy = model.input if model.input and model.input.format == PL94_LEGACY else None
+    legacy = model.input if isinstance(model.input, LegacyInputModel) else None
     pl94_tables = _pl94_tables(fail, tables, schema, legacy) if tables else None
     method, fallback = model.estimation.method, ""
     try:

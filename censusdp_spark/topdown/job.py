@@ -54,7 +54,12 @@ from censusdp_spark.topdown.bypass import BypassSummary, measurement_plan, plan_
 from censusdp_spark.topdown.capacity import check_disk, check_memory
 from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_tables
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
-from censusdp_spark.topdown.config import RunConfig, invariant_levels, privacy_unit
+from censusdp_spark.topdown.config import (
+    EstimationMethod,
+    RunConfig,
+    invariant_levels,
+    privacy_unit,
+)
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table, plot_errors
 from censusdp_spark.topdown.full_information import estimate_level_from_bottom_up
@@ -104,7 +109,7 @@ class RunSummary:
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     for_release: bool = True
     evaluation_dir: Path | None = None
-    method: str = "topdown"
+    method: EstimationMethod = "topdown"
     method_fallback: str = ""
     bypass: str = ""  # the bypassed single-child parents per level, with bypassing
     tables: list[str] = field(default_factory=list)  # the Delta tables written

@@ -13,18 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Attribute:
-    name: str
-    levels: tuple[str, ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.levels)
-
-    def index_of(self, level: str) -> int:
-        return self.levels.index(level)
+from censusdp_spark.model.attribute import Attribute
 
 
 @dataclass(frozen=True)

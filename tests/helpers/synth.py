@@ -6,7 +6,7 @@ import numpy as np
 
 from censusdp_spark.synth.domain import (
     ABSENT,
-    Attribute,
+    BinnedAttribute,
     Binning,
     HouseholdDomain,
     Households,
@@ -17,8 +17,8 @@ HEAD, SPOUSE, CHILD, OTHER = range(4)
 """The codes of the ``rel`` attribute of ``small_domain``."""
 
 
-def attribute(name: str, n: int) -> Attribute:
-    return Attribute(name, tuple(f"{name}{i}" for i in range(n)), Binning(name))
+def attribute(name: str, n: int) -> BinnedAttribute:
+    return BinnedAttribute(name, tuple(f"{name}{i}" for i in range(n)), Binning(name))
 
 
 def small_domain(max_members: int = 4, family_max: int = 3) -> HouseholdDomain:

@@ -11,7 +11,7 @@ import pytest
 
 from censusdp_spark.synth.domain import (
     ABSENT,
-    Attribute,
+    BinnedAttribute,
     Binning,
     HouseholdDomain,
     Households,
@@ -162,17 +162,19 @@ def test_expected_answers_of_a_one_hot_mixture_equal_the_households_answers():
 def test_encoding_bins_values_moves_the_head_first_and_drops_oversize_households():
     domain = HouseholdDomain(
         (
-            Attribute(
+            BinnedAttribute(
                 "income", ("low", "high"), Binning("INC", ranges=((-1e9, 50.0, 0), (50.0, 1e9, 1)))
             ),
         ),
         (
-            Attribute(
+            BinnedAttribute(
                 "rel",
                 ("head", "spouse", "child", "other"),
                 Binning("REL", values={0.0: 0, 1.0: 1, 2.0: 2, 3.0: 3}),
             ),
-            Attribute("school", ("no", "yes"), Binning("SCH", values={1.0: 0, 2.0: 1}, missing=0)),
+            BinnedAttribute(
+                "school", ("no", "yes"), Binning("SCH", values={1.0: 0, 2.0: 1}, missing=0)
+            ),
         ),
         max_members=2,
         roles=Roles(0, 0, frozenset({1}), frozenset({2}), 2),
@@ -197,7 +199,7 @@ def test_encoding_bins_values_moves_the_head_first_and_drops_oversize_households
 def test_encoding_reports_unmapped_values_and_households_without_one_head():
     domain = HouseholdDomain(
         (),
-        (Attribute("rel", ("head", "other"), Binning("REL", values={0.0: 0, 1.0: 1})),),
+        (BinnedAttribute("rel", ("head", "other"), Binning("REL", values={0.0: 0, 1.0: 1})),),
         max_members=3,
         roles=Roles(0, 0, frozenset(), frozenset(), 3),
     )

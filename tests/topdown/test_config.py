@@ -86,6 +86,46 @@ def test_a_level_without_query_shares_is_refused(tmp_path):
         load_config(path, ROOT)
 
 
+def per_query_rho(doc: dict) -> dict:
+    """The demo's ``[budget]`` in ``mode = "per_query_rho"``: each query's rho given."""
+    budget = doc["budget"]
+    budget.update(mode="per_query_rho")
+    budget.pop("rho")
+    for level in budget["levels"].values():
+        level.pop("share")
+        level["queries"] = dict.fromkeys(level["queries"], "1/100")
+    return doc
+
+
+def test_per_query_rho_gives_each_query_its_rho_and_the_total_their_sum():
+    config = load_config(per_query_rho(tomllib.loads(DEMO.read_text())), ROOT)
+    entries = config.budget.entries
+    assert {e.rho for e in entries} == {Fraction(1, 100)}
+    assert config.budget.total_rho == Fraction(len(entries), 100)
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "rule"),
+    [
+        (lambda d: d["budget"].update(mode="split"), "budget.mode",
+         "'split' must be one of ('shares', 'per_query_rho')"),
+        (lambda d: d["budget"].pop("rho"), "budget", "missing required key 'rho' (mode = 'shares')"),
+        (lambda d: d["budget"]["levels"]["county"].pop("share"), "budget.levels.county",
+         "missing required key(s) ['share']"),
+        (lambda d: per_query_rho(d)["budget"].update(rho="1"), "budget.rho",
+         "not used with mode = 'per_query_rho' (the total is the sum)"),
+        (lambda d: per_query_rho(d)["budget"]["levels"]["county"].update(share="1"),
+         "budget.levels.county", "unknown key(s) ['share']; allowed: ['queries']"),
+    ],
+)  # fmt: skip
+def test_each_budget_mode_takes_its_own_keys(edit, key, rule):
+    doc = tomllib.loads(DEMO.read_text())
+    edit(doc)
+    with pytest.raises(ConfigError) as refused:
+        load_config(doc, ROOT)
+    assert (refused.value.key, refused.value.rule) == (key, rule)
+
+
 def test_a_cell_level_outside_the_schema_is_refused(tmp_path):
     path = edited(
         tmp_path, 'hisprace = "nhpi", expr = "vap_nhpi"', 'hisprace = "pacific", expr = "vap_nhpi"'

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
+from censusdp_spark.model.attribute import Attribute
 from censusdp_spark.topdown.queries import parse_query
-from censusdp_spark.topdown.schema import Attribute, Recode, Schema
+from censusdp_spark.topdown.schema import Recode, Schema
 
 SCHEMA = Schema(
     (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from censusdp_spark.topdown.schema import Attribute, Schema
+from censusdp_spark.model.attribute import Attribute
+from censusdp_spark.topdown.schema import Schema
 
 SCHEMA = Schema(
     (
