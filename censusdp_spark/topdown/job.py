@@ -500,10 +500,11 @@ def _write_products(
     held: HeldExact,
     nodes: DataFrame,
     run: ReleaseRun,
+    top: int = 0,
 ) -> list[str]:
     """What is computed from the released estimates alone: ``microdata``, with
     ``--variances`` ``total_variances``, with ``[output.pl94_tables]`` the P.L. 94-171 tables
-    (their CSV files returned)."""
+    of the levels from ``top`` down (their CSV files returned)."""
     output = config.run.output
     shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # an uncommitted leftover
     delta.write_table(
@@ -522,7 +523,7 @@ def _write_products(
     if config.pl94_tables is None:
         return []
     geography = nodes.select("level", "geocode")  # the node list: from the spine alone
-    csv_files = write_census_tables(spark, released, geography, config)
+    csv_files = write_census_tables(spark, released, geography, config, top)
     run.clock.lap("pl94_tables")
     return csv_files
 
@@ -704,7 +705,7 @@ def _run_post_processing(
     released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
     checks = _check_guarantees(config, released, noisy, held, None, top)
     run.clock.lap("check_guarantees")
-    csv_files = _write_products(spark, config, options, released, held, geography, run)
+    csv_files = _write_products(spark, config, options, released, held, geography, run, top)
     described = f"{source} ({options.noisy_format})"
     if options.states:
         described += f", state by state: {', '.join(options.states)}"

@@ -23,7 +23,7 @@ from tests.helpers.release import assert_same_tables
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
 # Three states of real RI 2010 blocks (274 in all): one tract each, two of them relabelled.
 STATES = {"44": "44001030100", "45": "44001030200", "09": "44001030700"}
-TABLES = ("noisy_measurements", "estimates", "bottom_up", "microdata")
+TABLES = ("noisy_measurements", "estimates", "bottom_up", "microdata", "total_variances")
 
 
 def three_states_csv(path: Path) -> Path:
@@ -39,8 +39,8 @@ def three_states_csv(path: Path) -> Path:
     return path
 
 
-def topdown(*args: str) -> list[str]:
-    return ["topdown", "--config", str(DEMO), *args]
+def topdown(*args: str, config: Path = DEMO) -> list[str]:
+    return ["topdown", "--config", str(config), *args]
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +63,13 @@ def nmf(national, tmp_path_factory) -> Path:
     return out
 
 
-def state_run(source: Path, out: Path, states: str, fmt: str = "census_nmf") -> Path:
+def state_run(
+    source: Path, out: Path, states: str, fmt: str = "census_nmf", config: Path = DEMO
+) -> Path:
+    """A state-by-state run (with ``total_variances`` when the config's method has them)."""
     args = ["--output", str(out), "--noisy-measurements", str(source), "--noisy-format", fmt]
-    assert main(topdown(*args, "--states", states)) == 0
+    variances = ["--variances"] if config == DEMO else []
+    assert main(topdown(*args, "--states", states, *variances, config=config)) == 0
     return out
 
 
@@ -131,6 +135,22 @@ def test_each_state_of_a_run_is_its_own_tree(spark, nmf, rhode_island, tmp_path)
 def test_a_censusdp_release_runs_state_by_state_alike(spark, national, rhode_island, tmp_path):
     again = state_run(national, tmp_path / "out", "44", fmt="censusdp")
     assert_same_tables(spark, rhode_island, again, TABLES)
+
+
+def test_the_census_method_runs_state_by_state_too(spark, nmf, tmp_path):
+    """With ``method = "topdown"`` the state is fitted to its own answers alone, its total
+    held; every guarantee holds."""
+    config = tmp_path / "census_method.toml"
+    text = DEMO.read_text().replace('"data/', f'"{ROOT}/data/')
+    config.write_text(text.replace('method = "full_information"', 'method = "topdown"', 1))
+    out = state_run(nmf, tmp_path / "out", "45", config=config)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["estimation"]["method"] == "topdown"
+    assert set(manifest["guarantee_checks"].values()) == {0}
+    estimates = rows(spark, out, "estimates")
+    assert estimates.filter(~F.col("geocode").startswith("45")).count() == 0
+    totals = estimates.groupBy("level").agg(F.sum("count").alias("n")).collect()
+    assert len({r["n"] for r in totals}) == 1  # every level sums to the held state total
 
 
 def refused(args: list[str], capsys) -> str:
