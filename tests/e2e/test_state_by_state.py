@@ -137,6 +137,21 @@ def test_a_censusdp_release_runs_state_by_state_alike(spark, national, rhode_isl
     assert_same_tables(spark, rhode_island, again, TABLES)
 
 
+def test_the_api_runs_state_by_state_alike(spark, nmf, rhode_island, tmp_path):
+    from censusdp_spark import run_topdown
+
+    release = run_topdown(
+        DEMO,
+        spark=spark,
+        output=tmp_path / "out",
+        noisy_measurements=nmf,
+        states="44",
+        variances=True,
+    )
+    assert release.summary.levels[0] == "state"
+    assert_same_tables(spark, rhode_island, tmp_path / "out", TABLES)
+
+
 def test_the_census_method_runs_state_by_state_too(spark, nmf, tmp_path):
     """With ``method = "topdown"`` the state is fitted to its own answers alone, its total
     held; every guarantee holds."""
