@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
@@ -521,6 +521,7 @@ def run_topdown(
     variances: bool = False,
     noisy_measurements: Path | None = None,
     noisy_format: str = "census_nmf",
+    states: Sequence[str] = (),
 ) -> Release:
     """Run the TopDown release of ``config`` (as ``censusdp topdown``).
 
@@ -547,6 +548,10 @@ def run_topdown(
             no budget spent; the variances are the file's.
         noisy_format: Their layout: ``"census_nmf"`` (the Census Noisy Measurement File) or
             ``"censusdp"`` (a TopDown release folder of censusdp).
+        states: With ``noisy_measurements``, a state-by-state run (``--states``): only these
+            states' subtrees are read (an NMF's ``State=<code>`` folders, codes as the file
+            spells them; a string is split at its commas) and each state is estimated as the root of its own tree; the
+            release has no root (nation) row.
 
     Returns:
         The release written, with the run's ``summary`` (and ``evaluation`` folder).
@@ -591,6 +596,7 @@ def run_topdown(
         evaluation_output=_path(evaluation_output),
         noisy_measurements=_path(noisy_measurements),
         noisy_format=NoisyFormat(noisy_format),
+        states=tuple(states.split(",")) if isinstance(states, str) else tuple(states),
     )
     summary = run(_session(spark, "topdown"), loaded, options)
     return _finished(summary)

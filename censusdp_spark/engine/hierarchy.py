@@ -24,12 +24,16 @@ def geocode_prefix(digits: int) -> Column:
     return F.substring("geocode", 1, digits) if digits > 0 else F.lit("")
 
 
-def children_not_summing_to_parent(rows: DataFrame, hierarchy: Hierarchy, cell: str) -> DataFrame:
+def children_not_summing_to_parent(
+    rows: DataFrame, hierarchy: Hierarchy, cell: str, top: int = 0
+) -> DataFrame:
     """The ``level, geocode, <cell>`` cells of the nodes above the leaves whose ``count`` is not
     the sum of their children's (lazy; a row a cell). ``rows``: long format ``level, geocode,
-    <cell>, count`` of every level; a cell missing on either side counts 0."""
+    <cell>, count`` of every level from ``top`` down (the roots of the trees released: a
+    state-by-state release has no root); a cell missing on either side counts 0."""
     sums = None
-    for parent, child in zip(hierarchy.levels, hierarchy.levels[1:], strict=False):
+    levels = hierarchy.levels[top:]
+    for parent, child in zip(levels, levels[1:], strict=False):
         prefix = geocode_prefix(parent.digits)
         part = rows.filter(F.col("level") == child.name).select(
             F.lit(parent.name).alias("level"), prefix.alias("geocode"), cell, "count"

@@ -97,17 +97,22 @@ def _fields(
 
 
 def write_census_tables(
-    spark: SparkSession, estimates: DataFrame, geography: DataFrame, config: RunConfig
+    spark: SparkSession,
+    estimates: DataFrame,
+    geography: DataFrame,
+    config: RunConfig,
+    top: int = 0,
 ) -> list[str]:
     """Write ``pl94_tables`` (replacing what an earlier attempt left) and its CSV copies from
-    it; returns the CSV files, relative to the output folder."""
+    it, of the levels from ``top`` down (1 in a state-by-state release, which has no root);
+    returns the CSV files, relative to the output folder."""
     output = config.run.output
     for name in (PL94_TABLES, PL94_TABLES_CSV):
         shutil.rmtree(output / name, ignore_errors=True)  # an earlier attempt's: rewritten whole
     tables = census_tables(estimates, geography, config)
     delta.write_table(tables, output, PL94_TABLES, partition_by="level")
     written = delta.read_table(spark, output, PL94_TABLES)
-    levels = config.hierarchy.names
+    levels = config.hierarchy.names[top:]
     return [
         str(p.relative_to(output)) for p in _write_csv(written, output / PL94_TABLES_CSV, levels)
     ]

@@ -37,12 +37,15 @@ def check_estimates(
     hierarchy: Hierarchy,
     invariant_totals: DataFrame,
     invariant_levels: Sequence[str],
+    top: int = 0,
 ) -> dict[str, int]:
     """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``;
     one Spark query counts them all.
 
-    ``estimates`` is long format ``level, geocode, cell, count``; ``invariant_totals`` is
-    ``level, geocode, inv_total`` of every node of the ``invariant_levels``.
+    ``estimates`` is long format ``level, geocode, cell, count`` of the levels from ``top``
+    down (``top``: the level of the trees' roots, 1 in a state-by-state release);
+    ``invariant_totals`` is ``level, geocode, inv_total`` of every node of the
+    ``invariant_levels``.
     """
     node = ["level", "geocode"]
     totals = (
@@ -58,7 +61,7 @@ def check_estimates(
         estimates.filter(F.col("count") < 0)
         .select(F.lit(negatives).alias("guarantee"))
         .unionByName(
-            children_not_summing_to_parent(estimates, hierarchy, "cell").select(
+            children_not_summing_to_parent(estimates, hierarchy, "cell", top).select(
                 F.lit(inconsistent).alias("guarantee")
             )
         )

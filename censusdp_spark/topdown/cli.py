@@ -59,9 +59,28 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --noisy-measurements: the Census Noisy Measurement File's layout, or a"
         " censusdp TopDown release folder",
     )
+    parser.add_argument(
+        "--states",
+        type=state_codes,
+        default=(),
+        metavar="CODE[,CODE...]",
+        help="with --noisy-measurements: a state-by-state run, reading only these states'"
+        " State=<CODE> folders (codes as the file's folders spell them, e.g. 44 or 044); each"
+        " state estimated as the root of its own tree, no nation row",
+    )
     add_spark_flags(parser)
     parser.set_defaults(run=run_topdown_from_args, observer=QUIET)
     return parser
+
+
+def state_codes(text: str) -> tuple[str, ...]:
+    """``--states``: comma-separated codes, each once, none empty."""
+    codes = tuple(code.strip() for code in text.split(","))
+    if any(not code for code in codes):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty state code")
+    if len(set(codes)) < len(codes):
+        raise argparse.ArgumentTypeError(f"{text!r}: a state given twice")
+    return codes
 
 
 def add_export_nmf_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -163,6 +182,7 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
         evaluation_output=args.evaluation_output,
         noisy_measurements=args.noisy_measurements,
         noisy_format=NoisyFormat(args.noisy_format),
+        states=args.states,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options, args.observer)

@@ -18,6 +18,9 @@ What the estimation takes from the file, and from the config:
 * from the config: the schema, the queries' definitions, structural zeros and the estimation
   settings.
 
+State by state (``states``): only those states' subtrees are read, below the root; the run
+estimates each state as the root of its own tree (``topdown.job``) and releases no root row.
+
 Not yet: ``[budget] bypass_single_child`` (a node's chain of levels is not in an NMF) and
 ``[[estimation.occupancy]]`` / ``[estimation] dwellings`` (their bounds come from an input
 table): each is refused in one line.
@@ -42,6 +45,7 @@ from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import allocate_per_query_rho
 from censusdp_spark.topdown.config import RunConfig, invariant_levels
 from censusdp_spark.topdown.nmf import read_nmf, write_nmf
+from censusdp_spark.topdown.nmf_layout import STATE_LEVEL
 
 
 class NoisyFormat(StrEnum):
@@ -112,19 +116,52 @@ def refuse_unsupported(config: RunConfig, source: Path) -> None:
 
 
 def read_given(
-    spark: SparkSession, source: Path, fmt: NoisyFormat, config: RunConfig
+    spark: SparkSession,
+    source: Path,
+    fmt: NoisyFormat,
+    config: RunConfig,
+    states: tuple[str, ...] = (),
 ) -> GivenMeasurements:
     """The noisy measurements at ``source`` in layout ``fmt``, checked against ``config``
-    (one-line ``ValueError`` naming the file, the row and the rule)."""
+    (one-line ``ValueError`` naming the file, the row and the rule). With ``states`` (a
+    state-by-state run), only those states' nodes: the levels below the root, each state's
+    subtree (an NMF's other ``State=`` folders and its root folder are not opened)."""
     refuse_unsupported(config, source)
     if fmt is NoisyFormat.CENSUS_NMF:
-        measured = read_nmf(spark, source, config)
+        measured = read_nmf(spark, source, config, states)
         given = GivenMeasurements(
             source, fmt, measured.noisy, measured.invariants, measured.geography
         )
     else:
         given = read_censusdp_release(spark, source, config)
+        if states:
+            given = _only_states(given, config, states)
     return _held_where_the_config_says(given, config)
+
+
+def _only_states(
+    given: GivenMeasurements, config: RunConfig, states: tuple[str, ...]
+) -> GivenMeasurements:
+    """``given`` cut to the subtrees of ``states`` (a state's code unknown to it is refused)."""
+    state = config.hierarchy.levels[STATE_LEVEL]
+    known = {
+        r["geocode"]
+        for r in given.geography.filter(F.col("level") == state.name).select("geocode").collect()
+    }
+    unknown = [s for s in states if s not in known]
+    if unknown:
+        raise ValueError(
+            f"{given.source}: state {unknown[0]!r}: unknown (level {state.name} has"
+            f" {len(known)} nodes: {', '.join(sorted(known)[:10])})"
+        )
+    below_root = F.col("level") != config.hierarchy.root.name
+    ours = below_root & F.col("geocode").substr(1, state.digits).isin(list(states))
+    return replace(
+        given,
+        noisy=given.noisy.filter(ours),
+        invariants=given.invariants.filter(ours),
+        geography=given.geography.filter(ours),
+    )
 
 
 def _held_where_the_config_says(given: GivenMeasurements, config: RunConfig) -> GivenMeasurements:
@@ -209,10 +246,12 @@ def geography_of(noisy: DataFrame, hierarchy: Hierarchy) -> DataFrame:
     )
 
 
-def given_budget(noisy: DataFrame, config: RunConfig, source: Path) -> GivenBudget:
+def given_budget(noisy: DataFrame, config: RunConfig, source: Path, top: int = 0) -> GivenBudget:
     """The budget the file's variances spend (``rho = 1 / sigma2`` per query: a marginal's
     squared sensitivity is 2) as the config's, and how the config's own disagrees. Every
-    level must be measured, every query once per level with one variance."""
+    level from ``top`` down must be measured, every query once per level with one variance;
+    the levels above ``top`` (the root, in a state's run, which does not read it) take the
+    config's ``[budget]``."""
     classes = (
         noisy.groupBy("level", "query")
         .agg(F.countDistinct("sigma2").alias("variances"), F.min("sigma2").alias("sigma2"))
@@ -230,6 +269,10 @@ def given_budget(noisy: DataFrame, config: RunConfig, source: Path) -> GivenBudg
     for (level, query), value in exact.items():
         found[level][query] = value
     levels = config.hierarchy.names
+    for level in levels[:top]:
+        found[level] = {
+            q.name: config.budget.sigma2_for(level, q.name) for q in config.queries[level]
+        }
     for level in levels:
         if level not in found:
             raise ValueError(f"{source}: no measurement of level {level!r}")

@@ -67,6 +67,7 @@ from censusdp_spark.topdown.given import NoisyFormat, given_budget, read_given
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
+from censusdp_spark.topdown.nmf_layout import STATE_LEVEL, state_folders
 from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import (
     bounds_broken,
@@ -94,6 +95,7 @@ class TopDownOptions:
     evaluation_output: Path | None = None  # None: <output>.evaluation
     noisy_measurements: Path | None = None  # post-process these instead of measuring
     noisy_format: NoisyFormat = NoisyFormat.CENSUS_NMF
+    states: tuple[str, ...] = ()  # with noisy_measurements: only these states' subtrees
 
 
 @dataclass(kw_only=True)
@@ -261,6 +263,11 @@ def run_topdown(
     committed step and each estimation task (tests pass one in to inject faults)."""
     if options.noisy_measurements is not None:
         return _post_process(spark, config, options, options.noisy_measurements, observer)
+    if options.states:
+        raise ValueError(
+            "--states: a state-by-state run estimates given noisy measurements; add"
+            " --noisy-measurements PATH"
+        )
     config = _apply_options(config, options)
     with release_run(config, options) as run, reporting_progress(spark):
         return _run_topdown(spark, config, options, run, observer)
@@ -408,10 +415,13 @@ def _estimate_levels(
     held: HeldExact,
     node_counts: dict[str, int],
     observer: RunObserver,
+    top: int = 0,
 ) -> None:
     """Estimate level after level from ``noisy`` (with ``full_information``, after the
     bottom-up pass), each level committed to ``estimates`` before the next reads it; a step a
-    resumed run finds committed is not done again."""
+    resumed run finds committed is not done again. ``top``: the level whose nodes are the
+    roots, each estimated as the root of its own tree (1 in a state-by-state run: each state
+    is, as BlueDown's state passes treat it); the levels above it are not estimated."""
     output = config.run.output
     hierarchy = config.hierarchy
     clock = run.clock
@@ -423,19 +433,24 @@ def _estimate_levels(
             clock.lap(f"bottom_up_{level}", f"{node_counts.get(level, 0)} nodes")
             observer.step_committed(f"bottom_up_{level}")
 
-        done = [lv for lv in hierarchy.names if run.done(f"bottom_up_{lv}")]
+        above = hierarchy.names[:top]
+        done = [lv for lv in hierarchy.names if lv in above or run.done(f"bottom_up_{lv}")]
         write_bottom_up(
             spark, config, noisy, held.invariants, held.occupancy, output, done, committed
         )
     parent_estimates = None
-    for i, level in enumerate(hierarchy.levels):
+    for i, level in enumerate(hierarchy.levels[top:], start=top):
         if not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
+            plan = level_plan(config, level.name)
+            if i == top:  # each node its own family, solved as a root
+                parent_digits = level.digits
+                plan = replace(plan, is_root=True)
             constraints = node_constraints(held.invariants, held.occupancy, level.name)
             leaf = i == len(hierarchy.levels) - 1
             if full_information and not (leaf and leaves_fit_their_answers(config)):
                 estimates = estimate_level_from_bottom_up(
-                    level_plan(config, level.name),
+                    plan,
                     leaf,
                     delta.read_table(spark, output, BOTTOM_UP).filter(F.col("level") == level.name),
                     constraints,
@@ -446,7 +461,7 @@ def _estimate_levels(
                 )
             else:
                 estimates = estimate_level(
-                    level_plan(config, level.name),
+                    plan,
                     level_measurements(noisy, hierarchy, level.name, config.bypass_single_child),
                     constraints,
                     parent_estimates,
@@ -468,10 +483,13 @@ def _check_guarantees(
     noisy: DataFrame,
     held: HeldExact,
     bypass: BypassSummary | None,
+    top: int = 0,
 ) -> dict[str, int]:
-    """Every guarantee of the released estimates and the noisy table, each a count that is 0
-    (else ``GuaranteeViolation``)."""
-    checks = check_estimates(released, config.hierarchy, held.invariants, invariant_levels(config))
+    """Every guarantee of the released estimates (of the levels from ``top`` down) and the noisy
+    table, each a count that is 0 (else ``GuaranteeViolation``)."""
+    checks = check_estimates(
+        released, config.hierarchy, held.invariants, invariant_levels(config), top
+    )
     if held.occupancy is not None:
         checks.update(check_occupancy(released, held.occupancy, config))
     paths = [cut for cut, _, _ in bypass.paths] if bypass else None
@@ -487,10 +505,11 @@ def _write_products(
     held: HeldExact,
     nodes: DataFrame,
     run: ReleaseRun,
+    top: int = 0,
 ) -> list[str]:
     """What is computed from the released estimates alone: ``microdata``, with
     ``--variances`` ``total_variances``, with ``[output.pl94_tables]`` the P.L. 94-171 tables
-    (their CSV files returned)."""
+    of the levels from ``top`` down (their CSV files returned)."""
     output = config.run.output
     shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # an uncommitted leftover
     delta.write_table(
@@ -509,7 +528,7 @@ def _write_products(
     if config.pl94_tables is None:
         return []
     geography = nodes.select("level", "geocode")  # the node list: from the spine alone
-    csv_files = write_census_tables(spark, released, geography, config)
+    csv_files = write_census_tables(spark, released, geography, config, top)
     run.clock.lap("pl94_tables")
     return csv_files
 
@@ -547,12 +566,16 @@ def _evaluate(
     return table.to_dict("records"), eval_dir
 
 
-def _summary(config: RunConfig, run: ReleaseRun, node_counts: dict[str, int]) -> RunSummary:
+def _summary(
+    config: RunConfig, run: ReleaseRun, node_counts: dict[str, int], top: int = 0
+) -> RunSummary:
+    """The run's summary; ``top``: the first level released (1 in a state-by-state run)."""
     privacy = privacy_summary(config)
+    levels = list(config.hierarchy.names[top:])
     return RunSummary(
         output=config.run.output,
-        levels=list(config.hierarchy.names),
-        nodes={lv: int(node_counts.get(lv, 0)) for lv in config.hierarchy.names},
+        levels=levels,
+        nodes={lv: int(node_counts.get(lv, 0)) for lv in levels},
         rho=privacy["rho"],
         epsilon=privacy["epsilon_tight"],
         delta=config.run.delta,
@@ -616,7 +639,7 @@ def _post_process(
     contents = release_contents(
         TOPDOWN,
         config.document.doc,
-        input_fingerprint([source]),
+        input_fingerprint(_folders_read(config, options, source)),
         tables=release_tables(config, options.variances),
         estimation_keys=ESTIMATION_KEYS,
         output_keys=OUTPUT_KEYS,
@@ -635,6 +658,28 @@ def _post_process(
         return _run_post_processing(spark, config, options, source, run, observer)
 
 
+def _state_by_state(config: RunConfig, states: tuple[str, ...]) -> dict[str, Any] | None:
+    """The manifest's account of a state-by-state run (None for a whole file's)."""
+    if not states:
+        return None
+    root = config.hierarchy.root.name
+    return {
+        "states": list(states),
+        "levels_released": list(config.hierarchy.names[STATE_LEVEL:]),
+        "each_state": "estimated as the root of its own tree (its own measurements and, where"
+        " held, its total); no nation row: the nation needs every state",
+        "root_budget": f"the config's [budget] for level {root} (its measurements are not read)",
+    }
+
+
+def _folders_read(config: RunConfig, options: TopDownOptions, source: Path) -> list[Path]:
+    """What a post-processing run reads (its input fingerprint): the file, or in a
+    state-by-state run of an NMF its states' folders alone."""
+    if options.states and options.noisy_format is NoisyFormat.CENSUS_NMF:
+        return state_folders(source.absolute(), config, options.states)
+    return [source]
+
+
 def _run_post_processing(
     spark: SparkSession,
     config: RunConfig,
@@ -643,8 +688,9 @@ def _run_post_processing(
     run: ReleaseRun,
     observer: RunObserver,
 ) -> RunSummary:
-    given = read_given(spark, source, options.noisy_format, config)
-    budget = given_budget(given.noisy, config, source)
+    top = STATE_LEVEL if options.states else 0
+    given = read_given(spark, source, options.noisy_format, config, options.states)
+    budget = given_budget(given.noisy, config, source, top)
     for line in budget.disagreements:
         log.info("config [budget] not used: %s", line)
     config = budget.config
@@ -660,14 +706,16 @@ def _run_post_processing(
         run.clock.lap("copy_measurements")
     held = HeldExact(given.invariants.persist(StorageLevel.MEMORY_AND_DISK), None)
     noisy = delta.read_table(spark, config.run.output, delta.NOISY_MEASUREMENTS)
-    _estimate_levels(spark, config, run, noisy, held, node_counts, observer)
+    _estimate_levels(spark, config, run, noisy, held, node_counts, observer, top)
     released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
-    checks = _check_guarantees(config, released, noisy, held, None)
+    checks = _check_guarantees(config, released, noisy, held, None, top)
     run.clock.lap("check_guarantees")
-    csv_files = _write_products(spark, config, options, released, held, geography, run)
+    csv_files = _write_products(spark, config, options, released, held, geography, run, top)
     described = f"{source} ({options.noisy_format})"
+    if options.states:
+        described += f", state by state: {', '.join(options.states)}"
     summary = replace(
-        _summary(config, run, node_counts),
+        _summary(config, run, node_counts, top),
         post_processed=described,
         budget_disagreements=budget.disagreements,
     )
@@ -679,6 +727,7 @@ def _run_post_processing(
             "format": str(options.noisy_format),
             "rho_spent_by_this_release": "0",
             "config_budget_not_used": list(budget.disagreements),
+            "state_by_state": _state_by_state(config, options.states),
         },
     }
     bypass = {"bypass_single_child": False}

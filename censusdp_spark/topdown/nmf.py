@@ -49,6 +49,8 @@ from censusdp_spark.topdown.nmf_layout import (
     exact_variance,
     level_folder,
     nmf_level_names,
+    state_folder,
+    state_folders,
 )
 
 RELATIVE_VARIANCE_TOLERANCE = 1e-12
@@ -193,23 +195,32 @@ def _remove_side_files(root: Path) -> None:
 # --- reading --------------------------------------------------------------------------------
 
 
-def read_nmf(spark: SparkSession, path: Path, config: RunConfig) -> NmfMeasurements:
+def read_nmf(
+    spark: SparkSession, path: Path, config: RunConfig, states: tuple[str, ...] = ()
+) -> NmfMeasurements:
     """The NMF at ``path`` as our tables (``NmfMeasurements``), checked against ``config``.
+
+    With ``states``, only their ``State=<code>`` folders are read (``check_states`` first): the
+    levels below the root, each state's nodes; the root's folder and the other states' are not
+    opened, and a state node's parent (the root) is not looked for.
 
     ``sigma2`` is the file's ``sigma2`` column where it has one (ours), else the exact value of
     its float ``variance`` (``nmf_layout.exact_variance``). Raises ``InputError`` naming the level
     folder, the row and the rule, for the first rule the file breaks (module docstring)."""
     root = path.absolute()
-    names = nmf_level_names(config)
-    for level, nmf_level in names.items():
-        folder = level_folder(root, nmf_level, DPQUERY)
-        if not _data_files(folder):
-            raise InputError(
-                str(folder),
-                "folder",
-                f"missing: level {level} has no measurements (every level of the hierarchy has)",
-            )
-    dpq = _read_kind(spark, root, config, DPQUERY, DPQUERY_COLUMNS)
+    if states:
+        check_states(root, config, states)
+    else:
+        for level, nmf_level in nmf_level_names(config).items():
+            folder = level_folder(root, nmf_level, DPQUERY)
+            if not _data_files(folder):
+                raise InputError(
+                    str(folder),
+                    "folder",
+                    f"missing: level {level} has no measurements (every level of the hierarchy"
+                    " has)",
+                )
+    dpq = _read_kind(spark, root, config, DPQUERY, DPQUERY_COLUMNS, states)
     sigma2 = F.col(EXACT_VARIANCE) if EXACT_VARIANCE in dpq.columns else F.lit(None)
     rows = dpq.select(
         "level",
@@ -226,12 +237,19 @@ def read_nmf(spark: SparkSession, path: Path, config: RunConfig) -> NmfMeasureme
     )
     query = query_info(config, _query_key(F.col("query_name")))
     rows = rows.withColumns({c: query[c] for c in ("query", "cells", "shape")})
-    totals = _totals(spark, root, config)
+    totals = _totals(spark, root, config, states)
     variance = _as_double(F.col(EXACT_VARIANCE))
     exact = F.col(EXACT_VARIANCE).isNull() | (
         F.abs(variance - F.col("variance")) <= F.col("variance") * RELATIVE_VARIANCE_TOLERANCE
     )
-    check_tables(rows, totals, config, root, (exact, "sigma2 does not agree with the variance"))
+    check_tables(
+        rows,
+        totals,
+        config,
+        root,
+        (exact, "sigma2 does not agree with the variance"),
+        top=STATE_LEVEL if states else 0,
+    )
     noisy = rows.select(
         "level",
         "geocode",
@@ -246,6 +264,45 @@ def read_nmf(spark: SparkSession, path: Path, config: RunConfig) -> NmfMeasureme
         invariants=totals.select(*node, "inv_total").dropDuplicates(),
         geography=rows.select(*node).unionByName(totals.select(*node)).distinct(),
     )
+
+
+def check_states(root: Path, config: RunConfig, states: tuple[str, ...]) -> None:
+    """Each of ``states`` is a ``State=<code>`` folder of the file's State level, with its
+    measurements at every level below the root (an ``InputError`` in one line otherwise: a
+    code of the wrong length, one the file does not have, a level without the state's
+    folder). Only folder names are listed; no file is read."""
+    names = nmf_level_names(config)
+    levels = config.hierarchy.levels
+    state_level = levels[STATE_LEVEL]
+    top = level_folder(root, names[state_level.name], DPQUERY)
+    known = sorted(
+        p.name.removeprefix(f"{STATE_PARTITION}=")
+        for p in (top.glob(f"{STATE_PARTITION}=*") if top.is_dir() else [])
+    )
+    for state in states:
+        if len(state) != state_level.digits:
+            raise InputError(
+                str(top),
+                f"state {state!r}",
+                f"not a state code: level {state_level.name}'s geocodes have"
+                f" {state_level.digits} characters",
+            )
+        if state not in known:
+            raise InputError(
+                str(top),
+                f"state {state!r}",
+                f"unknown: the file has no {STATE_PARTITION}={state} folder"
+                f" ({len(known)} states: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''})",
+            )
+        for level in levels[STATE_LEVEL:]:
+            folder = state_folder(root, names[level.name], DPQUERY, state)
+            if not _data_files(folder):
+                raise InputError(
+                    str(folder),
+                    "folder",
+                    f"missing: state {state} has no measurements at level {level.name} (a"
+                    " state's run reads its folder of every level below the root)",
+                )
 
 
 def _columns(schema: str) -> list[Column]:
@@ -267,15 +324,19 @@ def _data_files(folder: Path) -> bool:
 
 
 def _read_kind(
-    spark: SparkSession, root: Path, config: RunConfig, kind: str, columns: Sequence[str]
+    spark: SparkSession,
+    root: Path,
+    config: RunConfig,
+    kind: str,
+    columns: Sequence[str],
+    states: tuple[str, ...],
 ) -> DataFrame:
-    """Every Parquet file of every level's ``kind`` folder that has one, in one read (no
-    partition inference: ``State=01`` stays text; the files' schemas merged), with ``level``,
-    its ``order, digits, folder`` and ``state`` (the ``State=`` folder) from each file's path.
-    A column no file has is refused."""
+    """Every Parquet file of every level's ``kind`` folder that has one (with ``states``, of
+    their ``State=`` folders only), in one read (no partition inference: ``State=01`` stays
+    text; the files' schemas merged), with ``level``, its ``order, digits, folder`` and
+    ``state`` (the ``State=`` folder) from each file's path. A column no file has is refused."""
     names = nmf_level_names(config)
-    folders = [level_folder(root, n, kind) for n in names.values()]
-    present = [str(f) for f in folders if _data_files(f)]
+    present = [str(f) for f in _kind_folders(root, config, kind, states) if _data_files(f)]
     try:
         df = (
             spark.read.option("recursiveFileLookup", "true")
@@ -303,18 +364,26 @@ def _read_kind(
     return with_level(df, config, root, "dpq_folder" if kind == DPQUERY else "con_folder")
 
 
-def _totals(spark: SparkSession, root: Path, config: RunConfig) -> DataFrame:
+def _kind_folders(root: Path, config: RunConfig, kind: str, states: tuple[str, ...]) -> list[Path]:
+    """The ``kind`` folders a read opens: every level's, or ``states``' ``State=`` folders."""
+    if states:
+        return [f for f in state_folders(root, config, states) if f.parent.name == kind]
+    return [level_folder(root, n, kind) for n in nmf_level_names(config).values()]
+
+
+def _totals(
+    spark: SparkSession, root: Path, config: RunConfig, states: tuple[str, ...]
+) -> DataFrame:
     """The total constraints (the other constraints are not ours): ``level, order, digits,
     folder, geocode, query_name, inv_total``; a total that is not one non-negative count gets
     another ``query_name``, so that ``nmf_checks`` refuses it."""
-    names = nmf_level_names(config)
-    if not any(_data_files(level_folder(root, n, CONSTRAINT)) for n in names.values()):
+    if not any(_data_files(f) for f in _kind_folders(root, config, CONSTRAINT, states)):
         empty = (
             "level string, order int, digits int, folder string, geocode string,"
             " query_name string, inv_total bigint"
         )
         return spark.createDataFrame([], empty)
-    df = _read_kind(spark, root, config, CONSTRAINT, CONSTRAINT_COLUMNS)
+    df = _read_kind(spark, root, config, CONSTRAINT, CONSTRAINT_COLUMNS, states)
     value = F.col("value").cast("array<bigint>")
     one = (F.size(value) == 1) & (F.get(value, 0) >= 0)
     return df.filter(F.col("query_name") == TOTAL_CONSTRAINT).select(

@@ -216,11 +216,11 @@ def _up(df: DataFrame, info: Column) -> DataFrame:
     ).filter(F.col("parent").isNotNull())
 
 
-def _orphans(nodes: DataFrame, info: Column) -> DataFrame:
-    """Nodes (``level, order, folder, geocode``) whose parent is not a node of the level above;
-    ``info``: ``level_info``."""
+def _orphans(nodes: DataFrame, info: Column, top: int) -> DataFrame:
+    """Nodes (``level, order, folder, geocode``) below level ``top`` whose parent is not a node
+    of the level above; ``info``: ``level_info``."""
     parents = nodes.select(F.col("level").alias("parent"), F.col("geocode").alias("parent_code"))
-    children = _up(nodes, info)
+    children = _up(nodes, info).filter(F.col("order") > top)
     return children.join(parents, ["parent", "parent_code"], "left_anti").select(
         F.lit(ORPHAN).alias("rank"),
         "order",
@@ -313,10 +313,12 @@ def check_tables(
     config: RunConfig,
     root: Path,
     exact: tuple[Column, str],
+    top: int = 0,
 ) -> None:
     """Every rule over the DPQuery ``rows`` and the total constraints ``totals``, in one job.
     The nodes are the geocodes of both; the first two row rules (the level, the geocode's
-    length) hold for every node."""
+    length) hold for every node. ``top``: the level whose nodes are the roots of the trees
+    read (a state's run reads no root), whose parents are not looked for."""
     rules = list(enumerate(_row_rules(config.hierarchy.levels[STATE_LEVEL].digits, *exact)))
     node = ["level", "order", "digits", "folder", "geocode"]
     nodes = rows.select(*node).unionByName(totals.select(*node))
@@ -325,7 +327,7 @@ def check_tables(
             _rule_problems(rows, rules),
             _rule_problems(totals, rules[:2]),
             _structure_problems(rows, config),
-            _orphans(nodes.select(*node).distinct(), level_info(config, root)),
+            _orphans(nodes.select(*node).distinct(), level_info(config, root), top),
             _total_problems(totals, level_info(config, root)),
         ]
     )

@@ -51,6 +51,10 @@ the one to read the Census's file with. BlueDown's code does not show the geocod
 Census's root row (it passes ``root_geocode=''`` to its solver); ours is empty, and a root row
 with another geocode is refused (not tried on the Census's file itself).
 
+A state-by-state read (``state_folders``) opens one state's ``State=<code>`` folder of each
+level below the root, DPQuery and Constraint, and nothing else: the subtree BlueDown's per-state
+passes read (``run_pass.py --state``, whose IO objects are pointed at ``State=<code>``).
+
 Cell order: row-major over the schema's attributes in config order (the last fastest), which is
 ``numpy.ravel`` of the marginal as an array of shape ``query_shape`` and the order of the
 Kronecker product of per-attribute matrices (``topdown.queries``: ``cell_to_marginal``); the
@@ -111,6 +115,23 @@ def nmf_level_names(config: RunConfig) -> dict[str, str]:
 def level_folder(root: Path, nmf_level: str, kind: str) -> Path:
     """``<root>/<Level>.parquet/<kind>``: a level's DPQuery or Constraint folder."""
     return root / f"{nmf_level}{LEVEL_SUFFIX}" / kind
+
+
+def state_folder(root: Path, nmf_level: str, kind: str, state: str) -> Path:
+    """``<root>/<Level>.parquet/<kind>/State=<state>``: one state's part of a level's folder."""
+    return level_folder(root, nmf_level, kind) / f"{STATE_PARTITION}={state}"
+
+
+def state_folders(root: Path, config: RunConfig, states: tuple[str, ...]) -> list[Path]:
+    """Every folder a run of ``states`` reads: their ``State=`` folders of each level below the
+    root, DPQuery and Constraint (the root's folder, the nation's, is not among them)."""
+    names = list(nmf_level_names(config).values())[STATE_LEVEL:]
+    return [
+        state_folder(root, level, kind, state)
+        for state in states
+        for level in names
+        for kind in (DPQUERY, CONSTRAINT)
+    ]
 
 
 def query_key(name: str) -> str:

@@ -277,3 +277,20 @@ def test_asking_for_tables_changes_the_outputs_not_the_measurement():
     ]
     changed = {**doc, "estimation": {"invariants": ["county"]}}
     assert contents(changed, []).measurement_sha256 != asked.measurement_sha256
+
+
+def test_a_release_without_its_root_has_the_tables_of_its_levels(spark, tmp_path):
+    """A state-by-state release (``top = 1``): no nation node, so no nation table."""
+    config = load_config(UNITS, ROOT)
+    config = replace(config, run=replace(config.run, output=tmp_path))
+    nodes = {"state": ["44"], "county": ["44007"], "tract": ["44007000101"],
+             "block_group": ["440070001011"], "block": ["440070001011000"]}  # fmt: skip
+    geography = spark.createDataFrame(
+        [(lv, g) for lv, gs in nodes.items() for g in gs], "level string, geocode string"
+    )
+    estimates = spark.createDataFrame(
+        [(lv, gs[0], 0, 3) for lv, gs in nodes.items()],
+        "level string, geocode string, cell int, count bigint",
+    )
+    csv = write_census_tables(spark, estimates, geography, config, top=1)
+    assert csv == [f"pl94_tables_csv/{lv}.csv" for lv in nodes]

@@ -132,6 +132,64 @@ def test_a_round_trip_gives_back_the_invariants_and_every_node(read_back):
     assert ("nation", "") in read_back["geography"]
 
 
+# --- one state's folders ---------------------------------------------------------------------
+
+
+def test_a_states_read_is_its_subtree_from_its_folders_alone(spark, written, read_back, tmp_path):
+    """State 45's folders garbage and the nation's gone: state 44's read is its rows of the
+    whole file's, below the root."""
+    copy = tmp_path / "nmf"
+    shutil.copytree(written, copy)
+    shutil.rmtree(copy / "US.parquet")
+    for level in ("State", "County", "Tract", "Block_Group", "Block"):
+        for f in (copy / f"{level}.parquet" / "DPQuery" / "State=45").iterdir():
+            f.write_bytes(b"not parquet")
+    nmf = read_nmf(spark, copy, CONFIG, ("44",))
+
+    def of_44(rows: list[tuple]) -> list[tuple]:
+        return [r for r in rows if r[0] != "nation" and r[1].startswith("44")]
+
+    assert sorted(tuple(r) for r in nmf.noisy.collect()) == of_44(read_back["rows"])
+    assert sorted(tuple(r) for r in nmf.invariants.collect()) == of_44(read_back["invariants"])
+    assert sorted(tuple(r) for r in nmf.geography.collect()) == of_44(read_back["geography"])
+
+
+@pytest.mark.parametrize(
+    ("states", "removed", "message"),
+    [
+        (("46",), None, "state '46': unknown: the file has no State=46 folder (2 states: 44, 45)"),
+        (("4",), None, "state '4': not a state code: level state's geocodes have 2 characters"),
+        (
+            ("44", "45"),
+            "Tract.parquet/DPQuery/State=45",
+            "Tract.parquet/DPQuery/State=45: folder: missing: state 45 has no measurements at"
+            " level tract (a state's run reads its folder of every level below the root)",
+        ),
+    ],
+)
+def test_a_bad_state_is_refused_in_one_line(spark, written, tmp_path, states, removed, message):
+    bad = tmp_path / "bad"
+    shutil.copytree(written, bad)
+    if removed:
+        shutil.rmtree(bad / removed)
+    with pytest.raises(InputError) as err:
+        read_nmf(spark, bad, CONFIG, states)
+    assert "\n" not in str(err.value)
+    assert message in str(err.value).replace(str(bad.absolute()) + "/", "")
+
+
+def test_a_states_row_in_another_states_folder_is_refused(spark, written, tmp_path):
+    def moved(df: pd.DataFrame) -> pd.DataFrame:
+        df.loc[df.index[0], "geocode"] = "4511"
+        return df
+
+    bad = tmp_path / "bad"
+    shutil.copytree(written, bad)
+    edit(bad / "Tract.parquet/DPQuery/State=44", moved)
+    with pytest.raises(InputError, match="the row is not in its State folder; State=44 holds it"):
+        read_nmf(spark, bad, CONFIG, ("44",))
+
+
 # --- the layout BlueDown reads ---------------------------------------------------------------
 
 
