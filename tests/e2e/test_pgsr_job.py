@@ -16,6 +16,7 @@ from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes, load_p
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.release.runner import evaluation_dir_for
+from tests.helpers.group_sizes import calm_one_tract
 from tests.helpers.release import assert_release_unchanged
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -528,10 +529,12 @@ def test_noise_added_to_the_written_measurements_has_scale_sensitivity_times_l_o
 
 
 def test_epsilon_on_the_command_line_rescales_every_level_exactly(spark, tmp_path, secret):
+    """The option's wiring into the release and its manifest: the levels and their shares are
+    the config's whatever the input, so one tract of CALM (every level of the hierarchy)."""
     out = tmp_path / "half"
     code = pgsr(
         "--config", str(CONFIG), "--epsilon", "1/2", "--output", str(out),
-        "--secret-file", str(secret), "--reuse-secret",
+        "--input", str(calm_one_tract(tmp_path)), "--secret-file", str(secret), "--reuse-secret",
     )  # fmt: skip
     assert code == 0
     privacy = manifest(out)["privacy"]

@@ -17,6 +17,7 @@ import pytest
 
 from censusdp_spark.cli import main
 from tests.helpers.cli import error_lines
+from tests.helpers.group_sizes import calm_one_tract
 from tests.helpers.pl94 import copy_of_sample
 from tests.helpers.release import with_method
 
@@ -25,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tract_csv(quick_tract) -> Path:
-    """A real RI tract's blocks, with the quick TopDown config of these tests beside them."""
+    """A real RI tract's blocks, with the quick TopDown config of these tests beside them and
+    one tract of CALM, the group-size input of these tests (``calm_one_tract``)."""
+    calm_one_tract(quick_tract[0].parent)
     return quick_tract[0]
 
 
@@ -66,9 +69,11 @@ def release_args(kind: str, tract_csv: Path) -> list[str]:
 
 
 def default_input(kind: str, tract_csv: Path) -> Path:
+    """The quick tract for TopDown; for group sizes one tract of CALM (20 TAZs, every level):
+    every rule here is the runner's, not the tree's size."""
     if kind == "topdown":
         return tract_csv
-    return ROOT / "data" / "calm" / "calm_taz_household_sizes.csv"
+    return tract_csv.parent / "calm_one_tract.csv"
 
 
 def run(kind: str, tract_csv: Path, out: Path, *extra: str, input: Path | None = None) -> int:

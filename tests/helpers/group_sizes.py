@@ -37,3 +37,18 @@ def huge_n_config(folder: Path) -> Path:
         )
     )
     return config
+
+
+CALM = Path(__file__).resolve().parents[2] / "data" / "calm" / "calm_taz_household_sizes.csv"
+ONE_TRACT = "003,000100,"
+"""The CALM tract of the file's first rows: 20 TAZs, under every level of the hierarchy."""
+
+
+def calm_one_tract(folder: Path) -> Path:
+    """The real CALM input cut to ``ONE_TRACT`` (its header kept), at
+    ``folder/calm_one_tract.csv``: the input of tests about wiring (options, the secret rule),
+    not about the size of the tree."""
+    header, *rows = CALM.read_text().splitlines()
+    path = folder / "calm_one_tract.csv"
+    path.write_text("\n".join([header, *[r for r in rows if r.startswith(ONE_TRACT)]]) + "\n")
+    return path
