@@ -18,7 +18,7 @@ from pathlib import Path
 
 from _common import ROOT
 
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 CONFIG = ROOT / "conf" / "national_demo.toml"
 PGSR_CONFIG = ROOT / "conf" / "pgsr_national.toml"
@@ -51,7 +51,7 @@ def _tree_rss_bytes(*root_pids: int) -> int:
 def method_config(method: str, work: Path) -> Path:
     """``conf/national_demo.toml`` with ``[estimation] method`` set (relative paths in it resolve
     against the current directory, so the copy may live anywhere)."""
-    if method == load_config(CONFIG).estimation_method:
+    if method == load_topdown_config(CONFIG).estimation_method:
         return CONFIG
     text = re.sub(r"(?m)^method = .*\n", "", CONFIG.read_text())
     if "\n[estimation]\n" not in text:

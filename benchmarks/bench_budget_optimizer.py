@@ -46,7 +46,7 @@ from _topdown_runs import production_config, production_input
 
 from censusdp_spark.testing.gls_reference import read_delta, true_leaf_histograms
 from censusdp_spark.topdown import strategy
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 RESULTS = common.RESULTS_DIR / "budget_optimizer.md"
 METHOD = "full_information"
@@ -138,7 +138,7 @@ def run_input(
     optimized, optimize_s, printed = optimized_config(production, work, name, source)
     configs = {"production": production, "optimized": optimized}
     runs: dict[str, list[dict]] = {a: [] for a in ALLOCATIONS}
-    loaded = load_config(production)
+    loaded = load_topdown_config(production)
     if source is not None:
         from dataclasses import replace
 
@@ -151,7 +151,7 @@ def run_input(
         nodes = json.loads((work / f"{name}_production_0" / "manifest.json").read_text())["nodes"]
         expected = {}
         for allocation in ALLOCATIONS:
-            config = load_config(configs[allocation])
+            config = load_topdown_config(configs[allocation])
             model = strategy.ErrorModel(config, nodes, workload)
             rows = model.errors(strategy.Allocation.of(config))
             expected[allocation] = {f"{r.level}|{r.table}": r.l1 for r in rows}

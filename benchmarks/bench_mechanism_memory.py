@@ -582,7 +582,7 @@ def end_to_end(spec: str) -> dict:
 
     from censusdp_spark.cli import main as censusdp
     from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.group_sizes.config import load_pgsr_config
+    from censusdp_spark.group_sizes.config import load_group_sizes_config
     from censusdp_spark.group_sizes.readers import read_leaf_histograms
     from censusdp_spark.release.runner import REGISTRY_ENV
 
@@ -605,7 +605,7 @@ def end_to_end(spec: str) -> dict:
         seconds = time.perf_counter() - started
         stop.set()
         poller.join()
-        run = replace(load_pgsr_config(config), mechanism=mechanism)
+        run = replace(load_group_sizes_config(config), mechanism=mechanism)
         assert run.input is not None
         leaves = read_leaf_histograms(
             spark, run.input, run.groups, run.hierarchy.leaf.digits, run.spine

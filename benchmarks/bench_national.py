@@ -38,8 +38,8 @@ from pathlib import Path
 import _common as common
 from _national_runs import CONFIG, PGSR_CONFIG, method_config, run_job
 
-from censusdp_spark.group_sizes.config import load_pgsr_config
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.group_sizes.config import load_group_sizes_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 
 def _input(fraction: float, work: Path) -> Path:
@@ -55,8 +55,8 @@ def _input(fraction: float, work: Path) -> Path:
 
 def noised_cells(job: str, nodes: dict[str, int]) -> int:
     if job == "pgsr":
-        return sum(nodes.values()) * load_pgsr_config(PGSR_CONFIG).groups.max_size
-    config = load_config(CONFIG)
+        return sum(nodes.values()) * load_group_sizes_config(PGSR_CONFIG).groups.max_size
+    config = load_topdown_config(CONFIG)
     return sum(count * sum(q.size for q in config.queries[level]) for level, count in nodes.items())
 
 

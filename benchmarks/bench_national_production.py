@@ -48,7 +48,7 @@ from censusdp_spark.engine.session import LocalMode
 from censusdp_spark.model.geography import LevelShape
 from censusdp_spark.model.memory import parse_memory
 from censusdp_spark.topdown.capacity import estimate_memory, noised_cells
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 PRODUCTION = common.ROOT / "conf" / "national_production.toml"
 NATION_BLOCKS = 8_132_968
@@ -91,7 +91,7 @@ def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> 
         "states": len(meta["states"]),
         "blocks": result["nodes"]["block"],
         "persons": meta["tallies"]["generated"]["population"],
-        "cells": noised_cells(load_config(config), result["nodes"]),
+        "cells": noised_cells(load_topdown_config(config), result["nodes"]),
         "tables": table_bytes(release),
         "input_bytes": folder_bytes(data),
         **result,
@@ -100,7 +100,7 @@ def run(schema: str, folder: Path, work: Path, fraction: float, master: str) -> 
 
 def spine_shapes(folder: Path) -> list[LevelShape]:
     """The geography of the input's spine (every block), level by level, in pandas."""
-    hierarchy = load_config(PRODUCTION).hierarchy
+    hierarchy = load_topdown_config(PRODUCTION).hierarchy
     files = sorted((folder / "spine").glob("*.parquet"))
     leaves = pd.concat(pd.read_parquet(f, columns=["GEOID"]) for f in files)["GEOID"]
     shapes = []
@@ -118,7 +118,9 @@ def memory_estimate_gib(folder: Path, master: str) -> float:
     cores = int(master.removeprefix("local[").removesuffix("]"))
     heap = os.environ.get("CENSUSDP_DRIVER_MEMORY", "6g")
     local = LocalMode(cores, parse_memory(heap, "CENSUSDP_DRIVER_MEMORY"))
-    return estimate_memory(load_config(PRODUCTION), spine_shapes(folder), local).total / 2**30
+    return (
+        estimate_memory(load_topdown_config(PRODUCTION), spine_shapes(folder), local).total / 2**30
+    )
 
 
 RESUMED_TABLES = ("noisy_measurements", "bottom_up", "estimates", "microdata", "pl94_tables")
@@ -331,7 +333,7 @@ def sampler_rate(config: Path, nodes: dict[str, int]) -> float:
     noised cells, one keyed stream, as the measurement draws them."""
     from censusdp_spark.privacy import discrete_gaussian, keyed_rng
 
-    loaded = load_config(config)
+    loaded = load_topdown_config(config)
     mix = {
         (level, q.name): (n * q.size, loaded.budget.sigma2_for(level, q.name))
         for level, n in nodes.items()

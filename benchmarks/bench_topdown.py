@@ -54,7 +54,7 @@ from censusdp_spark.testing.gls_reference import (
     level_errors,
     read_delta,
 )
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 DEMO_RHO = 'rho = "293764/114921"'
 DEFAULT_METHOD = "topdown"
@@ -112,7 +112,7 @@ def check_methods(
             path = work / f"check_{state}_{method}.toml"
             path.write_text(config_text(state, rhos[0], method, bypass))
             try:
-                load_config(path, common.ROOT)
+                load_topdown_config(path, common.ROOT)
             except ConfigError as err:
                 sys.exit(f"method {method!r} is not accepted by this worktree's code: {err}")
 
@@ -542,7 +542,7 @@ def main() -> None:
         "PYTHONPATH=$PWD " + (f"nice -n {niceness} " if niceness else "") + ".venv/bin/python"
     )
     levels = list(
-        load_config(common.ROOT / "conf" / "ri_2010_demo.toml", common.ROOT).hierarchy.names
+        load_topdown_config(common.ROOT / "conf" / "ri_2010_demo.toml", common.ROOT).hierarchy.names
     )
     saved = args.results.with_suffix(".json")
     commands, cases = [command], []

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from censusdp_spark.engine.families import _one_by_one, _streamed, _through_pandas
 from censusdp_spark.topdown.capacity import NOISE_CELL_BYTES
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.measure import _noise_groups, noise_plan
 
 RESULTS = common.RESULTS_DIR / "topdown_memory.md"
@@ -66,7 +66,7 @@ def blocks_batch(k: int, n_cells: int) -> pa.RecordBatch:
 
 
 def _measured(k: int) -> tuple[int, float, int]:
-    config = load_config(CONFIG)
+    config = load_topdown_config(CONFIG)
     batch = blocks_batch(k, config.schema.n_cells)
     solve = _one_by_one(["level", "group"], _noise_groups(bytes(32), noise_plan(config)))
     task = _through_pandas(_streamed(["level", "group"], solve, None), OUTPUT)

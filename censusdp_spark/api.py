@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import GroupSizesConfig
     from censusdp_spark.privacy.unit import PrivacyUnit
     from censusdp_spark.synth.config import SynthConfig
-    from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.config import TopDownConfig
     from censusdp_spark.topdown.schema import Schema
     from censusdp_spark.topdown.strategy import BudgetChoice
 
@@ -183,11 +183,11 @@ class Release:
         """The TopDown schema, when the table has a ``cell`` column to decode."""
         if self.kind != "topdown" or "cell" not in columns:
             return None
-        from censusdp_spark.topdown.config import load_config
+        from censusdp_spark.topdown.config import load_topdown_config
 
         text = self.manifest["config_text"]  # TOML, or JSON for a config given as a mapping
         document = json.loads(text) if text.lstrip().startswith("{") else tomllib.loads(text)
-        return load_config(document).schema
+        return load_topdown_config(document).schema
 
 
 MANIFEST = "manifest.json"
@@ -282,13 +282,13 @@ def optimize_budget(
     from censusdp_spark.model.config import release_kind
     from censusdp_spark.model.errors import ConfigError
     from censusdp_spark.topdown import strategy
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.readers import spine_node_counts
 
     source = str(config)
     if release_kind(config) != "topdown":
         raise ConfigError(source, "-", "--optimize chooses TopDown budgets only")
-    loaded = load_config(config)
+    loaded = load_topdown_config(config)
     if loaded.spine is None:
         raise ConfigError(
             source,
@@ -311,26 +311,26 @@ def optimize_budget(
 
 
 def load_any_config(
-    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
-) -> RunConfig | PgsrConfig | SynthConfig:
+    config: str | Path | Mapping[str, Any] | TopDownConfig | GroupSizesConfig | SynthConfig,
+) -> TopDownConfig | GroupSizesConfig | SynthConfig:
     """Any release's config, validated: TopDown's, the group sizes' or synth's, told apart by
     their sections (``model.config.release_kind``); a ``ConfigError`` in one line otherwise.
     A config already loaded is returned as it is."""
-    from censusdp_spark.group_sizes.config import PgsrConfig, load_pgsr_config
+    from censusdp_spark.group_sizes.config import GroupSizesConfig, load_group_sizes_config
     from censusdp_spark.model.config import release_kind
     from censusdp_spark.synth.config import SynthConfig, load_synth_config
-    from censusdp_spark.topdown.config import RunConfig, load_config
+    from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 
-    if isinstance(config, RunConfig | PgsrConfig | SynthConfig):
+    if isinstance(config, TopDownConfig | GroupSizesConfig | SynthConfig):
         return config
     kind = release_kind(config)
     if kind == "topdown":
-        return load_config(config)
-    return load_pgsr_config(config) if kind == "group_sizes" else load_synth_config(config)
+        return load_topdown_config(config)
+    return load_group_sizes_config(config) if kind == "group_sizes" else load_synth_config(config)
 
 
 def budget(
-    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+    config: str | Path | Mapping[str, Any] | TopDownConfig | GroupSizesConfig | SynthConfig,
     *,
     epsilon: str | Fraction | float | None = None,
     delta: float | None = None,
@@ -363,24 +363,24 @@ def budget(
         >>> print(budget("conf/ri_2010_demo.toml").splitlines()[-1])
         epsilon at delta=1e-10: 17.1436 (tight, CKS20 Cor. 13); 17.9002 (Bun-Steinke bound)
     """
-    from censusdp_spark.group_sizes.config import PgsrConfig, parse_epsilon, with_epsilon
+    from censusdp_spark.group_sizes.config import GroupSizesConfig, parse_epsilon, with_epsilon
     from censusdp_spark.group_sizes.config import budget_text as group_sizes_budget
     from censusdp_spark.model.errors import ConfigError
     from censusdp_spark.synth.config import budget_text as synth_budget
     from censusdp_spark.synth.config import total_rho
-    from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.config import TopDownConfig
     from censusdp_spark.topdown.manifest import budget_table
 
     loaded = load_any_config(config)
-    if isinstance(loaded, RunConfig | PgsrConfig) and delta is not None:
+    if isinstance(loaded, TopDownConfig | GroupSizesConfig) and delta is not None:
         rule = "--delta is synth's, with --epsilon"
         raise ConfigError(loaded.source, "run.delta", rule)
-    if isinstance(loaded, RunConfig):
+    if isinstance(loaded, TopDownConfig):
         if epsilon is not None:
             rule = "--epsilon: TopDown's budget is rho per level and query, and its run takes none"
             raise ConfigError(loaded.source, "budget", rule)
         return budget_table(loaded.budget, loaded.run.delta, loaded.bypass_single_child)
-    if isinstance(loaded, PgsrConfig):
+    if isinstance(loaded, GroupSizesConfig):
         if epsilon is not None:
             loaded = with_epsilon(loaded, parse_epsilon(loaded.source, str(epsilon)))
         return group_sizes_budget(loaded)
@@ -402,7 +402,7 @@ def _synth_epsilon(source: str, epsilon: str | Fraction | float | None) -> float
 
 
 def privacy_unit(
-    config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig,
+    config: str | Path | Mapping[str, Any] | TopDownConfig | GroupSizesConfig | SynthConfig,
 ) -> PrivacyUnit:
     """Whom any release's config protects (as ``censusdp budget`` and a run's summary print
     it): how neighbouring inputs differ, and what they share, which the release takes as
@@ -417,21 +417,23 @@ def privacy_unit(
         >>> print(privacy_unit("conf/pgsr_calm.toml").lines()[0])
         privacy unit: neighbouring inputs differ in one individual joining or leaving an existing group (no group is added or removed)
     """
-    from censusdp_spark.group_sizes.config import PgsrConfig
+    from censusdp_spark.group_sizes.config import GroupSizesConfig
     from censusdp_spark.group_sizes.config import privacy_unit as group_sizes_unit
     from censusdp_spark.synth.config import privacy_unit as synth_unit
-    from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.topdown.config import TopDownConfig
     from censusdp_spark.topdown.config import privacy_unit as topdown_unit
 
     loaded = load_any_config(config)
-    if isinstance(loaded, RunConfig):
+    if isinstance(loaded, TopDownConfig):
         return topdown_unit(loaded)
-    if isinstance(loaded, PgsrConfig):
+    if isinstance(loaded, GroupSizesConfig):
         return group_sizes_unit(loaded)
     return synth_unit(loaded)
 
 
-def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | SynthConfig) -> str:
+def check(
+    config: str | Path | Mapping[str, Any] | TopDownConfig | GroupSizesConfig | SynthConfig,
+) -> str:
     """Validate any release's config without Spark or data (as ``censusdp check``) and say
     what it describes in one line; a ``ConfigError`` naming file, key and rule otherwise.
 
@@ -454,18 +456,18 @@ def check(config: str | Path | Mapping[str, Any] | RunConfig | PgsrConfig | Synt
         Traceback (most recent call last):
         censusdp_spark.model.errors.ConfigError: conf/no_such_config.toml: [-] file not found
     """
-    from censusdp_spark.group_sizes.config import PgsrConfig
-    from censusdp_spark.topdown.config import RunConfig
+    from censusdp_spark.group_sizes.config import GroupSizesConfig
+    from censusdp_spark.topdown.config import TopDownConfig
 
     loaded = load_any_config(config)
-    if isinstance(loaded, RunConfig):
+    if isinstance(loaded, TopDownConfig):
         return _topdown_summary(loaded)
-    if isinstance(loaded, PgsrConfig):
+    if isinstance(loaded, GroupSizesConfig):
         return _group_sizes_summary(loaded)
     return _synth_summary(loaded)
 
 
-def _topdown_summary(config: RunConfig) -> str:
+def _topdown_summary(config: TopDownConfig) -> str:
     queries = sum(len(q) for q in config.queries.values())
     shape = (
         f"levels {' > '.join(config.hierarchy.names)}, {config.schema.n_cells} cells,"
@@ -476,7 +478,7 @@ def _topdown_summary(config: RunConfig) -> str:
     )
 
 
-def _group_sizes_summary(config: PgsrConfig) -> str:
+def _group_sizes_summary(config: GroupSizesConfig) -> str:
     sizes = config.groups.max_size
     top = f" ({sizes} = {sizes} or more)" if config.groups.topcode else ""
     return (
@@ -507,7 +509,7 @@ def _zcdp(rho: Fraction, delta: float) -> str:
 
 
 def run_topdown(
-    config: str | Path | Mapping[str, Any] | RunConfig,
+    config: str | Path | Mapping[str, Any] | TopDownConfig,
     *,
     spark: SparkSession | None = None,
     input: Path | None = None,
@@ -528,7 +530,7 @@ def run_topdown(
     Args:
         config: A config file's path, a mapping shaped like its TOML (relative paths read
             from the current directory), or a config loaded with
-            ``topdown.config.load_config``.
+            ``topdown.config.load_topdown_config``.
         spark: The session to run in; default the active one, else a new local session.
         input: Read this input instead of the config's ``[input] path`` (``--input``).
         output: Write the release here instead of ``[run] output`` (``--output``).
@@ -578,12 +580,12 @@ def run_topdown(
         release.to_pandas("estimates")
         ```
     """
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.given import NoisyFormat
     from censusdp_spark.topdown.job import TopDownOptions
     from censusdp_spark.topdown.job import run_topdown as run
 
-    loaded = load_config(config)
+    loaded = load_topdown_config(config)
     options = TopDownOptions(
         input=_path(input),
         output=_path(output),
@@ -603,7 +605,7 @@ def run_topdown(
 
 
 def run_group_sizes(
-    config: str | Path | Mapping[str, Any] | PgsrConfig,
+    config: str | Path | Mapping[str, Any] | GroupSizesConfig,
     *,
     spark: SparkSession | None = None,
     mechanism: str | None = None,
@@ -622,7 +624,7 @@ def run_group_sizes(
     Args:
         config: A config file's path, a mapping shaped like its TOML (relative paths read
             from the current directory), or a config loaded with
-            ``group_sizes.config.load_pgsr_config``.
+            ``group_sizes.config.load_group_sizes_config``.
         spark: The session to run in; default the active one, else a new local session.
         mechanism: ``"dp"``, ``"relaxed"``, ``"relaxed_families"`` or ``"cumulative"``;
             default the config's ``[mechanism]``.
@@ -661,10 +663,10 @@ def run_group_sizes(
         release.to_pandas("group_sizes")  # level, geocode, size, count
         ```
     """
-    from censusdp_spark.group_sizes.config import load_pgsr_config
+    from censusdp_spark.group_sizes.config import load_group_sizes_config
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
-    loaded = load_pgsr_config(config)
+    loaded = load_group_sizes_config(config)
     options = PgsrOptions(
         mechanism=mechanism,
         input=_path(input),

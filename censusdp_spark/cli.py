@@ -190,10 +190,10 @@ def _validate(args: argparse.Namespace) -> int:
 
         return run_validate_from_args(args)
     if kind == "group_sizes":
-        from censusdp_spark.group_sizes.config import load_pgsr_config
+        from censusdp_spark.group_sizes.config import load_group_sizes_config
         from censusdp_spark.group_sizes.validate import validate_group_sizes
 
-        config = load_pgsr_config(args.config)
+        config = load_group_sizes_config(args.config)
         spark = spark_session(f"censusdp-validate-{config.run.name}", args.master, args.remote)
         print(validate_group_sizes(spark, config, args.input, args.secret_file))
         return 0

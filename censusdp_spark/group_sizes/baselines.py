@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import FamilySolver
-from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.config import GroupSizesConfig
 from censusdp_spark.group_sizes.rows import (
     RELEASE_SCHEMA,
     ints,
@@ -97,7 +97,7 @@ def relaxed_tree(
 
 
 def post_process_relaxed(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+    spark: SparkSession, config: GroupSizesConfig, noisy: DataFrame, clock: Clock
 ) -> tuple[list[DataFrame], dict[str, Any]]:
     solution, solved = relaxed_tree(spark, noisy, config.hierarchy, config.faithfulness)
     clock.lap("relaxed_qp")
@@ -164,7 +164,7 @@ def rounded_release(solution: DataFrame) -> DataFrame:
 
 
 def post_process_relaxed_families(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+    spark: SparkSession, config: GroupSizesConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = root_row(noisy, config.hierarchy)
@@ -227,7 +227,7 @@ def cumulative_families(
 
 
 def post_process_cumulative(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+    spark: SparkSession, config: GroupSizesConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
     levels = config.hierarchy.levels
     geocode, groups, root_noisy = root_row(noisy, config.hierarchy)

@@ -57,10 +57,10 @@ def run_group_sizes_from_args(args: argparse.Namespace) -> int:
     """``censusdp group-sizes``: user errors propagate to the CLI, which prints one line and
     exits 2."""
     from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.group_sizes.config import load_pgsr_config, parse_epsilon
+    from censusdp_spark.group_sizes.config import load_group_sizes_config, parse_epsilon
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
-    config = load_pgsr_config(args.config)
+    config = load_group_sizes_config(args.config)
     options = PgsrOptions(
         mechanism=args.mechanism,
         input=args.input,

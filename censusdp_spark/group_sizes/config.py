@@ -134,7 +134,7 @@ class GroupInputSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PgsrConfig:
+class GroupSizesConfig:
     source: str
     run: RunOptions
     hierarchy: Hierarchy
@@ -287,11 +287,13 @@ class PgsrModel(Model):
     )
 
 
-def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = None) -> PgsrConfig:
+def load_group_sizes_config(
+    config: Source | GroupSizesConfig, project_root: Path | None = None
+) -> GroupSizesConfig:
     """Parse and validate a PGSR config (a TOML file's path, a mapping shaped like the TOML, or
-    a ``PgsrConfig``, returned as is); relative paths resolve against ``project_root``
+    a ``GroupSizesConfig``, returned as is); relative paths resolve against ``project_root``
     (default: the current directory). Raises ``ConfigError`` naming the file and the key."""
-    if isinstance(config, PgsrConfig):
+    if isinstance(config, GroupSizesConfig):
         return config
     document, model = read_config(PgsrModel, config, project_root)
     fail, base = document.fail, document.base
@@ -305,7 +307,7 @@ def load_pgsr_config(config: Source | PgsrConfig, project_root: Path | None = No
     if spec is not None and spec.layout == "households":
         require_spine(fail, spine, spec.layout)
     run, budget, m = model.run.options(base, document.name), model.budget, model.mechanism
-    return PgsrConfig(
+    return GroupSizesConfig(
         source=document.source,
         run=run,
         hierarchy=hierarchy,
@@ -331,7 +333,7 @@ def parse_epsilon(source: str, text: str) -> Fraction:
         raise ConfigError(source, "budget.epsilon", rule) from None
 
 
-def with_epsilon(config: PgsrConfig, epsilon: Fraction) -> PgsrConfig:
+def with_epsilon(config: GroupSizesConfig, epsilon: Fraction) -> GroupSizesConfig:
     """``config`` at another total ε (``pgsr --epsilon``), each level keeping its share; an ε
     that is not positive, or gives a level an ε whose noise is not computable, is refused in
     one line naming ``budget.epsilon``."""
@@ -347,7 +349,7 @@ def with_epsilon(config: PgsrConfig, epsilon: Fraction) -> PgsrConfig:
     return replace(config, budget=split)
 
 
-def budget_text(config: PgsrConfig) -> str:
+def budget_text(config: GroupSizesConfig) -> str:
     """The budget table of a group-size config: per level its share of ε and the geometric
     scale of each noise kind (histogram cells: sensitivity 2; cumulative counts: 1)."""
     budget = config.budget
@@ -365,7 +367,7 @@ def budget_text(config: PgsrConfig) -> str:
     return "\n".join(lines)
 
 
-def privacy_unit(config: PgsrConfig) -> PrivacyUnit:
+def privacy_unit(config: GroupSizesConfig) -> PrivacyUnit:
     """The group sizes' privacy unit (the manifest's relation): one individual joins or leaves
     an existing group, so every node's number of groups is the same in neighbours; public are
     the leaf list and the numbers of groups the post-processing holds exactly."""

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import FamilySolver
 from censusdp_spark.engine.hierarchy import geocode_prefix
-from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.config import GroupSizesConfig
 from censusdp_spark.group_sizes.rows import (
     DP_RELEASE_SCHEMA,
     ints,
@@ -127,7 +127,7 @@ class DpPlan:
         return DpPlan(self.norm, self.faithfulness, self.total, widths, self.sizes)
 
 
-def dp_plan(config: PgsrConfig, total: int) -> DpPlan:
+def dp_plan(config: GroupSizesConfig, total: int) -> DpPlan:
     """Windows only where they are needed: l2 under level faithfulness, internal levels below
     the root (leaves are never listed; the root's table spans its children's windows)."""
     windowed = config.norm == "l2" and config.faithfulness == "level"
@@ -415,7 +415,7 @@ def release_objective(released: DataFrame, norm: str) -> int:
 
 
 def post_process_exact(
-    spark: SparkSession, config: PgsrConfig, noisy: DataFrame, clock: Clock
+    spark: SparkSession, config: GroupSizesConfig, noisy: DataFrame, clock: Clock
 ) -> tuple[list[DataFrame], dict[str, int]]:
     """Bottom-up tables and top-down splits; under level faithfulness with l2, rerun with the
     cells on a window bound widened until none is (then the release is the exact optimum);
@@ -476,7 +476,7 @@ class _Reuse:
     changed: DataFrame  # level, geocode, size, width
 
 
-def _affected(reuse: _Reuse, config: PgsrConfig, depth: int) -> DataFrame:
+def _affected(reuse: _Reuse, config: GroupSizesConfig, depth: int) -> DataFrame:
     """Geocodes of level ``depth``'s nodes whose subtree holds a newly widened cell."""
     levels = config.hierarchy.levels
     digits = levels[depth].digits
@@ -488,7 +488,7 @@ def _affected(reuse: _Reuse, config: PgsrConfig, depth: int) -> DataFrame:
 
 def _dp_pass(
     spark: SparkSession,
-    config: PgsrConfig,
+    config: GroupSizesConfig,
     noisy: DataFrame,
     plan: DpPlan,
     widened: DataFrame | None,

@@ -44,8 +44,8 @@ from censusdp_spark.group_sizes.baselines import (
 )
 from censusdp_spark.group_sizes.checks import release_violations
 from censusdp_spark.group_sizes.config import (
+    GroupSizesConfig,
     Mechanism,
-    PgsrConfig,
     privacy_unit,
     with_epsilon,
 )
@@ -85,7 +85,7 @@ class PgsrOptions:
 
 
 @dataclass(kw_only=True)
-class PgsrSummary:
+class GroupSizesSummary:
     output: Path
     mechanism: str
     epsilon: str
@@ -139,7 +139,7 @@ class PgsrSummary:
         return "\n".join(lines)
 
 
-def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
+def _apply_options(config: GroupSizesConfig, options: PgsrOptions) -> GroupSizesConfig:
     run = with_command_line(config.run, options.output, options.secret_file)
     if config.input is None:
         raise ValueError(
@@ -153,7 +153,7 @@ def _apply_options(config: PgsrConfig, options: PgsrOptions) -> PgsrConfig:
     return replace(config, run=run, input=spec, spine=spine, mechanism=mechanism)
 
 
-def _privacy(config: PgsrConfig) -> dict[str, Any]:
+def _privacy(config: GroupSizesConfig) -> dict[str, Any]:
     sensitivity = 1 if config.mechanism == Mechanism.CUMULATIVE else 2
     return {
         "definition": "pure epsilon-DP; neighbours: one individual joins or leaves an existing group "
@@ -180,7 +180,7 @@ ESTIMATION_KEYS = (("mechanism",),)
 """The config table that chooses the post-processing only (the noise kind is a setting)."""
 
 
-def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
+def release_run(config: GroupSizesConfig, options: PgsrOptions) -> ReleaseRun:
     """The runner of a group-size run of ``config`` (options applied)."""
     assert config.input is not None
     noise = "cumulative" if config.mechanism == Mechanism.CUMULATIVE else "histogram"
@@ -198,15 +198,17 @@ def release_run(config: PgsrConfig, options: PgsrOptions) -> ReleaseRun:
     return ReleaseRun.of(GROUP_SIZES, config.run, contents, options, inputs, streams)
 
 
-def run_pgsr(spark: SparkSession, config: PgsrConfig, options: PgsrOptions) -> PgsrSummary:
+def run_pgsr(
+    spark: SparkSession, config: GroupSizesConfig, options: PgsrOptions
+) -> GroupSizesSummary:
     config = _apply_options(config, options)
     with release_run(config, options) as run, reporting_progress(spark):
         return _run_pgsr(spark, config, options, run)
 
 
 def _run_pgsr(
-    spark: SparkSession, config: PgsrConfig, options: PgsrOptions, run: ReleaseRun
-) -> PgsrSummary:
+    spark: SparkSession, config: GroupSizesConfig, options: PgsrOptions, run: ReleaseRun
+) -> GroupSizesSummary:
     assert config.input is not None
     clock = run.clock
     output, hierarchy = config.run.output, config.hierarchy
@@ -275,7 +277,7 @@ def _run_pgsr(
         evaluation_rows = write_evaluation(spark, nodes, released, eval_dir, hierarchy, title)
         clock.lap("evaluate")
 
-    summary = PgsrSummary(
+    summary = GroupSizesSummary(
         output=output,
         mechanism=config.mechanism.value,
         epsilon=str(config.budget.total_epsilon),

@@ -44,7 +44,7 @@ import pandas as pd
 from pyspark.sql import DataFrame
 
 from censusdp_spark.engine.families import FamilySolver, map_families, noise_group
-from censusdp_spark.group_sizes.config import Mechanism, PgsrConfig
+from censusdp_spark.group_sizes.config import GroupSizesConfig, Mechanism
 from censusdp_spark.group_sizes.solvers.cumulative import to_cumulative
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy import discrete_laplace, noisy_measurements
@@ -68,7 +68,7 @@ class NoisePlan:
     root: str = ""  # the root level: the only node whose number of groups (G) is written
 
 
-def noise_plan(config: PgsrConfig, mechanism: str) -> NoisePlan:
+def noise_plan(config: GroupSizesConfig, mechanism: str) -> NoisePlan:
     measurement = "cumulative" if mechanism == Mechanism.CUMULATIVE else "histogram"
     sensitivity = 1 if measurement == "cumulative" else 2
     scales = {lv: config.budget.scale(lv, sensitivity) for lv in config.hierarchy.names}

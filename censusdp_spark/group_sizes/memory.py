@@ -53,7 +53,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from censusdp_spark.group_sizes.config import Mechanism, PgsrConfig
+from censusdp_spark.group_sizes.config import GroupSizesConfig, Mechanism
 from censusdp_spark.group_sizes.solvers.cost_tables import WINDOW_WIDENING, first_window
 from censusdp_spark.group_sizes.solvers.relaxed import RelaxedTooLarge, check_relaxed_size
 from censusdp_spark.model.errors import ConfigError
@@ -106,7 +106,7 @@ def _rows(nodes: int, carried: int, batch_rows: int) -> int:
     return nodes if batch_rows <= 0 else min(nodes, batch_rows + carried)
 
 
-def _windows(config: PgsrConfig) -> dict[str, int]:
+def _windows(config: GroupSizesConfig) -> dict[str, int]:
     """dp's l2 half-width per internal level below the root (l2, level faithfulness), once
     widened: ``WINDOW_WIDENING`` x the first."""
     if not (config.norm == "l2" and config.faithfulness == "level"):
@@ -157,7 +157,7 @@ def _dp_calls(shapes: Sequence[LevelShape], sizes: int, batch_rows: int, windows
 
 
 def estimate_memory(
-    config: PgsrConfig, shapes: Sequence[LevelShape], batch_rows: int = ARROW_BATCH_ROWS
+    config: GroupSizesConfig, shapes: Sequence[LevelShape], batch_rows: int = ARROW_BATCH_ROWS
 ) -> MemoryEstimate:
     """The largest call of a run of ``config`` (its mechanism) over a geography of ``shapes``
     (root first), from public quantities only."""
@@ -181,7 +181,7 @@ def estimate_memory(
 
 
 def check_memory(
-    config: PgsrConfig,
+    config: GroupSizesConfig,
     shapes: Sequence[LevelShape],
     batch_rows: int = ARROW_BATCH_ROWS,
     budget: int | None = None,

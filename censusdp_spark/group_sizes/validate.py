@@ -12,7 +12,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from censusdp_spark.engine.families import level_shapes
-from censusdp_spark.group_sizes.config import PgsrConfig
+from censusdp_spark.group_sizes.config import GroupSizesConfig
 from censusdp_spark.group_sizes.memory import WORKER_MEMORY_ENV, check_memory, worker_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.shapes import arrow_batch_rows, leaf_nodes
@@ -22,7 +22,7 @@ from censusdp_spark.release.runner import check_secret
 
 def validate_group_sizes(
     spark: SparkSession,
-    config: PgsrConfig,
+    config: GroupSizesConfig,
     input_path: Path | None = None,
     secret_file: Path | None = None,
 ) -> str:

@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 
 NOISY_MEASUREMENTS = "noisy_measurements"
 ESTIMATES = "estimates"
@@ -517,7 +517,7 @@ def read_delta(path: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _read_input_frame(config: RunConfig) -> pd.DataFrame:
+def _read_input_frame(config: TopDownConfig) -> pd.DataFrame:
     spec = config.input
     assert spec is not None
     if spec.format == "csv":
@@ -527,7 +527,7 @@ def _read_input_frame(config: RunConfig) -> pd.DataFrame:
     return read_delta(spec.path)
 
 
-def true_leaf_histograms(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
+def true_leaf_histograms(config: TopDownConfig) -> tuple[np.ndarray, np.ndarray]:
     """Sorted leaf geocodes and their true dense histograms ``(n_leaves, n_cells)`` (int64),
     read from the run's input (``block_counts`` or ``microdata``) with pandas."""
     spec = config.input
@@ -597,7 +597,7 @@ class GlsReference:
         return pd.concat(parts, ignore_index=True)
 
 
-def invariant_level_names(config: RunConfig) -> list[str]:
+def invariant_level_names(config: TopDownConfig) -> list[str]:
     """The configured invariant levels and every level above them."""
     if not config.invariant_levels:
         return []
@@ -605,7 +605,7 @@ def invariant_level_names(config: RunConfig) -> list[str]:
     return list(config.hierarchy.names[: deepest + 1])
 
 
-def release_config(release: Path, config: Path | None, input_path: Path | None) -> RunConfig:
+def release_config(release: Path, config: Path | None, input_path: Path | None) -> TopDownConfig:
     """The run's config (``config`` or the manifest's ``config_file``), its input overridden by
     ``input_path`` or the manifest's ``input``."""
     manifest_path = release / "manifest.json"
@@ -614,7 +614,7 @@ def release_config(release: Path, config: Path | None, input_path: Path | None) 
         if "config_file" not in manifest:
             raise ValueError(f"{release}: no manifest.json; pass the run's config")
         config = Path(manifest["config_file"])
-    loaded = load_config(config)
+    loaded = load_topdown_config(config)
     if input_path is None and "input" in manifest:
         input_path = Path(manifest["input"])
     if input_path is not None and loaded.input is not None:
@@ -623,7 +623,7 @@ def release_config(release: Path, config: Path | None, input_path: Path | None) 
 
 
 def build_problem(
-    config: RunConfig, noisy: pd.DataFrame, leaf_geocodes: np.ndarray, leaf_truth: np.ndarray
+    config: TopDownConfig, noisy: pd.DataFrame, leaf_geocodes: np.ndarray, leaf_truth: np.ndarray
 ) -> tuple[TreeProblem, list[np.ndarray], list[np.ndarray], np.ndarray]:
     """The tree problem of a release; also each level's sorted geocodes and true histograms and
     the active (non-structural-zero) cells."""

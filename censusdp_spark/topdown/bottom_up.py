@@ -63,7 +63,7 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.families import PARENT, family_starts, map_children, map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.io import delta
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 from censusdp_spark.topdown.estimate import (
     LevelPlan,
     child_bits,
@@ -101,7 +101,7 @@ BOTTOM_UP_SCHEMA = (
 )
 
 
-def config_layout(config: RunConfig) -> SymmetricLayout | None:
+def config_layout(config: TopDownConfig) -> SymmetricLayout | None:
     """The covariance layout of the run (None: dense), from its schema, every level's queries
     and its structural zeros (``solvers.symmetric_covariance.covariance_layout``)."""
     return covariance_layout(
@@ -512,7 +512,7 @@ def children_columns(below: DataFrame) -> DataFrame:
 
 def write_bottom_up(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     noisy: DataFrame,
     invariant_totals: DataFrame,
     occupancy: DataFrame | None,
@@ -586,7 +586,7 @@ def write_bottom_up(
         committed(level.name)
 
 
-def leaves_fit_their_answers(config: RunConfig) -> bool:
+def leaves_fit_their_answers(config: TopDownConfig) -> bool:
     """Whether the top-down pass fits the leaves to their own noisy answers (``topdown``'s
     path, which does not read their rows of ``bottom_up``) rather than to their bottom-up
     estimates. It gives the same fit: a leaf's bottom-up estimate ``b`` is the GLS of its own
@@ -600,7 +600,7 @@ def leaves_fit_their_answers(config: RunConfig) -> bool:
 
 
 def total_variances(
-    bottom_up: DataFrame, config: RunConfig, occupancy: DataFrame | None = None
+    bottom_up: DataFrame, config: TopDownConfig, occupancy: DataFrame | None = None
 ) -> DataFrame:
     """``level, geocode, variance`` (lazy): the variance ``1^T C 1`` of every node's bottom-up
     total, 0 where the total is invariant; a leaf's with its cells held at 0 by its

@@ -44,7 +44,7 @@ from censusdp_spark.engine.session import LocalMode
 from censusdp_spark.model.geography import LevelShape
 from censusdp_spark.model.memory import physical_memory, size_text
 from censusdp_spark.topdown.bottom_up import config_layout
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 
 NOISY_BYTES_PER_CELL = 1.5
 OUTPUT_BYTES_PER_LEAF = 64
@@ -73,12 +73,12 @@ class DiskEstimate:
         return f"~{size_text(self.total)} ({shown})"
 
 
-def noised_cells(config: RunConfig, nodes: dict[str, int]) -> int:
+def noised_cells(config: TopDownConfig, nodes: dict[str, int]) -> int:
     """Cells the measurement noises: every node's every query's marginal cells."""
     return sum(n * sum(q.size for q in config.queries[level]) for level, n in nodes.items())
 
 
-def estimate_disk(config: RunConfig, nodes: dict[str, int]) -> DiskEstimate:
+def estimate_disk(config: TopDownConfig, nodes: dict[str, int]) -> DiskEstimate:
     """The disk a run of ``config`` over ``nodes`` (nodes per level) needs, by part."""
     noisy = int(noised_cells(config, nodes) * NOISY_BYTES_PER_CELL)
     parts = {"noisy measurements": noisy}
@@ -107,7 +107,7 @@ def free_disk(path: Path) -> int:
 
 
 def check_disk(
-    config: RunConfig, nodes: dict[str, int], output: Path, free: int | None = None
+    config: TopDownConfig, nodes: dict[str, int], output: Path, free: int | None = None
 ) -> DiskEstimate:
     """The estimate, or ``CapacityError`` in one line when it exceeds the free space of
     ``output``'s file system (``free``: that space, default measured)."""
@@ -139,7 +139,7 @@ class MemoryEstimate:
         return f"~{size_text(self.total)} ({shown}; the largest call: {self.call})"
 
 
-def largest_call(config: RunConfig, shapes: Sequence[LevelShape]) -> tuple[int, str]:
+def largest_call(config: TopDownConfig, shapes: Sequence[LevelShape]) -> tuple[int, str]:
     """Bytes of the run's largest Python call, the noise pass of its largest noise group, and
     that call in words."""
     calls = []
@@ -154,7 +154,7 @@ def largest_call(config: RunConfig, shapes: Sequence[LevelShape]) -> tuple[int, 
 
 
 def estimate_memory(
-    config: RunConfig, shapes: Sequence[LevelShape], local: LocalMode
+    config: TopDownConfig, shapes: Sequence[LevelShape], local: LocalMode
 ) -> MemoryEstimate:
     """The memory a local-mode run of ``config`` over the geography of ``shapes`` needs."""
     call, words = largest_call(config, shapes)
@@ -167,7 +167,7 @@ def estimate_memory(
 
 
 def check_memory(
-    config: RunConfig,
+    config: TopDownConfig,
     shapes: Sequence[LevelShape],
     local: LocalMode | None,
     available: int | None = None,

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
-from censusdp_spark.topdown.config import Pl94TablesSpec, RunConfig
+from censusdp_spark.topdown.config import Pl94TablesSpec, TopDownConfig
 from censusdp_spark.topdown.pl94_tables import (
     SUMMARY_LEVEL_OF_DIGITS,
     field_matrix,
@@ -58,7 +58,7 @@ def table_matrix(spec: Pl94TablesSpec, schema: Schema) -> tuple[tuple[str, ...],
     return tuple(f.name for f in fields), matrix
 
 
-def census_tables(estimates: DataFrame, geography: DataFrame, config: RunConfig) -> DataFrame:
+def census_tables(estimates: DataFrame, geography: DataFrame, config: TopDownConfig) -> DataFrame:
     """Every node's tables from the long ``estimates`` (``level, geocode, cell, count``), one row
     per node of ``geography`` (``level, geocode``)."""
     assert config.pl94_tables is not None
@@ -100,7 +100,7 @@ def write_census_tables(
     spark: SparkSession,
     estimates: DataFrame,
     geography: DataFrame,
-    config: RunConfig,
+    config: TopDownConfig,
     top: int = 0,
 ) -> list[str]:
     """Write ``pl94_tables`` (replacing what an earlier attempt left) and its CSV copies from

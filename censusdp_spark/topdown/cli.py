@@ -113,13 +113,15 @@ def add_export_nmf_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_export_nmf_from_args(args: argparse.Namespace) -> int:
     """``censusdp export-nmf``."""
     from censusdp_spark.engine.session import spark_session
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.given import export_nmf
 
     manifest = args.release / "manifest.json"
     if not manifest.is_file():
         raise ValueError(f"{args.release}: not a censusdp release (no manifest.json)")
-    config = load_config(args.config or Path(json.loads(manifest.read_text())["config_file"]))
+    config = load_topdown_config(
+        args.config or Path(json.loads(manifest.read_text())["config_file"])
+    )
     spark = spark_session("censusdp-export-nmf", args.master, args.remote)
     export_nmf(spark, args.release, config, args.output)
     print(f"noisy measurements of {args.release} written in the NMF layout to {args.output}")
@@ -159,11 +161,11 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
     exits 2."""
     from censusdp_spark.engine.session import spark_session
     from censusdp_spark.model.errors import ConfigError
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.given import NoisyFormat
     from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 
-    config = load_config(args.config)
+    config = load_topdown_config(args.config)
     if args.variances and config.estimation_method != "full_information":
         raise ConfigError(
             str(args.config),

@@ -1,8 +1,8 @@
 """The TopDown run config: schema, geography, budget, queries, input and
 estimation settings, validated at the door (errors name the file, key and rule).
 
-``TopDownModel`` mirrors the TOML; ``load_config`` validates it and converts it into a
-``RunConfig``, checking there the rules that depend on the schema or the hierarchy.
+``TopDownModel`` mirrors the TOML; ``load_topdown_config`` validates it and converts it into a
+``TopDownConfig``, checking there the rules that depend on the schema or the hierarchy.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ class Pl94TablesSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunConfig:
+class TopDownConfig:
     source: str
     run: RunOptions
     schema: Schema
@@ -252,7 +252,7 @@ class RunConfig:
         raise KeyError(name)
 
 
-def invariant_levels(config: RunConfig) -> list[str]:
+def invariant_levels(config: TopDownConfig) -> list[str]:
     """Levels whose node totals are held exact: each configured level and every level above."""
     if not config.invariant_levels:
         return []
@@ -1194,11 +1194,13 @@ def _check_public(fail: Fail, key: str, terms: list[tuple[str, bool]], what: str
         )
 
 
-def load_config(config: Source | RunConfig, project_root: Path | None = None) -> RunConfig:
+def load_topdown_config(
+    config: Source | TopDownConfig, project_root: Path | None = None
+) -> TopDownConfig:
     """Parse and validate a TopDown run config: a TOML file's path, a mapping shaped like the
-    TOML, or a ``RunConfig`` (returned as is). Relative paths resolve against ``project_root``
+    TOML, or a ``TopDownConfig`` (returned as is). Relative paths resolve against ``project_root``
     (default: the current directory). Raises ``ConfigError`` naming the file and key."""
-    if isinstance(config, RunConfig):
+    if isinstance(config, TopDownConfig):
         return config
     document, model = read_config(TopDownModel, config, project_root)
     fail, base = document.fail, document.base
@@ -1255,7 +1257,7 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
             '"total" first is not supported with [[estimation.occupancy]] (the totals of the'
             " first pass do not see which children may hold persons)",
         )
-    return RunConfig(
+    return TopDownConfig(
         source=document.source,
         run=run,
         schema=schema,
@@ -1277,7 +1279,7 @@ def load_config(config: Source | RunConfig, project_root: Path | None = None) ->
     )
 
 
-def privacy_unit(config: RunConfig) -> PrivacyUnit:
+def privacy_unit(config: TopDownConfig) -> PrivacyUnit:
     """TopDown's privacy unit (the manifest's ``change-one-record`` relation): neighbours differ
     in one person's record, their number of records the same; public are what every neighbour
     shares under this config: the leaf list, the invariant totals, the dwelling facts the

@@ -38,7 +38,7 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.families import map_families
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.model.geography import Hierarchy
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import allowed_entries, group_bounds, group_cells
 from censusdp_spark.topdown.queries import TOTAL
@@ -91,7 +91,7 @@ class LevelPlan:
         )
 
 
-def level_plan(config: RunConfig, level: str) -> LevelPlan:
+def level_plan(config: TopDownConfig, level: str) -> LevelPlan:
     """The plan of ``level``; with ``passes = ["total", "all"]`` there (``passes_at``) it fits
     each child's total first: with ``full_information`` the bottom-up totals, with
     ``topdown`` the level's ``total`` query (which the config then has)."""

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.privacy import discrete_gaussian_rows, keyed_rng
 from censusdp_spark.release.error_plot import ErrorLine, plot_error_by_level
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 
 EVALUATION_SCHEMA = (
     "method string, level string, metric string, query string, nodes long, value double"
@@ -50,7 +50,7 @@ def evaluation_table(
     estimates: DataFrame,
     blocks: DataFrame,
     node_counts: dict[str, int],
-    config: RunConfig,
+    config: TopDownConfig,
     secret: bytes,
     method: str = "topdown",
 ) -> pd.DataFrame:
@@ -67,7 +67,7 @@ def evaluation_table(
     return pd.DataFrame(rows, columns=EVALUATION_COLUMNS)
 
 
-def _marginals(spark: SparkSession, config: RunConfig) -> DataFrame:
+def _marginals(spark: SparkSession, config: TopDownConfig) -> DataFrame:
     """``level, cell -> metric, query, m``: the marginal cell ``m`` of each query of the level
     that a histogram cell falls in; ``mae_total`` is the query putting every cell in one."""
     n = config.schema.n_cells
@@ -84,7 +84,7 @@ def _marginals(spark: SparkSession, config: RunConfig) -> DataFrame:
 
 
 def estimate_error_sums(
-    truth: DataFrame, estimates: DataFrame, config: RunConfig, method: str = "topdown"
+    truth: DataFrame, estimates: DataFrame, config: TopDownConfig, method: str = "topdown"
 ) -> DataFrame:
     """Per (level, metric, query), ``s``: the sum over nodes and marginal cells of |estimate -
     truth|; ``truth``/``estimates`` are long ``level, geocode, cell, count``, one row per
@@ -112,7 +112,7 @@ def estimate_error_sums(
 
 
 def estimate_rows(
-    sums: list[Row], node_counts: dict[str, int], config: RunConfig, method: str
+    sums: list[Row], node_counts: dict[str, int], config: TopDownConfig, method: str
 ) -> list[tuple[str, str, str, str, int, float]]:
     """The estimates' rows: per level, ``mae_total`` and each query's ``mean_l1``, the sums over
     all the level's nodes (a node absent from both tables has error 0 and counts)."""
@@ -175,7 +175,7 @@ def expected_abs_sum(sigma2: float, terms: int) -> float:
 
 
 def baseline_error_sums(
-    blocks: DataFrame, node_counts: dict[str, int], config: RunConfig, secret: bytes
+    blocks: DataFrame, node_counts: dict[str, int], config: TopDownConfig, secret: bytes
 ) -> DataFrame:
     """Block-by-block baseline: all rho on block detail, summed up. Per level and node size (in
     blocks), the number of nodes and ``s``, the sum of their totals' absolute errors.
@@ -215,7 +215,7 @@ def baseline_error_sums(
 
 
 def baseline_rows(
-    sums: list[Row], config: RunConfig
+    sums: list[Row], config: TopDownConfig
 ) -> list[tuple[str, str, str, str, int, float]]:
     """The baseline's rows per level: its drawn ``mae_total`` and its ``expected_mae_total``
     (from each node's number of blocks and sigma, exactly). Sums are correctly rounded

@@ -43,7 +43,7 @@ from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.io import delta
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import allocate_per_query_rho
-from censusdp_spark.topdown.config import RunConfig, invariant_levels
+from censusdp_spark.topdown.config import TopDownConfig, invariant_levels
 from censusdp_spark.topdown.nmf import read_nmf, write_nmf
 from censusdp_spark.topdown.nmf_layout import STATE_LEVEL
 
@@ -78,7 +78,7 @@ class GivenBudget:
     measured, in the config's order, each at ``rho = 1 / sigma2``) and the ways the config's
     own ``[budget]`` disagrees with the file (``disagreements``, one line each)."""
 
-    config: RunConfig
+    config: TopDownConfig
     disagreements: tuple[str, ...]
     exact: dict[tuple[str, str], Fraction]
     """``(level, query)`` -> the config's exact ``sigma2`` where the file's is its float
@@ -101,7 +101,7 @@ FLOAT_ROUNDING = 1e-12
 value stored as a float (the Census's file holds floats): the exact fraction is used."""
 
 
-def refuse_unsupported(config: RunConfig, source: Path) -> None:
+def refuse_unsupported(config: TopDownConfig, source: Path) -> None:
     """What post-processing cannot take yet, in one line each."""
     if config.bypass_single_child:
         raise ValueError(
@@ -119,7 +119,7 @@ def read_given(
     spark: SparkSession,
     source: Path,
     fmt: NoisyFormat,
-    config: RunConfig,
+    config: TopDownConfig,
     states: tuple[str, ...] = (),
 ) -> GivenMeasurements:
     """The noisy measurements at ``source`` in layout ``fmt``, checked against ``config``
@@ -140,7 +140,7 @@ def read_given(
 
 
 def _only_states(
-    given: GivenMeasurements, config: RunConfig, states: tuple[str, ...]
+    given: GivenMeasurements, config: TopDownConfig, states: tuple[str, ...]
 ) -> GivenMeasurements:
     """``given`` cut to the subtrees of ``states`` (a state's code unknown to it is refused)."""
     state = config.hierarchy.levels[STATE_LEVEL]
@@ -164,7 +164,9 @@ def _only_states(
     )
 
 
-def _held_where_the_config_says(given: GivenMeasurements, config: RunConfig) -> GivenMeasurements:
+def _held_where_the_config_says(
+    given: GivenMeasurements, config: TopDownConfig
+) -> GivenMeasurements:
     """The file's node totals at the config's invariant levels, every node's there: a node
     without its total is refused (the config holds it exact); totals at other levels are not
     held."""
@@ -189,7 +191,7 @@ def _held_where_the_config_says(given: GivenMeasurements, config: RunConfig) -> 
 
 
 def read_censusdp_release(
-    spark: SparkSession, source: Path, config: RunConfig
+    spark: SparkSession, source: Path, config: TopDownConfig
 ) -> GivenMeasurements:
     """A censusdp TopDown release's noisy measurements; its invariant node totals are its
     estimates' (which hold them exactly), zero for a node without a non-zero cell."""
@@ -223,7 +225,7 @@ def read_censusdp_release(
     return GivenMeasurements(source, NoisyFormat.CENSUSDP, noisy, invariants, geography)
 
 
-def export_nmf(spark: SparkSession, release: Path, config: RunConfig, out: Path) -> None:
+def export_nmf(spark: SparkSession, release: Path, config: TopDownConfig, out: Path) -> None:
     """Write the TopDown release at ``release`` (made with ``config``) in the Census NMF layout
     at ``out`` (``topdown.nmf``): its noisy measurements and its invariant node totals, for
     BlueDown or any tool that reads the Census's file, and back (``--noisy-format
@@ -246,7 +248,9 @@ def geography_of(noisy: DataFrame, hierarchy: Hierarchy) -> DataFrame:
     )
 
 
-def given_budget(noisy: DataFrame, config: RunConfig, source: Path, top: int = 0) -> GivenBudget:
+def given_budget(
+    noisy: DataFrame, config: TopDownConfig, source: Path, top: int = 0
+) -> GivenBudget:
     """The budget the file's variances spend (``rho = 1 / sigma2`` per query: a marginal's
     squared sensitivity is 2) as the config's, and how the config's own disagrees. Every
     level from ``top`` down must be measured, every query once per level with one variance;
@@ -294,7 +298,7 @@ def given_budget(noisy: DataFrame, config: RunConfig, source: Path, top: int = 0
 
 
 def _floats_of_the_config(
-    found: dict[str, dict[str, Fraction]], config: RunConfig
+    found: dict[str, dict[str, Fraction]], config: TopDownConfig
 ) -> dict[tuple[str, str], Fraction]:
     """The file's variances that are the config's exact ``sigma2`` stored as a float."""
     exact = {}
@@ -309,7 +313,7 @@ def _floats_of_the_config(
     return exact
 
 
-def _disagreements(config: RunConfig, found: dict[str, dict[str, Fraction]]) -> list[str]:
+def _disagreements(config: TopDownConfig, found: dict[str, dict[str, Fraction]]) -> list[str]:
     lines = []
     for level in config.hierarchy.names:
         for query in config.queries[level]:

@@ -56,7 +56,7 @@ from censusdp_spark.topdown.census_tables import PL94_TABLES, write_census_table
 from censusdp_spark.topdown.checks import check_estimates, check_measurements
 from censusdp_spark.topdown.config import (
     EstimationMethod,
-    RunConfig,
+    TopDownConfig,
     invariant_levels,
     privacy_unit,
 )
@@ -99,7 +99,7 @@ class TopDownOptions:
 
 
 @dataclass(kw_only=True)
-class RunSummary:
+class TopDownSummary:
     output: Path
     levels: list[str]
     nodes: dict[str, int]
@@ -173,7 +173,7 @@ def _headline(rows: list[dict[str, Any]], levels: list[str]) -> list[str]:
     return out
 
 
-def _apply_options(config: RunConfig, options: TopDownOptions) -> RunConfig:
+def _apply_options(config: TopDownConfig, options: TopDownOptions) -> TopDownConfig:
     run = with_command_line(config.run, options.output, options.secret_file)
     spec = config.input
     if spec is None:
@@ -199,7 +199,7 @@ DWELLINGS_TABLE = "estimation.dwellings table"
 """The estimation key of the dwelling counts' content (read to estimate, never measured)."""
 
 
-def release_tables(config: RunConfig, variances: bool) -> list[str]:
+def release_tables(config: TopDownConfig, variances: bool) -> list[str]:
     """The Delta tables of a TopDown release of ``config``, as its manifest lists them."""
     return (
         [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
@@ -209,7 +209,7 @@ def release_tables(config: RunConfig, variances: bool) -> list[str]:
     )
 
 
-def topdown_contents(config: RunConfig, variances: bool) -> ReleaseContents:
+def topdown_contents(config: TopDownConfig, variances: bool) -> ReleaseContents:
     """What a TopDown release of ``config`` is made of (``release_contents``)."""
     assert config.input is not None
     spine = [config.spine.path] if config.spine else []
@@ -225,7 +225,7 @@ def topdown_contents(config: RunConfig, variances: bool) -> ReleaseContents:
     )
 
 
-def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
+def release_run(config: TopDownConfig, options: TopDownOptions) -> ReleaseRun:
     """The runner of a TopDown run of ``config`` (options applied)."""
     assert config.input is not None
     contents = topdown_contents(config, options.variances)
@@ -235,7 +235,9 @@ def release_run(config: RunConfig, options: TopDownOptions) -> ReleaseRun:
     return ReleaseRun.of(TOPDOWN, config.run, contents, options, inputs)
 
 
-def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig) -> dict[str, int]:
+def check_occupancy(
+    released: DataFrame, occupancy: DataFrame, config: TopDownConfig
+) -> dict[str, int]:
     """``persons_outside_occupancy``: released counts where ``[[estimation.occupancy]]``
     allows none, and ``group_sums_outside_bounds``: released node and group sums outside their
     ``at_least`` and ``at_most`` (each 0, or ``GuaranteeViolation``)."""
@@ -255,10 +257,10 @@ def check_occupancy(released: DataFrame, occupancy: DataFrame, config: RunConfig
 
 def run_topdown(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     options: TopDownOptions,
     observer: RunObserver = QUIET,
-) -> RunSummary:
+) -> TopDownSummary:
     """Run the TopDown release of ``config`` with ``options``; ``observer`` is told of each
     committed step and each estimation task (tests pass one in to inject faults)."""
     if options.noisy_measurements is not None:
@@ -307,11 +309,11 @@ class HeldExact:
 
 def _run_topdown(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     options: TopDownOptions,
     run: ReleaseRun,
     observer: RunObserver,
-) -> RunSummary:
+) -> TopDownSummary:
     data = _read_and_validate(spark, config)
     run.clock.lap("read_and_validate")
     secret = run.secret()  # only once the input has passed validation
@@ -347,7 +349,7 @@ def _run_topdown(
     return summary
 
 
-def _read_and_validate(spark: SparkSession, config: RunConfig) -> ReadInput:
+def _read_and_validate(spark: SparkSession, config: TopDownConfig) -> ReadInput:
     """Read and validate the input, then check the disk and memory the run needs: all before
     any secret, noise or write."""
     assert config.input is not None
@@ -376,7 +378,7 @@ def _read_and_validate(spark: SparkSession, config: RunConfig) -> ReadInput:
 
 
 def _start_writing(
-    spark: SparkSession, config: RunConfig, options: TopDownOptions, run: ReleaseRun
+    spark: SparkSession, config: TopDownConfig, options: TopDownOptions, run: ReleaseRun
 ) -> None:
     """Empty the output for a fresh run; resuming, drop the uncommitted files and redo the
     steps whose tables are missing or incomplete."""
@@ -393,7 +395,7 @@ def _write_measurements(noisy: DataFrame, output: Path) -> None:
     delta.write_table(noisy, output, delta.NOISY_MEASUREMENTS, partition_by="level")
 
 
-def _held_exact(data: ReadInput, config: RunConfig) -> HeldExact:
+def _held_exact(data: ReadInput, config: TopDownConfig) -> HeldExact:
     invariants = (
         node_totals(data.nodes)
         .filter(F.col("level").isin(invariant_levels(config)))
@@ -409,7 +411,7 @@ def _held_exact(data: ReadInput, config: RunConfig) -> HeldExact:
 
 def _estimate_levels(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     run: ReleaseRun,
     noisy: DataFrame,
     held: HeldExact,
@@ -478,7 +480,7 @@ def _estimate_levels(
 
 
 def _check_guarantees(
-    config: RunConfig,
+    config: TopDownConfig,
     released: DataFrame,
     noisy: DataFrame,
     held: HeldExact,
@@ -499,7 +501,7 @@ def _check_guarantees(
 
 def _write_products(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     options: TopDownOptions,
     released: DataFrame,
     held: HeldExact,
@@ -535,7 +537,7 @@ def _write_products(
 
 def _evaluate(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     run: ReleaseRun,
     released: DataFrame,
     data: ReadInput,
@@ -567,12 +569,12 @@ def _evaluate(
 
 
 def _summary(
-    config: RunConfig, run: ReleaseRun, node_counts: dict[str, int], top: int = 0
-) -> RunSummary:
+    config: TopDownConfig, run: ReleaseRun, node_counts: dict[str, int], top: int = 0
+) -> TopDownSummary:
     """The run's summary; ``top``: the first level released (1 in a state-by-state run)."""
     privacy = privacy_summary(config)
     levels = list(config.hierarchy.names[top:])
-    return RunSummary(
+    return TopDownSummary(
         output=config.run.output,
         levels=levels,
         nodes={lv: int(node_counts.get(lv, 0)) for lv in levels},
@@ -590,8 +592,8 @@ def _summary(
 
 
 def _manifest(
-    config: RunConfig,
-    summary: RunSummary,
+    config: TopDownConfig,
+    summary: TopDownSummary,
     checks: dict[str, int],
     csv_files: list[str],
     read: dict[str, Any],
@@ -623,11 +625,11 @@ def _manifest(
 
 def _post_process(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     options: TopDownOptions,
     source: Path,
     observer: RunObserver,
-) -> RunSummary:
+) -> TopDownSummary:
     """The release of the noisy measurements at ``source`` (``topdown.given``): estimation,
     every guarantee check and the products of the estimates, as a release that measures;
     no input, secret, noise or evaluation."""
@@ -658,7 +660,7 @@ def _post_process(
         return _run_post_processing(spark, config, options, source, run, observer)
 
 
-def _state_by_state(config: RunConfig, states: tuple[str, ...]) -> dict[str, Any] | None:
+def _state_by_state(config: TopDownConfig, states: tuple[str, ...]) -> dict[str, Any] | None:
     """The manifest's account of a state-by-state run (None for a whole file's)."""
     if not states:
         return None
@@ -672,7 +674,7 @@ def _state_by_state(config: RunConfig, states: tuple[str, ...]) -> dict[str, Any
     }
 
 
-def _folders_read(config: RunConfig, options: TopDownOptions, source: Path) -> list[Path]:
+def _folders_read(config: TopDownConfig, options: TopDownOptions, source: Path) -> list[Path]:
     """What a post-processing run reads (its input fingerprint): the file, or in a
     state-by-state run of an NMF its states' folders alone."""
     if options.states and options.noisy_format is NoisyFormat.CENSUS_NMF:
@@ -682,12 +684,12 @@ def _folders_read(config: RunConfig, options: TopDownOptions, source: Path) -> l
 
 def _run_post_processing(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     options: TopDownOptions,
     source: Path,
     run: ReleaseRun,
     observer: RunObserver,
-) -> RunSummary:
+) -> TopDownSummary:
     top = STATE_LEVEL if options.states else 0
     given = read_given(spark, source, options.noisy_format, config, options.states)
     budget = given_budget(given.noisy, config, source, top)

@@ -8,11 +8,11 @@ from typing import Any
 from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import ZcdpAllocation
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
-from censusdp_spark.topdown.config import RunConfig, privacy_unit
+from censusdp_spark.topdown.config import TopDownConfig, privacy_unit
 from censusdp_spark.topdown.path_cuts import bypass_paths
 
 
-def budget_rows(config: RunConfig) -> list[dict[str, Any]]:
+def budget_rows(config: TopDownConfig) -> list[dict[str, Any]]:
     return [
         {
             "level": e.level,
@@ -27,7 +27,7 @@ def budget_rows(config: RunConfig) -> list[dict[str, Any]]:
     ]
 
 
-def privacy_summary(config: RunConfig) -> dict[str, Any]:
+def privacy_summary(config: TopDownConfig) -> dict[str, Any]:
     rho = config.budget.total_rho
     delta = config.run.delta
     return {

@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.families import map_families, noise_group
 from censusdp_spark.privacy import discrete_gaussian, noisy_measurements
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 
 MECHANISM = "topdown"
 NOISY_SCHEMA = (
@@ -65,7 +65,7 @@ Chain = tuple[str, ...]
 """The levels a node's measurement spends, its own last (``topdown.bypass``)."""
 
 
-def noise_plan(config: RunConfig) -> dict[Chain, tuple[QueryNoise, ...]]:
+def noise_plan(config: TopDownConfig) -> dict[Chain, tuple[QueryNoise, ...]]:
     """The queries and exact variances of every chain a measured node can spend: each level
     alone, and with bypassing every run of consecutive levels (keyed by the chain)."""
     names = config.hierarchy.names
@@ -153,7 +153,7 @@ def _noise_groups(
 
 
 def measure(
-    nodes: DataFrame, config: RunConfig, secret: bytes, plan: DataFrame | None = None
+    nodes: DataFrame, config: TopDownConfig, secret: bytes, plan: DataFrame | None = None
 ) -> DataFrame:
     """Noisy measurements for every measured node of every level (lazy; the caller writes them
     once). ``plan``: the bypass plan (``bypass.measurement_plan``), None without bypassing

@@ -31,7 +31,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.model.errors import ConfigError, InputError
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 from censusdp_spark.topdown.measure import NOISY_SCHEMA
 from censusdp_spark.topdown.nmf_checks import check_tables, query_info, with_level
 from censusdp_spark.topdown.nmf_layout import (
@@ -72,7 +72,7 @@ class NmfMeasurements:
 
 
 def write_nmf(
-    spark: SparkSession, noisy: DataFrame, invariants: DataFrame, config: RunConfig, out: Path
+    spark: SparkSession, noisy: DataFrame, invariants: DataFrame, config: TopDownConfig, out: Path
 ) -> None:
     """Write ``noisy`` (``measure.NOISY_SCHEMA``) and ``invariants`` (``level, geocode,
     inv_total``) to a new folder ``out`` in the NMF layout (``nmf_layout``), one Parquet file per
@@ -138,7 +138,7 @@ def _as_double(fraction: Column) -> Column:
 
 
 def _write_levels(
-    rows: DataFrame, totals: DataFrame, config: RunConfig, root: Path, with_totals: set[str]
+    rows: DataFrame, totals: DataFrame, config: TopDownConfig, root: Path, with_totals: set[str]
 ) -> None:
     """Each level's DPQuery and (where it has totals) Constraint files, one per folder."""
     names = nmf_level_names(config)
@@ -196,7 +196,7 @@ def _remove_side_files(root: Path) -> None:
 
 
 def read_nmf(
-    spark: SparkSession, path: Path, config: RunConfig, states: tuple[str, ...] = ()
+    spark: SparkSession, path: Path, config: TopDownConfig, states: tuple[str, ...] = ()
 ) -> NmfMeasurements:
     """The NMF at ``path`` as our tables (``NmfMeasurements``), checked against ``config``.
 
@@ -266,7 +266,7 @@ def read_nmf(
     )
 
 
-def check_states(root: Path, config: RunConfig, states: tuple[str, ...]) -> None:
+def check_states(root: Path, config: TopDownConfig, states: tuple[str, ...]) -> None:
     """Each of ``states`` is a ``State=<code>`` folder of the file's State level, with its
     measurements at every level below the root (an ``InputError`` in one line otherwise: a
     code of the wrong length, one the file does not have, a level without the state's
@@ -326,7 +326,7 @@ def _data_files(folder: Path) -> bool:
 def _read_kind(
     spark: SparkSession,
     root: Path,
-    config: RunConfig,
+    config: TopDownConfig,
     kind: str,
     columns: Sequence[str],
     states: tuple[str, ...],
@@ -364,7 +364,9 @@ def _read_kind(
     return with_level(df, config, root, "dpq_folder" if kind == DPQUERY else "con_folder")
 
 
-def _kind_folders(root: Path, config: RunConfig, kind: str, states: tuple[str, ...]) -> list[Path]:
+def _kind_folders(
+    root: Path, config: TopDownConfig, kind: str, states: tuple[str, ...]
+) -> list[Path]:
     """The ``kind`` folders a read opens: every level's, or ``states``' ``State=`` folders."""
     if states:
         return [f for f in state_folders(root, config, states) if f.parent.name == kind]
@@ -372,7 +374,7 @@ def _kind_folders(root: Path, config: RunConfig, kind: str, states: tuple[str, .
 
 
 def _totals(
-    spark: SparkSession, root: Path, config: RunConfig, states: tuple[str, ...]
+    spark: SparkSession, root: Path, config: TopDownConfig, states: tuple[str, ...]
 ) -> DataFrame:
     """The total constraints (the other constraints are not ours): ``level, order, digits,
     folder, geocode, query_name, inv_total``; a total that is not one non-negative count gets

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.io.readers import RowRule
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 from censusdp_spark.topdown.nmf_layout import (
     CONSTRAINT,
     DPQUERY,
@@ -34,7 +34,7 @@ from censusdp_spark.topdown.nmf_layout import (
 # --- the config's levels and queries as literal maps (looked up per row: no join) ----------
 
 
-def level_info(config: RunConfig, root: Path) -> Column:
+def level_info(config: TopDownConfig, root: Path) -> Column:
     """Each level's ``order, digits, parent, parent_digits, dpq_folder, con_folder`` (the
     folders as the messages name them), looked up by the row's ``level``; null if unknown."""
     names = nmf_level_names(config)
@@ -54,7 +54,7 @@ def level_info(config: RunConfig, root: Path) -> Column:
     return F.create_map(*pairs)[F.col("level")]
 
 
-def with_level(df: DataFrame, config: RunConfig, root: Path, folder: str) -> DataFrame:
+def with_level(df: DataFrame, config: TopDownConfig, root: Path, folder: str) -> DataFrame:
     """``df`` with its level's ``order, digits`` and ``folder`` (``dpq_folder`` or
     ``con_folder``; the root folder for an unknown level)."""
     info = level_info(config, root)
@@ -67,7 +67,7 @@ def with_level(df: DataFrame, config: RunConfig, root: Path, folder: str) -> Dat
     )
 
 
-def query_info(config: RunConfig, key: Column) -> Column:
+def query_info(config: TopDownConfig, key: Column) -> Column:
     """The configured query ``query, cells, shape, config_sigma2`` of the row's ``level`` whose
     ``nmf_layout.query_key`` is ``key``; null if there is none."""
     pairs = []
@@ -82,7 +82,7 @@ def query_info(config: RunConfig, key: Column) -> Column:
     return F.create_map(*pairs)[F.concat_ws("|", F.col("level"), key)]
 
 
-def _counts(config: RunConfig) -> Column:
+def _counts(config: TopDownConfig) -> Column:
     """The number of queries of the row's ``level``."""
     pairs = [
         x for lv in config.hierarchy.names for x in (F.lit(lv), F.lit(len(config.queries[lv])))
@@ -172,7 +172,7 @@ def _row_rules(state_digits: int, exact: Column, exact_rule: str) -> list[RowRul
     ]
 
 
-def _structure_problems(rows: DataFrame, config: RunConfig) -> DataFrame:
+def _structure_problems(rows: DataFrame, config: TopDownConfig) -> DataFrame:
     """A (geocode, query) twice, and a node without all its level's queries."""
     per_query = (
         rows.filter(F.col("query").isNotNull())
@@ -310,7 +310,7 @@ def _refuse_first(problems: Sequence[DataFrame]) -> None:
 def check_tables(
     rows: DataFrame,
     totals: DataFrame,
-    config: RunConfig,
+    config: TopDownConfig,
     root: Path,
     exact: tuple[Column, str],
     top: int = 0,

@@ -70,7 +70,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from censusdp_spark.model.errors import ConfigError
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 
 NMF_LEVELS = ("US", "State", "County", "Tract", "Block_Group", "Block")
 """The NMF's level folder names, root first (BlueDown's ``ROOT_LEVEL`` and ``LEVELS``)."""
@@ -99,7 +99,7 @@ class NmfQuery:
     shape: tuple[int, ...]  # per schema attribute, in config order
 
 
-def nmf_level_names(config: RunConfig) -> dict[str, str]:
+def nmf_level_names(config: TopDownConfig) -> dict[str, str]:
     """Our level names to the NMF's, by position; a hierarchy of other than 6 levels is refused."""
     names = config.hierarchy.names
     if len(names) != len(NMF_LEVELS):
@@ -122,7 +122,7 @@ def state_folder(root: Path, nmf_level: str, kind: str, state: str) -> Path:
     return level_folder(root, nmf_level, kind) / f"{STATE_PARTITION}={state}"
 
 
-def state_folders(root: Path, config: RunConfig, states: tuple[str, ...]) -> list[Path]:
+def state_folders(root: Path, config: TopDownConfig, states: tuple[str, ...]) -> list[Path]:
     """Every folder a run of ``states`` reads: their ``State=`` folders of each level below the
     root, DPQuery and Constraint (the root's folder, the nation's, is not among them)."""
     names = list(nmf_level_names(config).values())[STATE_LEVEL:]
@@ -146,7 +146,7 @@ def dpq_name(query: str) -> str:
     return f"{query}{DPQ_SUFFIX}"
 
 
-def nmf_queries(config: RunConfig) -> tuple[NmfQuery, ...]:
+def nmf_queries(config: TopDownConfig) -> tuple[NmfQuery, ...]:
     """Every level's configured queries with their cell counts and NMF query shapes."""
     return tuple(
         NmfQuery(

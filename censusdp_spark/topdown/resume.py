@@ -21,7 +21,7 @@ from censusdp_spark.io import delta
 from censusdp_spark.release.runner import ReleaseRun
 from censusdp_spark.topdown.bottom_up import BOTTOM_UP, TOTAL_VARIANCES
 from censusdp_spark.topdown.census_tables import PL94_TABLES
-from censusdp_spark.topdown.config import RunConfig
+from censusdp_spark.topdown.config import TopDownConfig
 
 log = logging.getLogger("censusdp")
 
@@ -43,7 +43,7 @@ def remove_uncommitted_files(spark: SparkSession, output: Path) -> None:
             log.info("resume: removed %d uncommitted file(s) from %s", len(removed), name)
 
 
-def steps_in_order(config: RunConfig) -> list[str]:
+def steps_in_order(config: TopDownConfig) -> list[str]:
     """The committed steps of a run, each after every step it reads."""
     names = list(config.hierarchy.names)
     bottom_up = (
@@ -54,7 +54,7 @@ def steps_in_order(config: RunConfig) -> list[str]:
     return ["measure", *bottom_up, *names]
 
 
-def redo_unfinished_steps(spark: SparkSession, config: RunConfig, run: ReleaseRun) -> None:
+def redo_unfinished_steps(spark: SparkSession, config: TopDownConfig, run: ReleaseRun) -> None:
     """Redo, from the first one, the steps the run state claims done whose table is missing or
     incomplete."""
     output = config.run.output
@@ -75,7 +75,7 @@ def redo_unfinished_steps(spark: SparkSession, config: RunConfig, run: ReleaseRu
 
 
 def _complete_steps(
-    spark: SparkSession, config: RunConfig, output: Path, claimed: list[str]
+    spark: SparkSession, config: TopDownConfig, output: Path, claimed: list[str]
 ) -> set[str]:
     """The steps of ``claimed`` whose table holds that step's rows. Each step is one Delta
     transaction (the noisy table whole, a level of ``bottom_up`` or ``estimates``), so a step

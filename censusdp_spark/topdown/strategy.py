@@ -31,7 +31,7 @@ from censusdp_spark.model.config import Model, read_config
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown.bottom_up import config_layout
 from censusdp_spark.topdown.census_tables import table_matrix
-from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.queries import parse_query
 from censusdp_spark.topdown.solvers.bottom_up import Covariance, LevelDesign
 from censusdp_spark.topdown.solvers.expected_error import (
@@ -90,7 +90,7 @@ class Allocation:
     queries: Mapping[str, Mapping[str, float]]
 
     @classmethod
-    def of(cls, config: RunConfig) -> Allocation:
+    def of(cls, config: TopDownConfig) -> Allocation:
         """The config's own allocation, as shares of its total rho."""
         rho = float(config.budget.total_rho)
         levels = {lv: float(config.budget.level_rho(lv)) / rho for lv in config.hierarchy.names}
@@ -134,7 +134,7 @@ class LevelError:
     largest_sd: float
 
 
-def load_workload(source: str | Path, config: RunConfig) -> Workload:
+def load_workload(source: str | Path, config: TopDownConfig) -> Workload:
     """The workload of a TOML file, or the ``pl94`` preset; ``ConfigError`` naming the file,
     the key and the rule when it does not fit ``config``."""
     if str(source) == PL94_PRESET:
@@ -164,7 +164,7 @@ def _failing(source: str) -> Any:
     return lambda key, rule: ConfigError(source, key, rule)
 
 
-def _pl94_table(fail: Any, config: RunConfig, table: str) -> WorkloadTable:
+def _pl94_table(fail: Any, config: TopDownConfig, table: str) -> WorkloadTable:
     if config.pl94_tables is None:
         raise fail("tables", f"{table}: the config has no [output.pl94_tables] to compute it")
     try:
@@ -174,7 +174,7 @@ def _pl94_table(fail: Any, config: RunConfig, table: str) -> WorkloadTable:
     return WorkloadTable(table, matrix)
 
 
-def _query_table(fail: Any, config: RunConfig, name: str) -> WorkloadTable:
+def _query_table(fail: Any, config: TopDownConfig, name: str) -> WorkloadTable:
     try:
         query = parse_query(name, config.schema)
     except ValueError as err:
@@ -187,7 +187,7 @@ def _query_table(fail: Any, config: RunConfig, name: str) -> WorkloadTable:
 class ErrorModel:
     """The expected errors of allocations of one config on one spine shape."""
 
-    def __init__(self, config: RunConfig, nodes: Mapping[str, int], workload: Workload) -> None:
+    def __init__(self, config: TopDownConfig, nodes: Mapping[str, int], workload: Workload) -> None:
         names = config.hierarchy.names
         missing = [lv for lv in names if nodes.get(lv, 0) < 1]
         if missing:
@@ -340,7 +340,7 @@ def _exact_shares(shares: Mapping[str, float]) -> dict[str, Fraction]:
     return {k: Fraction(u, SHARE_DENOMINATOR) for k, u in units.items()}
 
 
-def budget_section(config: RunConfig, allocation: ExactAllocation) -> str:
+def budget_section(config: TopDownConfig, allocation: ExactAllocation) -> str:
     """The ``[budget]`` TOML of ``allocation`` at the config's total rho (mode ``shares``)."""
     lines = ["[budget]", f'rho = "{config.budget.total_rho}"', 'mode = "shares"']
     if config.bypass_single_child:
@@ -381,12 +381,12 @@ def refuse_existing(path: Path) -> None:
 
 
 def write_config(
-    config_path: Path, config: RunConfig, allocation: ExactAllocation, out: Path
+    config_path: Path, config: TopDownConfig, allocation: ExactAllocation, out: Path
 ) -> None:
     """``config_path``'s text with the ``[budget]`` of ``allocation``, to ``out``; validated
     as a config before it is written (relative paths resolve as the original's)."""
     text = with_budget(Path(config_path).read_text(), budget_section(config, allocation))
-    load_config(tomllib.loads(text), project_root=config.document.base)
+    load_topdown_config(tomllib.loads(text), project_root=config.document.base)
     out.write_text(text)
 
 
@@ -454,7 +454,7 @@ class BudgetChoice:
         optimized: The exact shares and the objective at them and at the config's.
     """
 
-    config: RunConfig
+    config: TopDownConfig
     source: str
     spine: str
     nodes: Mapping[str, int]

@@ -1,7 +1,7 @@
 """``censusdp validate``: check a TopDown config, its input and its secret; write nothing.
 
 What it checks, in the order a release would meet them:
-1. the config (every rule of ``load_config``, the budget included);
+1. the config (every rule of ``load_topdown_config``, the budget included);
 2. the input, through the same reader as the release (``read_blocks``: columns, integer counts,
    non-negative cells, geocode length, unique geocodes; with ``[geography] spine``, the spine's
    rows and every record on it), so an input that passes here passes there;
@@ -28,7 +28,7 @@ from censusdp_spark.engine.hierarchy import nodes_per_level
 from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.release.flags import CommandParser, add_validate_flags
 from censusdp_spark.release.runner import check_secret
-from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.readers import read_blocks
 
 
@@ -61,7 +61,7 @@ class ValidationReport:
 
 def validate_release(
     spark: SparkSession,
-    config: RunConfig,
+    config: TopDownConfig,
     input_path: Path | None = None,
     secret_file: Path | None = None,
 ) -> ValidationReport:
@@ -102,7 +102,7 @@ def run_validate_from_args(args: argparse.Namespace) -> int:
     """``censusdp validate``: user errors propagate to the CLI, which prints one line, exit 2."""
     from censusdp_spark.engine.session import spark_session
 
-    config = load_config(args.config)
+    config = load_topdown_config(args.config)
     spark = spark_session(f"censusdp-validate-{config.run.name}", args.master, args.remote)
     print(validate_release(spark, config, args.input, args.secret_file).text())
     return 0

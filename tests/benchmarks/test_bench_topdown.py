@@ -10,7 +10,7 @@ from pathlib import Path
 import bench_topdown
 import pytest
 
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_topdown_config_loads_at_the_given_rho(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(bench_topdown.config_text("hi", "10", "topdown"))
-    config = load_config(path, ROOT)
+    config = load_topdown_config(path, ROOT)
     assert config.budget.total_rho == 10
     assert config.invariant_levels == ("state",)
 

@@ -249,13 +249,13 @@ def bristol_county_blocks(folder: Path) -> Path:
 def test_validate_step_checks_config_input_and_secret_and_writes_nothing(
     spark, tmp_path: Path, secret_file: Path
 ) -> None:
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.validate import validate_release
 
     blocks = bristol_county_blocks(tmp_path)
     before = sorted(tmp_path.rglob("*"))
     report = validate_release(
-        spark, load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks, secret_file
+        spark, load_topdown_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks, secret_file
     )
     assert report.blocks == 1092
     assert report.nodes == {
@@ -272,7 +272,7 @@ def test_validate_step_checks_config_input_and_secret_and_writes_nothing(
 
 def test_validate_step_names_the_row_of_a_broken_input(spark, tmp_path: Path) -> None:
     from censusdp_spark.model.errors import InputError
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.validate import validate_release
 
     blocks = bristol_county_blocks(tmp_path)
@@ -285,7 +285,9 @@ def test_validate_step_names_the_row_of_a_broken_input(spark, tmp_path: Path) ->
     with pytest.raises(
         InputError, match="row 3, column pop_white: count must be a non-negative integer"
     ):
-        validate_release(spark, load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks)
+        validate_release(
+            spark, load_topdown_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT), blocks
+        )
 
 
 def test_topdown_task_runs_end_to_end_in_local_mode(

@@ -18,7 +18,7 @@ import pytest
 
 import censusdp_spark.api
 from censusdp_spark import open_release
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from tests.helpers.release import TOPDOWN_GUARANTEES_HELD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def test_to_pandas_decodes_the_estimates_cells_into_labelled_attributes(referenc
     release = open_release(reference_release)
     estimates = release.to_pandas("estimates")
     assert {"geocode", "cell", "count", "votingage", "hisprace"} <= set(estimates.columns)
-    schema = load_config(ROOT / "conf" / "ri_2010_demo.toml").schema
+    schema = load_topdown_config(ROOT / "conf" / "ri_2010_demo.toml").schema
     assert (estimates["cell"] == schema.cell_of(_level_indices(estimates, schema))).all()
     blocks = estimates[estimates["level"] == "block"]
     by_label = blocks.groupby(["votingage", "hisprace"])["count"].sum()

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.cli import main
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RI_BLOCKS = ROOT / "data" / "ri_2010_blocks_pl.csv"
@@ -80,8 +80,8 @@ def test_two_inputs_on_one_spine_get_the_same_budget(optimized, folder):
 def test_the_written_config_runs_and_the_plot_is_drawn(optimized, folder, capsys):
     printed, written, plot = optimized
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    config = load_config(written)
-    assert config.budget.total_rho == load_config(demo_on_a_spine(folder)).budget.total_rho
+    config = load_topdown_config(written)
+    assert config.budget.total_rho == load_topdown_config(demo_on_a_spine(folder)).budget.total_rho
     assert printed.split("[budget]\n", 1)[1].strip() in written.read_text()
     assert main(["check", "--config", str(written)]) == 0
     capsys.readouterr()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def check_release(spark, out: Path, method: str, newport_csv: Path) -> None:
     assert bypass["bypassed"]["county"] == []
     assert bypass["bypassed"]["tract"] == ["44005041200", "44005990000"]
     assert [p["rho"] for p in bypass["paths"]] == ["293764/114921"] * 2
-    budget = load_config(bypass_config(out.parent, method), ROOT).budget
+    budget = load_topdown_config(bypass_config(out.parent, method), ROOT).budget
     noisy = table(spark, out / "noisy_measurements")
     assert set(noisy["level"]) == {"county", "tract", "block_group", "block"}
     county = noisy[noisy["level"] == "county"]

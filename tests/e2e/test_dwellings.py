@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.job import TopDownOptions
 from censusdp_spark.topdown.job import run_topdown as run_job
 from censusdp_spark.topdown.readers import OCCUPIED, read_blocks
@@ -129,7 +129,7 @@ def test_microdata_on_a_spine_holds_the_dwellings_of_every_block(
     doc = config(tmp_path, write(dwellings, tmp_path), spine)
     out = tmp_path / "out"
     options = TopDownOptions(output=out, secret_file=secret_file, variances=True)
-    run_job(spark, load_config(doc), options)
+    run_job(spark, load_topdown_config(doc), options)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["guarantee_checks"] == OCCUPANCY_GUARANTEES_HELD
     estimates = spark.read.format("delta").load(str(out / "estimates")).toPandas()
@@ -216,7 +216,7 @@ def test_a_bad_dwellings_table_is_refused_naming_its_row_and_rule(
     else:
         table = table.drop(index=change)
     path = write(table, tmp_path)
-    run = load_config(config(tmp_path, path, spine))
+    run = load_topdown_config(config(tmp_path, path, spine))
     with pytest.raises(InputError) as refused:
         assert run.input is not None
         read_blocks(
@@ -229,7 +229,7 @@ def test_a_bad_dwellings_table_is_refused_naming_its_row_and_rule(
 
 def test_each_block_gets_the_bits_of_the_groups_its_dwellings_allow(spark, tmp_path, spine):
     table = dwellings_table(ppmf_blocks())
-    run = load_config(config(tmp_path, write(table, tmp_path), spine))
+    run = load_topdown_config(config(tmp_path, write(table, tmp_path), spine))
     assert run.input is not None
     blocks = read_blocks(spark, run.input, run.schema, 15, run.spine, run.occupancy, run.dwellings)
     bits = {r["geocode"]: r[OCCUPIED] for r in blocks.select("geocode", OCCUPIED).collect()}
@@ -241,13 +241,13 @@ KILLED_RUN = """
 import json, sys
 from pathlib import Path
 from censusdp_spark.engine.session import spark_session
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.testing.faults import KillDriverAfter
 from censusdp_spark.topdown.job import TopDownOptions, run_topdown
 doc = json.loads(Path(sys.argv[1]).read_text())
 options = TopDownOptions(output=Path(sys.argv[2]), secret_file=Path(sys.argv[3]))
 killed = KillDriverAfter("bottom_up_block")
-run_topdown(spark_session("killed", "local[2]"), load_config(doc), options, killed)
+run_topdown(spark_session("killed", "local[2]"), load_topdown_config(doc), options, killed)
 """
 
 
@@ -282,7 +282,7 @@ def test_block_groups_recomputed_from_the_written_blocks_hold_the_same_zeros(
 
     paired, written = block_groups(), versions()
     options = TopDownOptions(output=out, secret_file=secret_file, resume=True)
-    run_job(spark, load_config(doc), options)
+    run_job(spark, load_topdown_config(doc), options)
     alone = block_groups()
     assert versions() > written  # the block groups (and the levels above) were written again
     assert list(alone["geocode"]) == list(paired["geocode"]) and len(alone) > 0

@@ -14,7 +14,7 @@ from scipy.sparse.linalg import LinearOperator, cg
 
 from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from tests.helpers.cli import censusdp_with_fault
 from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
 
@@ -90,7 +90,7 @@ def test_guarantees_hold_and_the_bottom_up_table_is_written(spark, fi_release):
 
 
 def test_total_variances_are_the_bottom_up_variances(spark, fi_release):
-    config = load_config(DEMO, ROOT)
+    config = load_topdown_config(DEMO, ROOT)
     variances = table(spark, fi_release / "total_variances").toPandas()
     by_level = variances.groupby("level")["variance"]
     assert (by_level.max()[["nation", "state"]] == 0.0).all()
@@ -122,7 +122,7 @@ def whole_tree_gls_totals(spark, release: Path, digits: int) -> dict[str, float]
     all the blocks' histograms, rows ``Q_q (sum of the blocks under a node)`` weighted by
     ``1 / sigma^2``, normal equations by conjugate gradients, and the invariant state total as
     one exact constraint (``x = x0 + N^{-1} 1 (T - 1^T x0) / (1^T N^{-1} 1)``)."""
-    config = load_config(DEMO, ROOT)
+    config = load_topdown_config(DEMO, ROOT)
     noisy = table(spark, release / "noisy_measurements").toPandas()
     leaves = np.sort(noisy[noisy.level == "block"].geocode.unique())
     k, n = len(leaves), config.schema.n_cells
@@ -262,7 +262,7 @@ def test_the_2016_cell_production_schema_runs_with_compact_covariances(spark, tm
     assert main([*args, str(secret), "--master", "local[2]", "--variances"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["guarantee_checks"].values()) == {0}
-    layout = config_layout(load_config(config_path, ROOT))
+    layout = config_layout(load_topdown_config(config_path, ROOT))
     assert layout is not None and layout.n_cells == 1890
     rows = table(spark, out / "bottom_up").toPandas()
     inner = rows[rows.level != "block"]

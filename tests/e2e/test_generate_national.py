@@ -23,7 +23,7 @@ from censusdp_spark.generate.national import (
     load_spine,
     select_states,
 )
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RACES = ("white", "black", "hisp", "aian", "asian", "nhpi", "other", "two")
@@ -115,7 +115,7 @@ def test_existing_output_is_kept_unless_overwrite(dc_wy):
 
 
 def test_national_demo_config_accounts_for_every_column(blocks):
-    spec = load_config(ROOT / "conf" / "national_demo.toml", ROOT).input
+    spec = load_topdown_config(ROOT / "conf" / "national_demo.toml", ROOT).input
     assert spec is not None and spec.format == "parquet"
     assert spec.path == ROOT / "data" / "national" / "blocks"
     assert set(spec.used_columns()) | set(spec.ignore) == set(blocks.columns)

@@ -17,7 +17,7 @@ from censusdp_spark.generate.production import (
     generate_production,
     load_race_anchors,
 )
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.job import TopDownOptions, _apply_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +109,7 @@ def test_the_report_says_synthetic_and_compares_with_the_real_files(dc):
 
 
 def test_the_production_config_finds_the_spine_beside_any_input(dc):
-    config = load_config(ROOT / "conf" / "national_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "national_production.toml", ROOT)
     assert config.spine is not None and config.input is not None
     assert config.spine.path == ROOT / "data" / "national_production" / "spine"
     moved = _apply_options(config, TopDownOptions(input=dc / "persons"))

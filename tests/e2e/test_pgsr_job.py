@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.cli import main
-from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes, load_pgsr_config
+from censusdp_spark.group_sizes.config import GroupInputSpec, GroupSizes, load_group_sizes_config
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.model.errors import ConfigError, InputError
 from censusdp_spark.release.runner import evaluation_dir_for
@@ -292,7 +292,7 @@ def test_config_is_validated_at_the_door(tmp_path, old, new, key):
     bad = tmp_path / "bad.toml"
     bad.write_text(CONFIG.read_text().replace(old, new))
     with pytest.raises(ConfigError) as err:
-        load_pgsr_config(bad, ROOT)
+        load_group_sizes_config(bad, ROOT)
     assert err.value.key == key
 
 
@@ -302,7 +302,9 @@ def test_budget_defaults_to_an_even_split_over_the_levels(tmp_path):
     )
     path = tmp_path / "even.toml"
     path.write_text(text)
-    assert set(load_pgsr_config(path, ROOT).budget.level_epsilon.values()) == {Fraction(1, 5)}
+    assert set(load_group_sizes_config(path, ROOT).budget.level_epsilon.values()) == {
+        Fraction(1, 5)
+    }
 
 
 def households_spec(path: Path, **kw) -> GroupInputSpec:
@@ -348,8 +350,8 @@ def test_size_columns_can_be_named_by_one_pattern(tmp_path):
     assert "HHSIZE{size}" in text
     path = tmp_path / "pattern.toml"
     path.write_text(text)
-    config = load_pgsr_config(path, ROOT)
-    assert config.input is not None and config.input == load_pgsr_config(CONFIG, ROOT).input
+    config = load_group_sizes_config(path, ROOT)
+    assert config.input is not None and config.input == load_group_sizes_config(CONFIG, ROOT).input
 
 
 def test_a_size_above_max_without_topcode_names_its_row(spark, tmp_path):

@@ -16,7 +16,7 @@ from censusdp_spark.api import run_topdown
 from censusdp_spark.cli import main
 from censusdp_spark.io.pl94_layout import GEOHEADER_FIELDS, GQ_TYPES, RECORD_KEY, SEGMENTS
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.pl94_tables import table_fields
 from censusdp_spark.topdown.readers import read_blocks
 from tests.helpers.pl94 import SAMPLE
@@ -235,7 +235,7 @@ def test_bounds_the_file_breaks_are_refused_naming_the_block(spark, bound, rule)
     doc = tomllib.loads(CONFIG.read_text())
     doc["estimation"]["occupancy"] = [{"where": "H0010001 + P0050001", **bound}]
     doc["input"]["path"] = str(ROOT / doc["input"]["path"])
-    config = load_config(doc, ROOT)
+    config = load_topdown_config(doc, ROOT)
     assert config.input is not None
     with pytest.raises(InputError) as refused:
         read_blocks(spark, config.input, config.schema, 15, config.spine, config.occupancy)

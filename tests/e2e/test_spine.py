@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.cli import main
-from censusdp_spark.group_sizes.config import load_pgsr_config
+from censusdp_spark.group_sizes.config import load_group_sizes_config
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.io.readers import read_spine
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import ConfigError, InputError
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.readers import read_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,7 +230,7 @@ def test_without_a_spine_the_same_change_moves_the_geography_and_other_nodes_noi
     from censusdp_spark.privacy.streams import load_or_create_secret
     from censusdp_spark.topdown.measure import measure
 
-    config = load_config(write_config(tmp_path, inputs[0], spine_line(test_spine)), ROOT)
+    config = load_topdown_config(write_config(tmp_path, inputs[0], spine_line(test_spine)), ROOT)
     assert config.input is not None
     secret = load_or_create_secret(fixed_secret, None, tmp_path)
     runs = []
@@ -346,7 +346,7 @@ def test_a_spine_geocode_can_be_composed_of_columns(spark):
 )
 def test_spine_config_rules(tmp_path, spine, key, rule):
     with pytest.raises(ConfigError) as err:
-        load_config(write_config(tmp_path, PPMF, spine), ROOT)
+        load_topdown_config(write_config(tmp_path, PPMF, spine), ROOT)
     assert err.value.key == key and rule in err.value.rule, str(err.value)
     assert "\n" not in str(err.value)
 
@@ -415,7 +415,7 @@ def pgsr_config(folder: Path, households: str, spine: str = CALM_SPINE) -> Path:
 
 
 def test_pgsr_leaves_are_the_spine_empty_ones_with_zero_counts(spark, tmp_path):
-    config = load_pgsr_config(pgsr_config(tmp_path, calm_households(EMPTIED)), ROOT)
+    config = load_group_sizes_config(pgsr_config(tmp_path, calm_households(EMPTIED)), ROOT)
     assert config.input is not None
     leaves = {
         r["geocode"]: list(r["counts"])
@@ -433,7 +433,7 @@ def test_pgsr_leaves_are_the_spine_empty_ones_with_zero_counts(spark, tmp_path):
 
 def test_pgsr_households_off_the_spine_are_refused(spark, tmp_path):
     households = calm_households(None) + "9990001000030304,stray,2\n"
-    config = load_pgsr_config(pgsr_config(tmp_path, households), ROOT)
+    config = load_group_sizes_config(pgsr_config(tmp_path, households), ROOT)
     assert config.input is not None
     row = len(households.splitlines()) - 1
     with pytest.raises(InputError) as err:
@@ -446,7 +446,7 @@ def test_pgsr_households_without_a_spine_are_refused(tmp_path):
     with pytest.raises(
         ConfigError, match=r"\[geography.spine\] required with input.layout = 'households'"
     ):
-        load_pgsr_config(pgsr_config(tmp_path, "taz,hh,size\n", spine=""), ROOT)
+        load_group_sizes_config(pgsr_config(tmp_path, "taz,hh,size\n", spine=""), ROOT)
 
 
 def test_pgsr_on_a_spine_releases_the_same_geocodes_without_one_regions_households(
@@ -487,7 +487,7 @@ def test_pgsr_on_a_spine_releases_the_same_geocodes_without_one_regions_househol
 
 
 def test_a_block_count_input_on_a_spine_gains_its_empty_blocks_and_loses_none(spark, tmp_path):
-    demo = load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT)
+    demo = load_topdown_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT)
     assert demo.input is not None
     header, *rows = (ROOT / "data" / "ri_2010_blocks_pl.csv").read_text().splitlines()[:4]
     blocks_csv = tmp_path / "blocks.csv"

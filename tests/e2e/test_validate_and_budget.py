@@ -54,14 +54,14 @@ def test_the_synth_budget_splits_rho_exactly_as_the_methods_spend_it(capsys, mon
 
 def test_budget_epsilon_is_the_group_size_release_s_exact_epsilon(capsys, monkeypatch):
     """As ``censusdp group-sizes --epsilon 1/2``: the total replaced, each level its share."""
-    from censusdp_spark.group_sizes.config import budget_text, load_pgsr_config, with_epsilon
+    from censusdp_spark.group_sizes.config import budget_text, load_group_sizes_config, with_epsilon
 
     monkeypatch.chdir(ROOT)
     assert main(["budget", "--config", "conf/pgsr_calm.toml", "--epsilon", "1/2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("budget of conf/pgsr_calm.toml (pgsr_calm) at --epsilon 1/2\n")
     assert out.splitlines()[-1] == "total epsilon = 1/2 (pure DP, exact)"
-    released = with_epsilon(load_pgsr_config("conf/pgsr_calm.toml"), Fraction(1, 2))
+    released = with_epsilon(load_group_sizes_config("conf/pgsr_calm.toml"), Fraction(1, 2))
     assert budget_text(released) in out  # what the run with --epsilon 1/2 spends
     assert main(["budget", "--config", "conf/pgsr_calm.toml", "--epsilon", "half"]) == 2
     err = capsys.readouterr().err

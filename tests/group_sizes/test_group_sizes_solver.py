@@ -11,7 +11,7 @@ import pytest
 from scipy import sparse
 from scipy.optimize import linprog
 
-from censusdp_spark.group_sizes.config import load_pgsr_config
+from censusdp_spark.group_sizes.config import load_group_sizes_config
 from censusdp_spark.group_sizes.measure import NoisePlan, noise_plan, noisy_group
 from censusdp_spark.group_sizes.solvers import batch, cumulative, relaxed
 from censusdp_spark.group_sizes.solvers.batch import LeafFamilies, TableFamilies, Tables
@@ -957,7 +957,7 @@ def test_wrong_floating_point_blocks_are_caught_and_redone_in_integers(monkeypat
 
 
 def test_scales_are_2l_over_epsilon_for_histograms_and_l_over_epsilon_for_cumulative():
-    config = load_pgsr_config(ROOT / "conf" / "pgsr_calm.toml", ROOT)
+    config = load_group_sizes_config(ROOT / "conf" / "pgsr_calm.toml", ROOT)
     levels = len(config.hierarchy.names)
     eps = config.budget.total_epsilon
     assert set(noise_plan(config, "dp").scales.values()) == {Fraction(2 * levels) / eps}

@@ -13,7 +13,7 @@ from censusdp_spark.cli import build_parser
 from censusdp_spark.group_sizes.config import (
     MECHANISM_NAMES,
     Mechanism,
-    load_pgsr_config,
+    load_group_sizes_config,
 )
 from censusdp_spark.model.errors import ConfigError
 
@@ -27,26 +27,26 @@ def calm_with(mechanism: object) -> dict:
 
 @pytest.mark.parametrize("name", ["exact", "dp"])
 def test_exact_and_dp_name_the_dynamic_program_which_records_dp(name):
-    config = load_pgsr_config(calm_with(name), ROOT)
+    config = load_group_sizes_config(calm_with(name), ROOT)
     assert config.mechanism is Mechanism.EXACT
     assert config.mechanism.value == "dp" and f"{config.mechanism}" == "dp"
 
 
 def test_every_other_mechanism_records_its_own_name():
     for name in ("relaxed", "relaxed_families", "cumulative"):
-        mechanism = load_pgsr_config(calm_with(name), ROOT).mechanism
+        mechanism = load_group_sizes_config(calm_with(name), ROOT).mechanism
         assert mechanism is Mechanism.named(name) and mechanism.value == name
 
 
 def test_a_config_without_a_default_runs_the_dynamic_program():
     config = dict(CALM)
     del config["mechanism"]
-    assert load_pgsr_config(config, ROOT).mechanism is Mechanism.EXACT
+    assert load_group_sizes_config(config, ROOT).mechanism is Mechanism.EXACT
 
 
 def test_an_unknown_mechanism_is_refused_naming_every_accepted_one():
     with pytest.raises(ConfigError, match=r"mechanism\.default"):
-        load_pgsr_config(calm_with("dynamic"), ROOT)
+        load_group_sizes_config(calm_with("dynamic"), ROOT)
     with pytest.raises(ValueError, match="exact, dp, relaxed, relaxed_families, cumulative"):
         Mechanism.named("dynamic")
 

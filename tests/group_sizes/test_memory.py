@@ -12,7 +12,7 @@ import pytest
 
 from censusdp_spark.engine.families import NOISE_GROUP_DEPTH, level_shapes
 from censusdp_spark.group_sizes import memory
-from censusdp_spark.group_sizes.config import GroupSizes, PgsrConfig, load_pgsr_config
+from censusdp_spark.group_sizes.config import GroupSizes, GroupSizesConfig, load_group_sizes_config
 from censusdp_spark.group_sizes.memory import (
     check_memory,
     estimate_memory,
@@ -24,8 +24,8 @@ from censusdp_spark.model.memory import parse_memory
 from tests.helpers.geography import national_shapes_of
 
 ROOT = Path(__file__).resolve().parents[2]
-CALM = load_pgsr_config(ROOT / "conf" / "pgsr_calm.toml", ROOT)
-NATIONAL = load_pgsr_config(ROOT / "conf" / "pgsr_national.toml", ROOT)
+CALM = load_group_sizes_config(ROOT / "conf" / "pgsr_calm.toml", ROOT)
+NATIONAL = load_group_sizes_config(ROOT / "conf" / "pgsr_national.toml", ROOT)
 SCALABLE = ("dp", "cumulative", "relaxed_families")
 
 
@@ -59,7 +59,7 @@ def national_shapes() -> list[LevelShape]:
     return national_shapes_of()
 
 
-def with_sizes(config: PgsrConfig, sizes: int, mechanism: str) -> PgsrConfig:
+def with_sizes(config: GroupSizesConfig, sizes: int, mechanism: str) -> GroupSizesConfig:
     return replace(config, groups=GroupSizes(sizes, True), mechanism=mechanism)
 
 

@@ -11,19 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from censusdp_spark.group_sizes.config import load_pgsr_config
+from censusdp_spark.group_sizes.config import load_group_sizes_config
 from censusdp_spark.model.config import release_kind
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.release.runner import release_contents
 from censusdp_spark.synth.config import load_synth_config
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
 CONFIGS = sorted((ROOT / "conf").glob("*.toml"))
 
 
-LOADERS = {"topdown": load_config, "group_sizes": load_pgsr_config, "synth": load_synth_config}
+LOADERS = {
+    "topdown": load_topdown_config,
+    "group_sizes": load_group_sizes_config,
+    "synth": load_synth_config,
+}
 
 
 def loader_for(path: Path):
@@ -61,8 +65,8 @@ def test_a_config_built_in_python_loads_as_the_file_it_mirrors(path):
 
 
 def test_a_config_built_in_python_fingerprints_as_the_file_it_mirrors():
-    from_file = load_config(DEMO, ROOT)
-    from_dict = load_config(tomllib.loads(DEMO.read_text()), ROOT)
+    from_file = load_topdown_config(DEMO, ROOT)
+    from_dict = load_topdown_config(tomllib.loads(DEMO.read_text()), ROOT)
     assert release_contents("topdown", from_dict.document.doc, "x", tables=[]) == (
         release_contents("topdown", DEMO.read_text(), "x", tables=[])
     )
@@ -71,7 +75,7 @@ def test_a_config_built_in_python_fingerprints_as_the_file_it_mirrors():
 
 def test_relative_paths_of_a_dict_resolve_against_the_current_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = load_config(tomllib.loads(DEMO.read_text()))
+    config = load_topdown_config(tomllib.loads(DEMO.read_text()))
     assert config.input is not None
     assert config.input.path == tmp_path / "data" / "ri_2010_blocks_pl.csv"
     assert config.run.output == tmp_path / "output" / "ri_2010_demo"
@@ -79,7 +83,7 @@ def test_relative_paths_of_a_dict_resolve_against_the_current_directory(tmp_path
 
 def test_a_dict_config_is_copied_at_the_door():
     doc = tomllib.loads(DEMO.read_text())
-    config = load_config(doc, ROOT)
+    config = load_topdown_config(doc, ROOT)
     doc["budget"]["rho"] = "1"
     assert config.document.doc["budget"]["rho"] == "293764/114921"
 
@@ -101,7 +105,7 @@ def test_a_dict_config_error_names_the_dotted_key_and_the_rule(edit, key, rule):
     doc = tomllib.loads(DEMO.read_text())
     edit(doc)
     with pytest.raises(ConfigError) as err:
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
     assert (err.value.source, err.value.key) == ("<config>", key)
     assert rule in err.value.rule and "\n" not in str(err.value), str(err.value)
 
@@ -135,7 +139,7 @@ def test_every_rho_keeps_the_noise_computable(tmp_path, old, new, key):
     path = tmp_path / "edited.toml"
     path.write_text(DEMO.read_text().replace(old, new, 1))
     with pytest.raises(ConfigError) as err:
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     assert err.value.key == key
 
 
@@ -143,7 +147,7 @@ def test_the_group_size_and_synth_budgets_are_bounded_too(tmp_path):
     calm = tomllib.loads((ROOT / "conf" / "pgsr_calm.toml").read_text())
     calm["budget"]["epsilon"] = "1e-30"
     with pytest.raises(ConfigError, match=r"\[budget.epsilon\] '1e-30' is outside"):
-        load_pgsr_config(calm, ROOT)
+        load_group_sizes_config(calm, ROOT)
     pums = tomllib.loads((ROOT / "conf" / "synth_pums.toml").read_text())
     pums["budget"]["rho"] = "1e-400"
     with pytest.raises(ConfigError, match=r"\[budget.rho\] '1e-400' is outside"):

@@ -11,13 +11,13 @@ from censusdp_spark.privacy.accounting import (
     allocate_per_query_rho,
     split_epsilon,
 )
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_production_persons_budget_matches_the_certificate():
-    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     assert config.budget.total_rho == Fraction(293764, 114921)
     assert round(zcdp_to_approx_dp(config.budget.total_rho, 1e-10), 2) == 17.14
 
@@ -32,12 +32,12 @@ def test_production_persons_budget_matches_the_certificate():
     ],
 )
 def test_production_sigmas_match_the_published_table(level, query, sigma):
-    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     assert float(config.budget.sigma2_for(level, query)) ** 0.5 == pytest.approx(sigma, rel=5e-3)
 
 
 def test_production_units_budget_matches_the_certificate():
-    config = load_config(ROOT / "conf" / "pl94_2020_units.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_units.toml", ROOT)
     assert config.budget.total_rho == Fraction(11417641, 152349649)
     assert round(zcdp_to_approx_dp(config.budget.total_rho, 1e-10), 2) == 2.47
 

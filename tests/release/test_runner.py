@@ -18,7 +18,7 @@ from censusdp_spark.release.runner import (
     SecretSource,
     check_secret,
 )
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.job import topdown_contents
 from tests.helpers.release import with_method
 
@@ -28,7 +28,7 @@ DEMO = ROOT / "conf" / "ri_2010_demo.toml"
 
 def demo_contents(method: str = "full_information", variances: bool = False) -> ReleaseContents:
     doc = tomllib.loads(with_method(DEMO.read_text(), method))
-    return topdown_contents(load_config(doc, ROOT), variances)
+    return topdown_contents(load_topdown_config(doc, ROOT), variances)
 
 
 def resume(tmp_path: Path, started: ReleaseContents, now: ReleaseContents) -> None:
@@ -61,7 +61,7 @@ def test_the_binding_reads_the_measurement_and_a_resume_every_part(tmp_path):
 def test_a_resume_with_other_noise_names_the_measured_key(tmp_path):
     doc = tomllib.loads(DEMO.read_text())
     doc["budget"]["rho"] = "1"
-    other = topdown_contents(load_config(doc, ROOT), False)
+    other = topdown_contents(load_topdown_config(doc, ROOT), False)
     with pytest.raises(ResumeError, match=r"the input or config changed .*\(budget\)"):
         resume(tmp_path, demo_contents(), other)
 

@@ -25,7 +25,7 @@ from censusdp_spark.testing.gls_reference import (
     solve_gls,
     solve_gls_by_tree,
 )
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 
 
 def random_tree(rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
@@ -251,7 +251,7 @@ def test_a_release_folder_gives_the_dense_gls_and_the_truth(tmp_path):
     ).to_csv(csv, index=False)
     config_path = tmp_path / "tiny.toml"
     config_path.write_text(CONFIG.replace("{input}", str(csv)))
-    config = load_config(config_path)
+    config = load_topdown_config(config_path)
     nodes = {"root": [""], "mid": ["0", "1"], "leaf": leaves}
     rows = []
     for level, codes in nodes.items():

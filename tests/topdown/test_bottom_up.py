@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.linalg import null_space
 
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.solvers.bottom_up import (
     Gaussian,
     LevelDesign,
@@ -459,7 +459,7 @@ def test_whole_core_cells_held_at_zero_give_the_compact_pass_the_constrained_den
 def production_designs() -> tuple[list[LevelDesign], list[LevelDesign]]:
     """The 2,016-cell production config's block group and block levels (its queries and noise
     variances), dense and compact."""
-    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     every = [q.cell_to_marginal for lv in config.hierarchy.names for q in config.queries[lv]]
     layout = covariance_layout(
         config.schema.shape, config.schema.names, config.structural_zero_cells, every

@@ -17,7 +17,7 @@ from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.topdown.bypass import measurement_plan, plan_summary
 from censusdp_spark.topdown.checks import check_measurements
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.path_cuts import bypass_paths, cut_at, path_rho
@@ -87,7 +87,7 @@ def without_nation() -> dict:
 
 @pytest.mark.parametrize("conf", ["ri_2010_demo.toml", "pl94_2020_production.toml"])
 def test_every_way_bypassing_cuts_a_path_spends_exactly_the_configured_rho(conf):
-    budget = load_config(ROOT / "conf" / conf, ROOT).budget
+    budget = load_topdown_config(ROOT / "conf" / conf, ROOT).budget
     paths = bypass_paths(budget)
     assert len(paths) == 2 ** (len(budget.levels) - 1)
     assert {rho for _, rho in paths} == {budget.total_rho}
@@ -98,19 +98,19 @@ def test_every_way_bypassing_cuts_a_path_spends_exactly_the_configured_rho(conf)
 
 
 def test_a_chain_spends_the_sum_of_its_levels_split_by_its_lowest_levels_query_shares():
-    budget = load_config(config_doc()).budget
+    budget = load_topdown_config(config_doc()).budget
     chain = budget.node_budget(("nation", "state"))
     assert [(e.level, e.query, e.rho) for e in chain] == [
         ("state", "total", Fraction(3, 16)),
         ("state", "age", Fraction(3, 16)),
     ]
-    alone = load_config(without_nation()).budget
+    alone = load_topdown_config(without_nation()).budget
     assert [e.sigma2 for e in chain] == [alone.sigma2_for("state", q) for q in ("total", "age")]
     assert budget.node_budget(("tract",)) == tuple(e for e in budget.entries if e.level == "tract")
 
 
 def test_a_cut_that_misses_or_repeats_a_level_is_refused():
-    budget = load_config(config_doc()).budget
+    budget = load_topdown_config(config_doc()).budget
     with pytest.raises(BudgetError, match="do not cover the levels"):
         path_rho(budget, (("nation", "state"), ("tract",), ("block",)))
     with pytest.raises(BudgetError, match="not consecutive levels"):
@@ -120,10 +120,10 @@ def test_a_cut_that_misses_or_repeats_a_level_is_refused():
 def test_the_option_is_off_by_default_and_must_be_a_boolean():
     doc = config_doc()
     del doc["budget"]["bypass_single_child"]
-    assert load_config(doc).bypass_single_child is False
+    assert load_topdown_config(doc).bypass_single_child is False
     doc["budget"]["bypass_single_child"] = "yes"
     with pytest.raises(ConfigError, match="budget.bypass_single_child"):
-        load_config(doc)
+        load_topdown_config(doc)
 
 
 def test_budget_command_prints_the_chains_and_the_path_check(tmp_path, capsys):
@@ -169,7 +169,7 @@ def estimate_all(spark, config, noisy) -> dict[tuple[str, str], list[int]]:
 
 @pytest.fixture(scope="module")
 def run(spark):
-    config = load_config(config_doc())
+    config = load_topdown_config(config_doc())
     blocks = spark.createDataFrame(
         histogram_rows(BLOCKS), "geocode string, cells array<int>, counts array<bigint>"
     )
@@ -180,7 +180,7 @@ def run(spark):
     frame = noisy.toPandas()
     estimates = estimate_all(spark, config, noisy)
     # The one-node run on the very same noisy numbers: the state's rows as the root's.
-    alone = load_config(without_nation())
+    alone = load_topdown_config(without_nation())
     relabelled = noisy.selectExpr(
         "level",
         "CASE WHEN level = 'state' THEN '' ELSE geocode END AS geocode",

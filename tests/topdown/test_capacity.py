@@ -15,7 +15,7 @@ from censusdp_spark.model.geography import LevelShape
 from censusdp_spark.model.memory import parse_memory
 from censusdp_spark.topdown import capacity
 from censusdp_spark.topdown.capacity import CapacityError, check_disk, check_memory, estimate_disk
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from tests.helpers.geography import national_shapes_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ DC = {"nation": 1, "state": 1, "county": 1, "tract": 206, "block_group": 471, "b
 
 
 def test_the_estimate_counts_every_noised_cell_and_the_inner_nodes_dense_state():
-    config = load_config(PRODUCTION, ROOT)
+    config = load_topdown_config(PRODUCTION, ROOT)
     found = estimate_disk(config, DC)
     cells = sum(n * sum(q.size for q in config.queries[lv]) for lv, n in DC.items())
     assert found.parts["noisy measurements"] == int(cells * capacity.NOISY_BYTES_PER_CELL)
@@ -42,7 +42,7 @@ def test_the_estimate_counts_every_noised_cell_and_the_inner_nodes_dense_state()
 
 
 def test_a_run_beyond_the_free_space_is_refused_with_the_estimate(tmp_path):
-    config = load_config(PRODUCTION, ROOT)
+    config = load_topdown_config(PRODUCTION, ROOT)
     with pytest.raises(CapacityError) as refused:
         check_disk(config, NATION, tmp_path / "out", free=50 * 2**30)
     message = str(refused.value)
@@ -82,7 +82,7 @@ def nation() -> list[LevelShape]:
 
 
 def test_the_largest_call_is_the_noise_pass_of_the_largest_noise_group(nation):
-    config = load_config(PRODUCTION, ROOT)
+    config = load_topdown_config(PRODUCTION, ROOT)
     found, words = capacity.largest_call(config, nation)
     cells = 113042 * 2603  # the blocks of the largest county, 2,603 noised cells each
     assert found == capacity.PYTHON_CALL_BYTES + capacity.NOISE_CELL_BYTES * cells
@@ -92,7 +92,7 @@ def test_the_largest_call_is_the_noise_pass_of_the_largest_noise_group(nation):
 def test_the_memory_estimate_holds_the_jvm_the_driver_and_every_worker_at_its_largest_call(
     nation,
 ):
-    config = load_config(PRODUCTION, ROOT)
+    config = load_topdown_config(PRODUCTION, ROOT)
     call, _ = capacity.largest_call(config, nation)
     one = capacity.estimate_memory(config, nation, LocalMode(cores=1, heap=6 * 2**30))
     two = capacity.estimate_memory(config, nation, LocalMode(cores=2, heap=6 * 2**30))
@@ -105,7 +105,7 @@ def test_the_memory_estimate_holds_the_jvm_the_driver_and_every_worker_at_its_la
 def test_a_run_beyond_the_machine_memory_is_refused_in_one_line_and_a_cluster_is_not_judged(
     nation,
 ):
-    config = load_config(PRODUCTION, ROOT)
+    config = load_topdown_config(PRODUCTION, ROOT)
     local = LocalMode(cores=2, heap=6 * 2**30)
     with pytest.raises(CapacityError) as refused:
         check_memory(config, nation, local, available=8 * 2**30)

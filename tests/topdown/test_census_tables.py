@@ -17,7 +17,7 @@ import pytest
 from censusdp_spark.io.pl94_layout import CELLS, GEOHEADER_FIELDS, RACE_LAYOUT, RECORD_KEY, SEGMENTS
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown.census_tables import table_matrix, write_census_tables
-from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.pl94_tables import CENSUS_TABLES, table_fields, table_values
 from censusdp_spark.topdown.readers import legacy_terms
 
@@ -44,7 +44,7 @@ def group_quarters_config() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def records() -> pd.DataFrame:
     """Every record of the sample: its SUMLEV, GEOCODE and every table cell, as integers."""
-    config = load_config(PERSONS, ROOT)
+    config = load_topdown_config(PERSONS, ROOT)
     assert config.input is not None
     files = config.input.legacy_files()
 
@@ -57,7 +57,7 @@ def records() -> pd.DataFrame:
     return pd.concat([geo, cells[list(CELLS)].astype(np.int64)], axis=1)
 
 
-def derived_histograms(config: RunConfig, records: pd.DataFrame) -> np.ndarray:
+def derived_histograms(config: TopDownConfig, records: pd.DataFrame) -> np.ndarray:
     """Each record's histogram over the schema's cells, as the reader derives it."""
     assert config.input is not None
     terms, index = legacy_terms(config.input)
@@ -66,7 +66,7 @@ def derived_histograms(config: RunConfig, records: pd.DataFrame) -> np.ndarray:
     return histograms
 
 
-def tables_of(config: RunConfig, histograms: np.ndarray) -> pd.DataFrame:
+def tables_of(config: TopDownConfig, histograms: np.ndarray) -> pd.DataFrame:
     """The tables of each histogram (a row), through the sparse path the release takes."""
     assert config.pl94_tables is not None
     names, matrix = table_matrix(config.pl94_tables, config.schema)
@@ -85,7 +85,7 @@ def test_the_tables_of_the_derived_histograms_are_the_files_at_every_geography(
 ):
     """At every block, from its derived histogram; at every tract and block group, from the sum
     of its blocks' histograms (the file's records of these levels are their blocks' sums)."""
-    config = load_config(config, ROOT)
+    config = load_topdown_config(config, ROOT)
     assert config.pl94_tables is not None and list(config.pl94_tables.tables) == tables
     names = [f.name for f in table_fields(tables)]
     blocks = records[records["SUMLEV"] == "750"].reset_index(drop=True)
@@ -108,7 +108,7 @@ def test_the_tables_of_the_derived_histograms_are_the_files_at_every_geography(
 def test_the_state_total_of_the_blocks_is_not_the_state_records(records):
     """The sample's state record carries the whole county's 614,053 people; its 569 blocks, and
     so the released state, hold 29,225 (docs/how-it-works.md: P.L. 94-171 legacy files)."""
-    config = load_config(PERSONS, ROOT)
+    config = load_topdown_config(PERSONS, ROOT)
     blocks = records[records["SUMLEV"] == "750"]
     state = tables_of(config, derived_histograms(config, blocks).sum(axis=0)[None, :])
     assert state["P0010001"].item() == 29_225
@@ -118,7 +118,7 @@ def test_the_state_total_of_the_blocks_is_not_the_state_records(records):
 def test_the_production_schema_determines_p1_to_p5_through_its_variables_section():
     """conf/pl94_2020_production.toml (PPMF input, hhgq x votingage x hispanic x cenrace): each
     field is the sum over the histogram's axes its variables select."""
-    config = load_config(PRODUCTION, ROOT)
+    config = load_topdown_config(PRODUCTION, ROOT)
     histogram = np.random.default_rng(15).integers(0, 5, config.schema.n_cells)
     fields = tables_of(config, histogram[None, :]).iloc[0]
     cube = histogram.reshape(8, 2, 2, 63)  # hhgq, votingage, hispanic, cenrace
@@ -183,7 +183,7 @@ HISPANIC_MAP = 'attribute = "hispanic"\nmap = { "1" = "not_hispanic", "2" = "his
 )  # fmt: skip
 def test_a_bad_tables_section_is_refused_naming_its_key(tmp_path, source, old, new, key, rule):
     with pytest.raises(ConfigError) as refused:
-        load_config(edited(source, tmp_path, old, new), ROOT)
+        load_topdown_config(edited(source, tmp_path, old, new), ROOT)
     assert refused.value.key == key and rule in refused.value.rule, refused.value
 
 
@@ -191,7 +191,7 @@ def test_the_variables_section_is_required_without_legacy_input():
     doc = tomllib.loads(PRODUCTION.read_text())
     del doc["output"]["pl94_tables"]["variables"]
     with pytest.raises(ConfigError, match=r"\[output\.pl94_tables\] missing required key\(s\)"):
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
 
 
 def test_a_coarser_legacy_map_cannot_give_the_tables():
@@ -201,7 +201,7 @@ def test_a_coarser_legacy_map_cannot_give_the_tables():
     groups = {f"{r:02d}": ("one" if r <= 6 else "more") for r in range(1, 64)}
     doc["input"]["attributes"]["cenrace"]["map"] = groups
     with pytest.raises(ConfigError) as refused:
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
     assert refused.value.key == "input.attributes.cenrace.map"
     assert "the P.L. 94-171 tables need each code of CENRACE" in refused.value.rule
 
@@ -209,7 +209,7 @@ def test_a_coarser_legacy_map_cannot_give_the_tables():
 def test_the_spark_tables_hold_every_node_in_delta_and_one_csv_per_level(spark, tmp_path):
     """Units H1 from long estimates: a node without estimated cells (an empty block) is a row of
     zeros; the CSV of each level is the Delta table's rows, by geocode, with a header."""
-    config = load_config(UNITS, ROOT)
+    config = load_topdown_config(UNITS, ROOT)
     config = replace(config, run=replace(config.run, output=tmp_path))
     nodes = {"nation": [""], "state": ["44"], "county": ["44007"], "tract": ["44007000101"],
              "block_group": ["440070001011"], "block": ["440070001011001", "440070001011000"]}  # fmt: skip
@@ -281,7 +281,7 @@ def test_asking_for_tables_changes_the_outputs_not_the_measurement():
 
 def test_a_release_without_its_root_has_the_tables_of_its_levels(spark, tmp_path):
     """A state-by-state release (``top = 1``): no nation node, so no nation table."""
-    config = load_config(UNITS, ROOT)
+    config = load_topdown_config(UNITS, ROOT)
     config = replace(config, run=replace(config.run, output=tmp_path))
     nodes = {"state": ["44"], "county": ["44007"], "tract": ["44007000101"],
              "block_group": ["440070001011"], "block": ["440070001011000"]}  # fmt: skip

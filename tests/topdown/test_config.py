@@ -8,7 +8,7 @@ import pytest
 
 from censusdp_spark.model.config import SpineSpec
 from censusdp_spark.model.errors import ConfigError
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from tests.helpers.release import SHIPPED_METHOD, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def edited(tmp_path: Path, old: str, new: str, source: Path = DEMO) -> Path:
 
 
 def test_demo_config_loads_into_typed_objects():
-    config = load_config(DEMO, ROOT)
+    config = load_topdown_config(DEMO, ROOT)
     assert config.schema.n_cells == 16
     assert config.hierarchy.names == ("nation", "state", "county", "tract", "block_group", "block")
     assert config.budget.total_rho == Fraction(293764, 114921)
@@ -41,7 +41,7 @@ def test_demo_config_loads_into_typed_objects():
 
 
 def test_pl94_config_has_2016_cells_and_one_structural_zero_block_of_cells():
-    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     assert config.schema.n_cells == 2016
     assert len(config.structural_zero_cells) == 2 * 63  # nursing x under 18 x hispanic x cenrace
     assert config.query("nation", "hhinstlevels").size == 3
@@ -50,7 +50,7 @@ def test_pl94_config_has_2016_cells_and_one_structural_zero_block_of_cells():
 def test_unknown_key_is_an_error_naming_it(tmp_path):
     path = edited(tmp_path, "[estimation]\n", "[estimation]\nsmoothing = true\n")
     with pytest.raises(ConfigError, match=r"\[estimation\] unknown key\(s\) \['smoothing'\]"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_query_shares_not_summing_to_one_name_the_level(tmp_path):
@@ -60,13 +60,13 @@ def test_query_shares_not_summing_to_one_name_the_level(tmp_path):
     with pytest.raises(
         ConfigError, match=r"budget.levels.block.queries: shares sum to 9/10, not 1"
     ):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_level_shares_not_summing_to_one_are_refused(tmp_path):
     path = edited(tmp_path, 'share = "165/4099"', 'share = "166/4099"')
     with pytest.raises(ConfigError, match="level shares sum to 4100/4099"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_level_shares_not_summing_to_one_are_refused(tmp_path):
 def test_bad_rho_is_refused(tmp_path, value, message):
     path = edited(tmp_path, 'rho = "293764/114921"', f"rho = {value}")
     with pytest.raises(ConfigError, match=message):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_a_level_without_query_shares_is_refused(tmp_path):
@@ -83,7 +83,7 @@ def test_a_level_without_query_shares_is_refused(tmp_path):
         tmp_path, 'queries = { "total" = "1/10", "detailed" = "9/10" }\n', "queries = {}\n"
     )
     with pytest.raises(ConfigError, match="budget.levels.block.queries: missing query shares"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def per_query_rho(doc: dict) -> dict:
@@ -98,7 +98,7 @@ def per_query_rho(doc: dict) -> dict:
 
 
 def test_per_query_rho_gives_each_query_its_rho_and_the_total_their_sum():
-    config = load_config(per_query_rho(tomllib.loads(DEMO.read_text())), ROOT)
+    config = load_topdown_config(per_query_rho(tomllib.loads(DEMO.read_text())), ROOT)
     entries = config.budget.entries
     assert {e.rho for e in entries} == {Fraction(1, 100)}
     assert config.budget.total_rho == Fraction(len(entries), 100)
@@ -122,7 +122,7 @@ def test_each_budget_mode_takes_its_own_keys(edit, key, rule):
     doc = tomllib.loads(DEMO.read_text())
     edit(doc)
     with pytest.raises(ConfigError) as refused:
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
     assert (refused.value.key, refused.value.rule) == (key, rule)
 
 
@@ -131,23 +131,25 @@ def test_a_cell_level_outside_the_schema_is_refused(tmp_path):
         tmp_path, 'hisprace = "nhpi", expr = "vap_nhpi"', 'hisprace = "pacific", expr = "vap_nhpi"'
     )
     with pytest.raises(ConfigError, match=r"input.cells\[\d+\].hisprace.*'pacific' is not a level"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_unknown_query_attribute_names_the_level(tmp_path):
     path = edited(tmp_path, '"total" = "1/10", "detailed"', '"total" = "1/10", "sex * detailed"')
     with pytest.raises(ConfigError, match="budget.levels.block.queries.*unknown attribute"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_shipped_configs_ask_full_information_and_an_omitted_method_is_topdown(tmp_path):
     for name in SHIPPED_TOPDOWN:
-        assert load_config(ROOT / "conf" / name, ROOT).estimation_method == "full_information"
+        assert (
+            load_topdown_config(ROOT / "conf" / name, ROOT).estimation_method == "full_information"
+        )
     omitted = tmp_path / "omitted.toml"
     omitted.write_text(SHIPPED_METHOD.sub("", DEMO.read_text()))
-    assert load_config(omitted, ROOT).estimation_method == "topdown"
+    assert load_topdown_config(omitted, ROOT).estimation_method == "topdown"
     topdown = edited(tmp_path, 'method = "full_information"', 'method = "topdown"')
-    assert load_config(topdown, ROOT).estimation_method == "topdown"
+    assert load_topdown_config(topdown, ROOT).estimation_method == "topdown"
 
 
 def test_unknown_estimation_method_names_file_key_and_choices(tmp_path):
@@ -157,32 +159,32 @@ def test_unknown_estimation_method_names_file_key_and_choices(tmp_path):
         match=r"edited\.toml: \[estimation\.method\] 'bluedown' must be one of"
         r" \['topdown', 'full_information'\]",
     ):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 @pytest.mark.parametrize("method", ["topdown", "full_information"])
 def test_estimation_passes_default_to_one_and_accept_total_first(tmp_path, method):
-    levels = load_config(DEMO, ROOT).hierarchy.names
-    assert {lv: load_config(DEMO, ROOT).passes_at(lv) for lv in levels} == dict.fromkeys(
+    levels = load_topdown_config(DEMO, ROOT).hierarchy.names
+    assert {lv: load_topdown_config(DEMO, ROOT).passes_at(lv) for lv in levels} == dict.fromkeys(
         levels, ("all",)
     )
     source = tmp_path / "source.toml"
     source.write_text(with_method(DEMO.read_text(), method))
     lines = '[estimation]\npasses = ["total", "all"]\n'
-    config = load_config(edited(tmp_path, "[estimation]\n", lines, source), ROOT)
+    config = load_topdown_config(edited(tmp_path, "[estimation]\n", lines, source), ROOT)
     # topdown fits a measured total first: the demo's nation measures none (one pass there).
     one_pass = {"nation"} if method == "topdown" else set()
     assert {lv: config.passes_at(lv) for lv in levels} == {
         lv: ("all",) if lv in one_pass else ("total", "all") for lv in levels
     }
     explicit = edited(tmp_path, "[estimation]\n", '[estimation]\npasses = ["all"]\n')
-    assert load_config(explicit, ROOT).passes_at("county") == ("all",)
+    assert load_topdown_config(explicit, ROOT).passes_at("county") == ("all",)
 
 
 def test_estimation_passes_per_level_leave_the_other_levels_one_pass(tmp_path):
     table = '{ county = ["total", "all"], block_group = ["total", "all"], block = ["all"] }'
     path = edited(tmp_path, "[estimation]\n", f"[estimation]\npasses = {table}\n")
-    config = load_config(path, ROOT)
+    config = load_topdown_config(path, ROOT)
     assert [lv for lv in config.hierarchy.names if config.passes_at(lv) == ("total", "all")] == [
         "county",
         "block_group",
@@ -215,7 +217,7 @@ def test_bad_estimation_passes_name_the_key_and_rule_in_one_line(tmp_path, passe
     source.write_text(with_method(DEMO.read_text(), "topdown"))
     path = edited(tmp_path, "[estimation]\n", f"[estimation]\npasses = {passes}\n", source)
     with pytest.raises(ConfigError) as caught:
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     message = str(caught.value)
     assert f"[estimation.passes{key}] " in message and rule in message and "\n" not in message
 
@@ -227,10 +229,10 @@ def test_a_total_pass_needs_a_measured_total_with_topdown_only(tmp_path):
     path = tmp_path / "no_total.toml"
     path.write_text(with_method(text, "topdown").replace("[estimation]\n", passes))
     with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" fits each child"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     # full_information fits the bottom-up totals, which every level has.
     path.write_text(text.replace("[estimation]\n", passes))
-    assert load_config(path, ROOT).passes_at("nation") == ("total", "all")
+    assert load_topdown_config(path, ROOT).passes_at("nation") == ("total", "all")
 
 
 def test_a_total_pass_with_bypassing_is_refused_with_topdown_only(tmp_path):
@@ -239,9 +241,9 @@ def test_a_total_pass_with_bypassing_is_refused_with_topdown_only(tmp_path):
     path = tmp_path / "bypass.toml"
     path.write_text(with_method(text, "topdown"))
     with pytest.raises(ConfigError, match=r"\[estimation\.passes\] \"total\" first is not"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     path.write_text(text)
-    config = load_config(path, ROOT)
+    config = load_topdown_config(path, ROOT)
     assert config.bypass_single_child and config.passes_at("county") == ("total", "all")
 
 
@@ -259,10 +261,10 @@ def test_full_information_needs_leaf_queries_that_determine_every_cell(tmp_path)
         match=r"\[estimation\.method\] \"full_information\" needs the leaf level's queries to"
         r" determine every cell; those of \[budget\.levels\.block\.queries\]",
     ):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     # TopDown fits every level under its parent and has no such rule.
     source.write_text(with_method(DEMO.read_text(), "topdown"))
-    load_config(
+    load_topdown_config(
         edited(
             tmp_path,
             '"total" = "1/10", "detailed" = "9/10"',
@@ -283,7 +285,7 @@ def test_a_schema_cell_left_unmapped_is_refused_naming_it(tmp_path):
         match=r"edited\.toml: \[input\.cells\] cell \{votingage = '18plus', hisprace = 'nhpi'\}"
         r" is neither mapped nor in \[estimation\] structural_zeros",
     ):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_every_unmapped_cell_is_named_in_one_refusal(tmp_path):
@@ -300,7 +302,7 @@ def test_every_unmapped_cell_is_named_in_one_refusal(tmp_path):
         source=source,
     )
     with pytest.raises(ConfigError) as refused:
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     message = str(refused.value)
     assert message.count("\n") == 0 and "(2 cell(s) left out)" in message
     assert (
@@ -318,13 +320,13 @@ def test_an_unmapped_cell_declared_structurally_zero_is_accepted(tmp_path):
         )
     )
     zero = '[estimation]\nstructural_zeros = [{ votingage = ["18plus"], hisprace = ["nhpi"] }]\n'
-    config = load_config(edited(tmp_path, "[estimation]\n", zero, source=source), ROOT)
+    config = load_topdown_config(edited(tmp_path, "[estimation]\n", zero, source=source), ROOT)
     assert config.input is not None and len(config.input.cells) == 15
     assert config.structural_zero_cells == (8 + 5,)  # votingage 18plus (1) x 8 + nhpi (5)
 
 
 def test_the_demo_declares_its_total_column_and_microdata_may_not(tmp_path):
-    config = load_config(DEMO, ROOT)
+    config = load_topdown_config(DEMO, ROOT)
     assert config.input is not None and config.input.total == "pop"
     assert "pop" in config.input.used_columns() and "pop" not in config.input.ignore
     path = edited(
@@ -334,12 +336,12 @@ def test_the_demo_declares_its_total_column_and_microdata_may_not(tmp_path):
         source=ROOT / "conf" / "pl94_2020_production.toml",
     )
     with pytest.raises(ConfigError, match=r"\[input\.total\] only for layout = 'block_counts'"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_full_information_on_the_production_schema_holds_two_attributes_symmetric(tmp_path):
     production = ROOT / "conf" / "pl94_2020_production.toml"
-    assert load_config(production, ROOT).estimation_method == "full_information"
+    assert load_topdown_config(production, ROOT).estimation_method == "full_information"
     # A structural zero that depends on hispanic and cenrace leaves only votingage symmetric:
     # blocks of 1,000 cells, refused in one line with the rule.
     zero = 'structural_zeros = [ { hispanic = ["hispanic"], cenrace = ["01"] } ]'
@@ -349,7 +351,7 @@ def test_full_information_on_the_production_schema_holds_two_attributes_symmetri
     with pytest.raises(
         ConfigError, match=r"\[estimation\.method\] \"full_information\" holds"
     ) as e:
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     assert "\n" not in str(e.value) and "DENSE_BLOCK_MAX_CELLS = 512" in str(e.value)
 
 
@@ -360,25 +362,25 @@ def test_full_information_falls_back_to_topdown_only_when_asked(tmp_path):
     refused = tmp_path / "refused.toml"
     refused.write_text(text)
     with pytest.raises(ConfigError, match=r"\[estimation\.method\]"):
-        load_config(refused, ROOT)
+        load_topdown_config(refused, ROOT)
     asked = tmp_path / "asked.toml"
     asked.write_text(text.replace("[estimation]\n", '[estimation]\nfallback = "topdown"\n'))
-    config = load_config(asked, ROOT)
+    config = load_topdown_config(asked, ROOT)
     assert config.estimation_method == "topdown"
     assert "DENSE_BLOCK_MAX_CELLS = 512" in config.method_fallback
     # A config full_information supports ignores the fallback; other fallbacks are refused.
     fine = edited(tmp_path, "[estimation]\n", '[estimation]\nfallback = "topdown"\n')
-    assert load_config(fine, ROOT).method_fallback == ""
+    assert load_topdown_config(fine, ROOT).method_fallback == ""
     bad = edited(tmp_path, "[estimation]\n", '[estimation]\nfallback = "gls"\n')
     with pytest.raises(ConfigError, match=r"\[estimation\.fallback\]"):
-        load_config(bad, ROOT)
+        load_topdown_config(bad, ROOT)
 
 
 E2E = ROOT / "conf" / "pl94_e2e_providence.toml"
 
 
 def test_the_legacy_config_maps_every_derived_cell_into_the_252_cells():
-    config = load_config(E2E, ROOT)
+    config = load_topdown_config(E2E, ROOT)
     spec = config.input
     assert config.schema.n_cells == 252 and spec is not None and len(spec.cells) == 252
     assert spec.legacy is not None and spec.legacy.table == "persons"
@@ -402,7 +404,7 @@ def test_a_coarser_cenrace_map_sums_the_derived_cells():
     groups = {f"{r:02d}": ("one" if r <= 6 else "more") for r in range(1, 64)}
     doc["input"]["attributes"]["cenrace"]["map"] = groups
     del doc["output"]  # P1-P4 need the 63 races apart (tests/topdown/test_census_tables.py)
-    config = load_config(doc, ROOT)
+    config = load_topdown_config(doc, ROOT)
     assert config.input is not None and len(config.input.cells) == 8
     # under 18, not Hispanic, one race: the six single races of P2 less those of P4
     first = config.input.cells[0]
@@ -433,7 +435,7 @@ def test_a_coarser_cenrace_map_sums_the_derived_cells():
 )  # fmt: skip
 def test_a_bad_legacy_input_section_names_its_key(tmp_path, old, new, key, rule):
     with pytest.raises(ConfigError) as refused:
-        load_config(edited(tmp_path, old, new, E2E), ROOT)
+        load_topdown_config(edited(tmp_path, old, new, E2E), ROOT)
     assert f"[{key}]" in str(refused.value) and rule in str(refused.value), refused.value
 
 
@@ -446,7 +448,7 @@ def test_every_problem_of_a_legacy_map_is_named_in_one_refusal(tmp_path):
         E2E,
     )
     with pytest.raises(ConfigError) as refused:
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     message = str(refused.value)
     assert message.count("\n") == 0 and "[input.attributes.hispanic.map]" in message
     assert "['3'] are not codes of CENHISP" in message
@@ -457,10 +459,10 @@ def test_every_problem_of_a_legacy_map_is_named_in_one_refusal(tmp_path):
 def test_legacy_keys_are_refused_with_other_formats(tmp_path):
     path = edited(tmp_path, 'layout = "block_counts"', 'layout = "block_counts"\nstate = "ri"')
     with pytest.raises(ConfigError, match=r"\[input\.state\] only for format = 'pl94_legacy'"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
     path = edited(tmp_path, 'layout = "block_counts"\n', "")
     with pytest.raises(ConfigError, match=r"\[input\] missing required key\(s\) \['layout'\]"):
-        load_config(path, ROOT)
+        load_topdown_config(path, ROOT)
 
 
 def test_a_dwellings_table_is_refused_without_occupancy_groups_and_with_legacy_input():
@@ -469,17 +471,17 @@ def test_a_dwellings_table_is_refused_without_occupancy_groups_and_with_legacy_i
     with pytest.raises(
         ConfigError, match=r"\[estimation\.dwellings\] is read only by \[\[estimation\.occupancy"
     ):
-        load_config(demo, ROOT)
+        load_topdown_config(demo, ROOT)
     doc = tomllib.loads(E2E.read_text())
     doc["estimation"]["dwellings"] = {"path": "dwellings.csv", "geocode": "GEOID"}
     with pytest.raises(
         ConfigError, match=r"\[estimation\.dwellings\] format = 'pl94_legacy' input carries"
     ):
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
 
 
 def test_the_providence_config_holds_one_occupancy_group_over_every_cell():
-    (group,) = load_config(E2E, ROOT).occupancy
+    (group,) = load_topdown_config(E2E, ROOT).occupancy
     assert group.cells == tuple(range(252))
     assert (group.plus, group.minus) == (("H0010001", "P0050001"), ())
 
@@ -522,7 +524,7 @@ def test_a_bad_occupancy_group_names_its_key_and_rule_in_one_line(occupancy, key
     doc = tomllib.loads(E2E.read_text())
     doc["estimation"]["occupancy"] = occupancy
     with pytest.raises(ConfigError) as caught:
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
     message = str(caught.value)
     assert "[estimation.occupancy" in message and key in message, message
     assert rule in message and "\n" not in message
@@ -551,7 +553,7 @@ def test_an_occupancy_group_naming_persons_is_refused_at_config_time(group, key)
     doc = tomllib.loads(E2E.read_text())
     doc["estimation"]["occupancy"] = [group]
     with pytest.raises(ConfigError) as caught:
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
     message = str(caught.value)
     assert f"[estimation.occupancy[0]{key}]" in message and PERSONS_CELL in message, message
     assert "\n" not in message
@@ -563,7 +565,7 @@ def test_occupancy_bounds_are_integer_multiples_of_counts_and_indicators():
         {"where": "H0010001 + P0050001", "at_least": "(P0050003 > 0) + (P0050004>0)",
          "at_most": "99 * H0010001 + 99999 * (P0050003 > 0) - (P0050004 > 0)"}
     ]  # fmt: skip
-    (group,) = load_config(doc, ROOT).occupancy
+    (group,) = load_topdown_config(doc, ROOT).occupancy
     assert group.at_least is not None and group.at_most is not None
     assert group.at_least.terms == ((1, "P0050003", True), (1, "P0050004", True))
     assert group.at_most.terms == (
@@ -580,9 +582,9 @@ def test_occupancy_needs_dwelling_counts_and_one_pass():
         match=r"\[estimation\.occupancy\] needs each block's dwelling counts: \[estimation\]"
         r" dwellings = .* or format = 'pl94_legacy' input",
     ):
-        load_config(demo, ROOT)
+        load_topdown_config(demo, ROOT)
     demo["estimation"]["dwellings"] = {"path": "dwellings.csv", "geocode": "GEOID"}
-    config = load_config(demo, ROOT)
+    config = load_topdown_config(demo, ROOT)
     assert config.dwellings == SpineSpec(ROOT / "dwellings.csv", "csv", ("GEOID",))
     assert [(g.plus, g.minus) for g in config.occupancy] == [(("HU",), ())]
     doc = tomllib.loads(E2E.read_text())
@@ -590,7 +592,7 @@ def test_occupancy_needs_dwelling_counts_and_one_pass():
     with pytest.raises(
         ConfigError, match=r"\[estimation\.passes\] \"total\" first is not supported"
     ):
-        load_config(doc, ROOT)
+        load_topdown_config(doc, ROOT)
 
 
 def test_cells_are_identified_exactly_when_the_stacked_marginals_have_full_rank():

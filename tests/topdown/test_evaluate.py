@@ -12,7 +12,7 @@ import pytest
 
 from censusdp_spark.privacy import discrete_gaussian, keyed_rng
 from censusdp_spark.topdown import evaluate
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.evaluate import (
     BASELINE_BLOCKS_PER_TASK,
     EVALUATION_COLUMNS,
@@ -27,7 +27,7 @@ SECRET = bytes(range(32))
 
 @pytest.fixture(scope="module")
 def config():
-    return load_config(ROOT / "conf" / "ri_2010_demo.toml")
+    return load_topdown_config(ROOT / "conf" / "ri_2010_demo.toml")
 
 
 def random_blocks(rng: np.random.Generator, n_cells: int) -> tuple[pd.DataFrame, list[str]]:

@@ -20,7 +20,7 @@ from censusdp_spark.topdown.bottom_up import (
     leaves_fit_their_answers,
     level_design,
 )
-from censusdp_spark.topdown.config import RunConfig, load_config
+from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.estimate import family_arrays, level_plan
 from censusdp_spark.topdown.full_information import _rounding_problem
 from censusdp_spark.topdown.solvers.bottom_up import fitting_targets
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def leaf_family(
-    config: RunConfig, rng: np.random.Generator, exact_totals: bool
+    config: TopDownConfig, rng: np.random.Generator, exact_totals: bool
 ) -> tuple[np.ndarray, pd.DataFrame]:
     """A parent's integer histogram and its children's rows of ``noisy_measurements`` (sorted
     by geocode then query, as the estimation reads them), with their ``inv_total``."""
@@ -82,7 +82,7 @@ def test_full_information_at_the_leaves_is_topdowns_fit(config_name, seeds, exac
     """Same fractional fit (to round-off) from the noisy answers and from the bottom-up
     estimates, and roundings of equal cost: the rounder's optimum is often not unique (L1 ties),
     so round-off alone may pick another of the optimal roundings."""
-    config = load_config(ROOT / "conf" / config_name)
+    config = load_topdown_config(ROOT / "conf" / config_name)
     assert leaves_fit_their_answers(config)
     plan = level_plan(config, config.hierarchy.names[-1])
     design = level_design(plan, config_layout(config))
@@ -138,5 +138,5 @@ def test_a_total_first_pass_or_bypassing_keeps_the_bottom_up_path_at_the_leaves(
     )
     bypass = tmp_path / "bypass.toml"
     bypass.write_text(text.replace("\n[budget]\n", "\n[budget]\nbypass_single_child = true\n"))
-    assert not leaves_fit_their_answers(load_config(passes))
-    assert not leaves_fit_their_answers(load_config(bypass))
+    assert not leaves_fit_their_answers(load_topdown_config(passes))
+    assert not leaves_fit_their_answers(load_topdown_config(bypass))

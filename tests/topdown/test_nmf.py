@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from censusdp_spark.model.errors import ConfigError, InputError
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.measure import NOISY_SCHEMA
 from censusdp_spark.topdown.nmf import read_nmf, write_nmf
 from censusdp_spark.topdown.nmf_layout import exact_variance, nmf_level_names, query_key
@@ -56,7 +56,7 @@ def config_doc(levels: list[str] = LEVELS, digits: list[int] = DIGITS) -> dict:
     }
 
 
-CONFIG = load_config(config_doc())
+CONFIG = load_topdown_config(config_doc())
 
 
 def histograms() -> dict[tuple[str, str], np.ndarray]:
@@ -239,7 +239,7 @@ def test_the_columns_and_cell_order_are_bluedowns(written):
 
 def test_level_names_map_by_position_and_other_shapes_are_refused():
     assert list(nmf_level_names(CONFIG).values())[-2:] == ["Block_Group", "Block"]
-    five = load_config(config_doc(LEVELS[:5], DIGITS[:5]))
+    five = load_topdown_config(config_doc(LEVELS[:5], DIGITS[:5]))
     with pytest.raises(ConfigError, match=r"\[geography.levels\] the NMF layout has 6 levels"):
         nmf_level_names(five)
 
@@ -453,4 +453,4 @@ def test_the_writer_refuses_a_run_that_bypasses_single_child_parents(spark, tmp_
     doc["budget"]["bypass_single_child"] = True
     noisy = spark.createDataFrame([], NOISY_SCHEMA)
     with pytest.raises(ConfigError, match="bypass_single_child"):
-        write_nmf(spark, noisy, noisy, load_config(doc), tmp_path / "nmf")
+        write_nmf(spark, noisy, noisy, load_topdown_config(doc), tmp_path / "nmf")

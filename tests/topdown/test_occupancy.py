@@ -46,12 +46,14 @@ def test_a_topdown_family_puts_no_one_in_a_child_without_dwellings():
     whose bits are 0 get nothing; the others hold the parent, cell by cell."""
     from pathlib import Path
 
-    from censusdp_spark.topdown.config import load_config
+    from censusdp_spark.topdown.config import load_topdown_config
     from censusdp_spark.topdown.estimate import level_plan, solve_family
     from censusdp_spark.topdown.readers import OCCUPIED
 
     root = Path(__file__).resolve().parents[2]
-    plan = level_plan(load_config(root / "conf" / "pl94_e2e_providence.toml", root), "block")
+    plan = level_plan(
+        load_topdown_config(root / "conf" / "pl94_e2e_providence.toml", root), "block"
+    )
     rng = np.random.default_rng(7)
     parent = np.zeros(plan.n_cells, dtype=np.int64)
     parent[rng.choice(plan.n_cells, 40, replace=False)] = rng.integers(1, 6, 40)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.estimate import level_plan
 from censusdp_spark.topdown.solvers import (
     ChildrenProblem,
@@ -305,11 +305,11 @@ def test_level_plans_fit_totals_first_where_there_is_a_total_to_fit(tmp_path, me
     path = tmp_path / "passes.toml"
     lines = '[estimation]\npasses = ["total", "all"]\n'
     path.write_text(with_method(text, method).replace("[estimation]\n", lines))
-    config = load_config(path, root)
+    config = load_topdown_config(path, root)
     plans = {level: level_plan(config, level).total_first for level in config.hierarchy.names}
     # topdown's nation measures no total (one pass there, as the Census's US level).
     assert plans == {level: method == "full_information" or level != "nation" for level in plans}
-    one_pass = load_config(root / "conf" / "ri_2010_demo.toml", root)
+    one_pass = load_topdown_config(root / "conf" / "ri_2010_demo.toml", root)
     assert not any(level_plan(one_pass, lv).total_first for lv in one_pass.hierarchy.names)
 
 

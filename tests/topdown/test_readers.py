@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from censusdp_spark.model.errors import InputError
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.readers import read_blocks
 from tests.helpers.blocks import GOOD, HEADER, adults, bad_row
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def demo():
-    return load_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT)
+    return load_topdown_config(ROOT / "conf" / "ri_2010_demo.toml", ROOT)
 
 
 def read(spark, demo, path: Path):
@@ -147,7 +147,7 @@ def test_corrupt_parquet_is_named(spark, demo, tmp_path):
 
 
 def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
-    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     lines = (
         (ROOT / "data" / "ppmf_perry_county_al_20210428_eps12-2.csv").read_text().splitlines()[:6]
     )
@@ -166,7 +166,7 @@ def test_microdata_value_outside_the_schema_is_named(spark, tmp_path):
 
 
 def test_microdata_is_aggregated_to_block_histograms(spark):
-    config = load_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_2020_production.toml", ROOT)
     assert config.input is not None
     blocks = read_blocks(spark, config.input, config.schema, 15, config.spine)
     total = (
@@ -198,7 +198,7 @@ def test_legacy_files_become_the_252_cell_histograms_of_their_blocks(spark):
     P1 total; a block's cell is its derived count (18+ Hispanic White = P3 - P4)."""
     from censusdp_spark.io.pl94_layout import RECORD_KEY, SEGMENTS
 
-    config = load_config(ROOT / "conf" / "pl94_e2e_providence.toml", ROOT)
+    config = load_topdown_config(ROOT / "conf" / "pl94_e2e_providence.toml", ROOT)
     assert config.input is not None
     blocks = read_blocks(spark, config.input, config.schema, 15, None).collect()
     assert len(blocks) == 569

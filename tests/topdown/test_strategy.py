@@ -13,7 +13,7 @@ import pytest
 
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown import strategy
-from censusdp_spark.topdown.config import load_config
+from censusdp_spark.topdown.config import load_topdown_config
 from censusdp_spark.topdown.solvers.bottom_up import LevelDesign
 from censusdp_spark.topdown.solvers.expected_error import FieldGrams, final_covariances
 
@@ -26,12 +26,12 @@ RI_NODES = {"nation": 1, "state": 1, "county": 5, "tract": 244, "block_group": 8
 
 @pytest.fixture(scope="module")
 def production():
-    return load_config(PRODUCTION)
+    return load_topdown_config(PRODUCTION)
 
 
 @pytest.fixture(scope="module")
 def demo():
-    return load_config(DEMO)
+    return load_topdown_config(DEMO)
 
 
 def write_workload(tmp_path: Path, text: str) -> Path:
@@ -174,7 +174,7 @@ def test_the_written_config_holds_the_optimized_budget_and_the_rest_unchanged(
     _, optimized = optimized_demo
     out = tmp_path / "optimized.toml"
     strategy.write_config(DEMO, demo, optimized.allocation, out)
-    written = load_config(out)
+    written = load_topdown_config(out)
     assert written.budget.total_rho == demo.budget.total_rho
     again = strategy.Allocation.of(written).exact()
     assert again == optimized.allocation
