@@ -363,9 +363,12 @@ class _Face:
             return children
         free = self.free[children]
         probe = np.where(free, self._probe[: children.size], 0.0)
-        hessians = self.hessian if self.hessian.ndim == 2 else self.hessian[children]
-        back = _apply(np.broadcast_to(hessians, self.inverses[children].shape),
-                      _apply(self.inverses[children], probe))  # fmt: skip
+        applied = _apply(self._blocks(children), probe)
+        if self.hessian.ndim == 2:
+            back = applied @ self.hessian  # symmetric: H B z for every child at once
+        else:
+            every = children.size == self.hessian.shape[0]
+            back = _apply(self.hessian if every else self.hessian[children], applied)
         error = np.linalg.norm(np.where(free, back - probe, 0.0), axis=1)
         return children[error > INVERSE_DRIFT * np.linalg.norm(probe, axis=1)]
 
