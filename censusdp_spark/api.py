@@ -524,6 +524,8 @@ def run_topdown(
     noisy_measurements: Path | None = None,
     noisy_format: str = "census_nmf",
     states: Sequence[str] = (),
+    assemble_nation: Sequence[Path] = (),
+    state_estimates: Path | None = None,
 ) -> Release:
     """Run the TopDown release of ``config`` (as ``censusdp topdown``).
 
@@ -552,8 +554,13 @@ def run_topdown(
             ``"censusdp"`` (a TopDown release folder of censusdp).
         states: With ``noisy_measurements``, a state-by-state run (``--states``): only these
             states' subtrees are read (an NMF's ``State=<code>`` folders, codes as the file
-            spells them; a string is split at its commas) and each state is estimated as the root of its own tree; the
-            release has no root (nation) row.
+            spells them; a string is split at its commas) and each state is estimated as the
+            root of its own tree; the release has no root (nation) row.
+        assemble_nation: With ``noisy_measurements``, the nation and the states from the
+            file's root and these state runs (``--assemble-nation``; together every state).
+        state_estimates: With ``states``, each state held to its estimate in this nation
+            assembled by ``assemble_nation`` (``--state-estimates``): the levels below it as
+            the national run's.
 
     Returns:
         The release written, with the run's ``summary`` (and ``evaluation`` folder).
@@ -599,6 +606,8 @@ def run_topdown(
         noisy_measurements=_path(noisy_measurements),
         noisy_format=NoisyFormat(noisy_format),
         states=tuple(states.split(",")) if isinstance(states, str) else tuple(states),
+        assemble_nation=tuple(Path(p) for p in assemble_nation),
+        state_estimates=_path(state_estimates),
     )
     summary = run(_session(spark, "topdown"), loaded, options)
     return _finished(summary)

@@ -25,14 +25,16 @@ def geocode_prefix(digits: int) -> Column:
 
 
 def children_not_summing_to_parent(
-    rows: DataFrame, hierarchy: Hierarchy, cell: str, top: int = 0
+    rows: DataFrame, hierarchy: Hierarchy, cell: str, top: int = 0, bottom: int | None = None
 ) -> DataFrame:
-    """The ``level, geocode, <cell>`` cells of the nodes above the leaves whose ``count`` is not
-    the sum of their children's (lazy; a row a cell). ``rows``: long format ``level, geocode,
-    <cell>, count`` of every level from ``top`` down (the roots of the trees released: a
-    state-by-state release has no root); a cell missing on either side counts 0."""
+    """The ``level, geocode, <cell>`` cells of the nodes above the lowest level whose ``count``
+    is not the sum of their children's (lazy; a row a cell). ``rows``: long format ``level,
+    geocode, <cell>, count`` of the levels ``levels[top:bottom]`` (``top``: the roots of the
+    trees released, as a state-by-state release has no root; ``bottom``: below the last level
+    released, as a nation assembled from state runs releases the nation and the states); a cell
+    missing on either side counts 0."""
     sums = None
-    levels = hierarchy.levels[top:]
+    levels = hierarchy.levels[top:bottom]
     for parent, child in zip(levels, levels[1:], strict=False):
         prefix = geocode_prefix(parent.digits)
         part = rows.filter(F.col("level") == child.name).select(
@@ -41,7 +43,7 @@ def children_not_summing_to_parent(
         sums = part if sums is None else sums.unionByName(part)
     assert sums is not None
     children = sums.groupBy("level", "geocode", cell).agg(F.sum("count").alias("children"))
-    parents = rows.filter(F.col("level") != hierarchy.leaf.name)
+    parents = rows.filter(F.col("level").isin([lv.name for lv in levels[:-1]]))
     return parents.join(children, ["level", "geocode", cell], "full_outer").filter(
         F.coalesce(F.col("count"), F.lit(0)) != F.coalesce(F.col("children"), F.lit(0))
     )

@@ -102,17 +102,19 @@ def write_census_tables(
     geography: DataFrame,
     config: TopDownConfig,
     top: int = 0,
+    bottom: int | None = None,
 ) -> list[str]:
     """Write ``pl94_tables`` (replacing what an earlier attempt left) and its CSV copies from
-    it, of the levels from ``top`` down (1 in a state-by-state release, which has no root);
-    returns the CSV files, relative to the output folder."""
+    it, of the levels ``levels[top:bottom]`` (``top`` 1 in a state-by-state release, which has
+    no root; ``bottom`` 2 in a nation assembled from state runs); returns the CSV files,
+    relative to the output folder."""
     output = config.run.output
     for name in (PL94_TABLES, PL94_TABLES_CSV):
         shutil.rmtree(output / name, ignore_errors=True)  # an earlier attempt's: rewritten whole
     tables = census_tables(estimates, geography, config)
     delta.write_table(tables, output, PL94_TABLES, partition_by="level")
     written = delta.read_table(spark, output, PL94_TABLES)
-    levels = config.hierarchy.names[top:]
+    levels = config.hierarchy.names[top:bottom]
     return [
         str(p.relative_to(output)) for p in _write_csv(written, output / PL94_TABLES_CSV, levels)
     ]

@@ -38,12 +38,14 @@ def check_estimates(
     invariant_totals: DataFrame,
     invariant_levels: Sequence[str],
     top: int = 0,
+    bottom: int | None = None,
 ) -> dict[str, int]:
     """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``;
     one Spark query counts them all.
 
-    ``estimates`` is long format ``level, geocode, cell, count`` of the levels from ``top``
-    down (``top``: the level of the trees' roots, 1 in a state-by-state release);
+    ``estimates`` is long format ``level, geocode, cell, count`` of the levels
+    ``levels[top:bottom]`` (``top``: the level of the trees' roots, 1 in a state-by-state
+    release; ``bottom``: 2 in a nation assembled from state runs, which releases two levels);
     ``invariant_totals`` is ``level, geocode, inv_total`` of every node of the
     ``invariant_levels``.
     """
@@ -61,7 +63,7 @@ def check_estimates(
         estimates.filter(F.col("count") < 0)
         .select(F.lit(negatives).alias("guarantee"))
         .unionByName(
-            children_not_summing_to_parent(estimates, hierarchy, "cell", top).select(
+            children_not_summing_to_parent(estimates, hierarchy, "cell", top, bottom).select(
                 F.lit(inconsistent).alias("guarantee")
             )
         )

@@ -68,6 +68,23 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
         " State=<CODE> folders (codes as the file's folders spell them, e.g. 44 or 044); each"
         " state estimated as the root of its own tree, no nation row",
     )
+    parser.add_argument(
+        "--assemble-nation",
+        type=Path,
+        nargs="+",
+        default=(),
+        metavar="STATE_RUN",
+        help="with --noisy-measurements: the nation and the states, from the file's nation"
+        " folders and these --states runs (together every state); then each state again with"
+        " --states CODE --state-estimates <this release> (docs/post-processing.md)",
+    )
+    parser.add_argument(
+        "--state-estimates",
+        type=Path,
+        metavar="NATION",
+        help="with --states: hold each state to its estimate in this --assemble-nation"
+        " release instead of estimating it as a root",
+    )
     add_spark_flags(parser)
     parser.set_defaults(run=run_topdown_from_args, observer=QUIET)
     return parser
@@ -185,6 +202,8 @@ def run_topdown_from_args(args: argparse.Namespace) -> int:
         noisy_measurements=args.noisy_measurements,
         noisy_format=NoisyFormat(args.noisy_format),
         states=args.states,
+        assemble_nation=tuple(args.assemble_nation),
+        state_estimates=args.state_estimates,
     )
     spark = spark_session(f"censusdp-topdown-{config.run.name}", args.master, args.remote)
     summary = run_topdown(spark, config, options, args.observer)

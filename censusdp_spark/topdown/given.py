@@ -44,7 +44,7 @@ from censusdp_spark.io import delta
 from censusdp_spark.model.geography import Hierarchy
 from censusdp_spark.privacy.accounting import allocate_per_query_rho
 from censusdp_spark.topdown.config import TopDownConfig, invariant_levels
-from censusdp_spark.topdown.nmf import read_nmf, write_nmf
+from censusdp_spark.topdown.nmf import file_states, read_nmf, write_nmf
 from censusdp_spark.topdown.nmf_layout import STATE_LEVEL
 
 
@@ -121,14 +121,17 @@ def read_given(
     fmt: NoisyFormat,
     config: TopDownConfig,
     states: tuple[str, ...] = (),
+    root_only: bool = False,
 ) -> GivenMeasurements:
     """The noisy measurements at ``source`` in layout ``fmt``, checked against ``config``
     (one-line ``ValueError`` naming the file, the row and the rule). With ``states`` (a
     state-by-state run), only those states' nodes: the levels below the root, each state's
-    subtree (an NMF's other ``State=`` folders and its root folder are not opened)."""
+    subtree (an NMF's other ``State=`` folders and its root folder are not opened). With
+    ``root_only``, the root's alone (an NMF's root folders; assembling the nation from state
+    runs)."""
     refuse_unsupported(config, source)
     if fmt is NoisyFormat.CENSUS_NMF:
-        measured = read_nmf(spark, source, config, states)
+        measured = read_nmf(spark, source, config, states, root_only)
         given = GivenMeasurements(
             source, fmt, measured.noisy, measured.invariants, measured.geography
         )
@@ -136,7 +139,32 @@ def read_given(
         given = read_censusdp_release(spark, source, config)
         if states:
             given = _only_states(given, config, states)
+        if root_only:
+            given = _only_level(given, config.hierarchy.root.name)
     return _held_where_the_config_says(given, config)
+
+
+def given_states(
+    spark: SparkSession, source: Path, fmt: NoisyFormat, config: TopDownConfig
+) -> list[str]:
+    """The codes of the states at ``source``, sorted: an NMF's State ``State=`` folders (names
+    only), a release's state-level geocodes."""
+    if fmt is NoisyFormat.CENSUS_NMF:
+        return file_states(source.absolute(), config)
+    state = config.hierarchy.levels[STATE_LEVEL].name
+    noisy = delta.read_table(spark, source, delta.NOISY_MEASUREMENTS)
+    rows = noisy.filter(F.col("level") == state).select("geocode").distinct().collect()
+    return sorted(r["geocode"] for r in rows)
+
+
+def _only_level(given: GivenMeasurements, level: str) -> GivenMeasurements:
+    ours = F.col("level") == level
+    return replace(
+        given,
+        noisy=given.noisy.filter(ours),
+        invariants=given.invariants.filter(ours),
+        geography=given.geography.filter(ours),
+    )
 
 
 def _only_states(
@@ -249,13 +277,14 @@ def geography_of(noisy: DataFrame, hierarchy: Hierarchy) -> DataFrame:
 
 
 def given_budget(
-    noisy: DataFrame, config: TopDownConfig, source: Path, top: int = 0
+    noisy: DataFrame, config: TopDownConfig, source: Path, top: int = 0, bottom: int | None = None
 ) -> GivenBudget:
     """The budget the file's variances spend (``rho = 1 / sigma2`` per query: a marginal's
     squared sensitivity is 2) as the config's, and how the config's own disagrees. Every
-    level from ``top`` down must be measured, every query once per level with one variance;
-    the levels above ``top`` (the root, in a state's run, which does not read it) take the
-    config's ``[budget]``."""
+    level of ``levels[top:bottom]`` must be measured, every query once per level with one
+    variance; the levels above ``top`` (the root, in a state's run, which does not read it)
+    and from ``bottom`` down (below the states, in the nation's assembly) take the config's
+    ``[budget]``."""
     classes = (
         noisy.groupBy("level", "query")
         .agg(F.countDistinct("sigma2").alias("variances"), F.min("sigma2").alias("sigma2"))
@@ -273,7 +302,8 @@ def given_budget(
     for (level, query), value in exact.items():
         found[level][query] = value
     levels = config.hierarchy.names
-    for level in levels[:top]:
+    read = levels[top:bottom]
+    for level in (lv for lv in levels if lv not in read):
         found[level] = {
             q.name: config.budget.sigma2_for(level, q.name) for q in config.queries[level]
         }

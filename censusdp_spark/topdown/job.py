@@ -42,6 +42,13 @@ from censusdp_spark.release.runner import (
     release_contents,
     with_command_line,
 )
+from censusdp_spark.topdown.assembly import (
+    STATE_RUNS,
+    StateRuns,
+    read_state_runs,
+    state_estimates,
+    with_state_runs,
+)
 from censusdp_spark.topdown.bottom_up import (
     BOTTOM_UP,
     TOTAL_VARIANCES,
@@ -63,11 +70,17 @@ from censusdp_spark.topdown.config import (
 from censusdp_spark.topdown.estimate import estimate_level, level_measurements, level_plan
 from censusdp_spark.topdown.evaluate import EVALUATION_SCHEMA, evaluation_table, plot_errors
 from censusdp_spark.topdown.full_information import estimate_level_from_bottom_up
-from censusdp_spark.topdown.given import NoisyFormat, given_budget, read_given
+from censusdp_spark.topdown.given import (
+    GivenMeasurements,
+    NoisyFormat,
+    given_budget,
+    given_states,
+    read_given,
+)
 from censusdp_spark.topdown.manifest import budget_rows, privacy_summary
 from censusdp_spark.topdown.measure import measure
 from censusdp_spark.topdown.microdata import microdata
-from censusdp_spark.topdown.nmf_layout import STATE_LEVEL, state_folders
+from censusdp_spark.topdown.nmf_layout import STATE_LEVEL, root_folders, state_folders
 from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import (
     bounds_broken,
@@ -96,6 +109,9 @@ class TopDownOptions:
     noisy_measurements: Path | None = None  # post-process these instead of measuring
     noisy_format: NoisyFormat = NoisyFormat.CENSUS_NMF
     states: tuple[str, ...] = ()  # with noisy_measurements: only these states' subtrees
+    # with noisy_measurements: the nation and the states, from these state runs' state rows
+    assemble_nation: tuple[Path, ...] = ()
+    state_estimates: Path | None = None  # with states: each held to this assembled nation's
 
 
 @dataclass(kw_only=True)
@@ -199,10 +215,12 @@ DWELLINGS_TABLE = "estimation.dwellings table"
 """The estimation key of the dwelling counts' content (read to estimate, never measured)."""
 
 
-def release_tables(config: TopDownConfig, variances: bool) -> list[str]:
-    """The Delta tables of a TopDown release of ``config``, as its manifest lists them."""
+def release_tables(config: TopDownConfig, variances: bool, leaves: bool = True) -> list[str]:
+    """The Delta tables of a TopDown release of ``config``, as its manifest lists them
+    (``leaves``: whether it releases the leaf level, whose estimates ``microdata`` holds)."""
     return (
-        [delta.NOISY_MEASUREMENTS, delta.ESTIMATES, delta.MICRODATA]
+        [delta.NOISY_MEASUREMENTS, delta.ESTIMATES]
+        + ([delta.MICRODATA] if leaves else [])
         + ([BOTTOM_UP] if config.estimation_method == "full_information" else [])
         + ([TOTAL_VARIANCES] if variances else [])
         + ([PL94_TABLES] if config.pl94_tables else [])
@@ -263,13 +281,9 @@ def run_topdown(
 ) -> TopDownSummary:
     """Run the TopDown release of ``config`` with ``options``; ``observer`` is told of each
     committed step and each estimation task (tests pass one in to inject faults)."""
+    _refuse_mixed_options(options)
     if options.noisy_measurements is not None:
         return _post_process(spark, config, options, options.noisy_measurements, observer)
-    if options.states:
-        raise ValueError(
-            "--states: a state-by-state run estimates given noisy measurements; add"
-            " --noisy-measurements PATH"
-        )
     config = _apply_options(config, options)
     with release_run(config, options) as run, reporting_progress(spark):
         return _run_topdown(spark, config, options, run, observer)
@@ -409,6 +423,15 @@ def _held_exact(data: ReadInput, config: TopDownConfig) -> HeldExact:
     return HeldExact(invariants, occupancy)
 
 
+def _copy_state_bottom_up(config: TopDownConfig, run: ReleaseRun, rows: DataFrame) -> None:
+    """The state runs' ``bottom_up`` state rows, as this run's (committed as that level's
+    bottom-up step: the pass then computes the nation's row alone)."""
+    state = config.hierarchy.levels[STATE_LEVEL].name
+    if not run.done(f"bottom_up_{state}"):
+        delta.write_level(rows, config.run.output, BOTTOM_UP, state)
+        run.commit(f"bottom_up_{state}")
+
+
 def _estimate_levels(
     spark: SparkSession,
     config: TopDownConfig,
@@ -418,12 +441,17 @@ def _estimate_levels(
     node_counts: dict[str, int],
     observer: RunObserver,
     top: int = 0,
+    bottom: int | None = None,
+    roots: DataFrame | None = None,
 ) -> None:
     """Estimate level after level from ``noisy`` (with ``full_information``, after the
     bottom-up pass), each level committed to ``estimates`` before the next reads it; a step a
     resumed run finds committed is not done again. ``top``: the level whose nodes are the
     roots, each estimated as the root of its own tree (1 in a state-by-state run: each state
-    is, as BlueDown's state passes treat it); the levels above it are not estimated."""
+    is, as BlueDown's state passes treat it), or given (``roots``: their estimates, long
+    format, as ``--state-estimates`` holds them); the levels above it are not estimated, nor
+    those from ``bottom`` down (2 in a nation's assembly from state runs, which releases the
+    nation and the states)."""
     output = config.run.output
     hierarchy = config.hierarchy
     clock = run.clock
@@ -435,14 +463,18 @@ def _estimate_levels(
             clock.lap(f"bottom_up_{level}", f"{node_counts.get(level, 0)} nodes")
             observer.step_committed(f"bottom_up_{level}")
 
-        above = hierarchy.names[:top]
-        done = [lv for lv in hierarchy.names if lv in above or run.done(f"bottom_up_{lv}")]
+        skipped = set(hierarchy.names) - set(hierarchy.names[top:bottom])
+        done = [lv for lv in hierarchy.names if lv in skipped or run.done(f"bottom_up_{lv}")]
         write_bottom_up(
             spark, config, noisy, held.invariants, held.occupancy, output, done, committed
         )
     parent_estimates = None
-    for i, level in enumerate(hierarchy.levels[top:], start=top):
-        if not run.done(level.name):
+    for i, level in enumerate(hierarchy.levels[top:bottom], start=top):
+        if not run.done(level.name) and i == top and roots is not None:
+            delta.write_level(roots, output, delta.ESTIMATES, level.name)
+            run.commit(level.name)
+            observer.step_committed(level.name)
+        elif not run.done(level.name):
             parent_digits = hierarchy.levels[i - 1].digits if i else 0
             plan = level_plan(config, level.name)
             if i == top:  # each node its own family, solved as a root
@@ -486,11 +518,12 @@ def _check_guarantees(
     held: HeldExact,
     bypass: BypassSummary | None,
     top: int = 0,
+    bottom: int | None = None,
 ) -> dict[str, int]:
-    """Every guarantee of the released estimates (of the levels from ``top`` down) and the noisy
-    table, each a count that is 0 (else ``GuaranteeViolation``)."""
+    """Every guarantee of the released estimates (of the levels ``levels[top:bottom]``) and
+    the noisy table, each a count that is 0 (else ``GuaranteeViolation``)."""
     checks = check_estimates(
-        released, config.hierarchy, held.invariants, invariant_levels(config), top
+        released, config.hierarchy, held.invariants, invariant_levels(config), top, bottom
     )
     if held.occupancy is not None:
         checks.update(check_occupancy(released, held.occupancy, config))
@@ -508,18 +541,18 @@ def _write_products(
     nodes: DataFrame,
     run: ReleaseRun,
     top: int = 0,
+    bottom: int | None = None,
 ) -> list[str]:
-    """What is computed from the released estimates alone: ``microdata``, with
-    ``--variances`` ``total_variances``, with ``[output.pl94_tables]`` the P.L. 94-171 tables
-    of the levels from ``top`` down (their CSV files returned)."""
+    """What is computed from the released estimates alone: ``microdata`` (when the leaves are
+    released: ``bottom`` None), with ``--variances`` ``total_variances``, with
+    ``[output.pl94_tables]`` the P.L. 94-171 tables of the levels ``levels[top:bottom]``
+    (their CSV files returned)."""
     output = config.run.output
-    shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # an uncommitted leftover
-    delta.write_table(
-        microdata(released.filter(F.col("level") == config.hierarchy.leaf.name), config.schema),
-        output,
-        delta.MICRODATA,
-    )
-    run.clock.lap("microdata")
+    if bottom is None:
+        shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # an uncommitted leftover
+        leaves = released.filter(F.col("level") == config.hierarchy.leaf.name)
+        delta.write_table(microdata(leaves, config.schema), output, delta.MICRODATA)
+        run.clock.lap("microdata")
     if options.variances:
         shutil.rmtree(output / TOTAL_VARIANCES, ignore_errors=True)  # an uncommitted leftover
         bottom_up = delta.read_table(spark, output, BOTTOM_UP)
@@ -530,7 +563,7 @@ def _write_products(
     if config.pl94_tables is None:
         return []
     geography = nodes.select("level", "geocode")  # the node list: from the spine alone
-    csv_files = write_census_tables(spark, released, geography, config, top)
+    csv_files = write_census_tables(spark, released, geography, config, top, bottom)
     run.clock.lap("pl94_tables")
     return csv_files
 
@@ -569,11 +602,16 @@ def _evaluate(
 
 
 def _summary(
-    config: TopDownConfig, run: ReleaseRun, node_counts: dict[str, int], top: int = 0
+    config: TopDownConfig,
+    run: ReleaseRun,
+    node_counts: dict[str, int],
+    top: int = 0,
+    bottom: int | None = None,
 ) -> TopDownSummary:
-    """The run's summary; ``top``: the first level released (1 in a state-by-state run)."""
+    """The run's summary of the levels released, ``levels[top:bottom]`` (``top`` 1 in a
+    state-by-state run, ``bottom`` 2 in a nation's assembly)."""
     privacy = privacy_summary(config)
-    levels = list(config.hierarchy.names[top:])
+    levels = list(config.hierarchy.names[top:bottom])
     return TopDownSummary(
         output=config.run.output,
         levels=levels,
@@ -642,7 +680,7 @@ def _post_process(
         TOPDOWN,
         config.document.doc,
         input_fingerprint(_folders_read(config, options, source)),
-        tables=release_tables(config, options.variances),
+        tables=release_tables(config, options.variances, leaves=not options.assemble_nation),
         estimation_keys=ESTIMATION_KEYS,
         output_keys=OUTPUT_KEYS,
     )
@@ -660,26 +698,95 @@ def _post_process(
         return _run_post_processing(spark, config, options, source, run, observer)
 
 
-def _state_by_state(config: TopDownConfig, states: tuple[str, ...]) -> dict[str, Any] | None:
+def _refuse_mixed_options(options: TopDownOptions) -> None:
+    """The state-by-state options that need others, or exclude them, in one line each."""
+    given = options.noisy_measurements is not None
+    if options.states and not given:
+        raise ValueError(
+            "--states: a state-by-state run estimates given noisy measurements; add"
+            " --noisy-measurements PATH"
+        )
+    if options.assemble_nation and not given:
+        raise ValueError(
+            "--assemble-nation: the nation's measurements come from the file; add"
+            " --noisy-measurements PATH"
+        )
+    if options.assemble_nation and options.states:
+        raise ValueError(
+            "--assemble-nation and --states: the nation is assembled from every state's run;"
+            " run the states first (--states), then the nation alone"
+        )
+    if options.state_estimates is not None and not options.states:
+        raise ValueError(
+            "--state-estimates: holds the states of a state-by-state run to the assembled"
+            " nation's estimates; add --states CODES"
+        )
+
+
+def _state_by_state(config: TopDownConfig, options: TopDownOptions) -> dict[str, Any] | None:
     """The manifest's account of a state-by-state run (None for a whole file's)."""
-    if not states:
+    if not options.states:
         return None
     root = config.hierarchy.root.name
+    given = options.state_estimates
+    each = (
+        f"held to its estimate in the nation assembled at {given} (--state-estimates)"
+        if given
+        else "estimated as the root of its own tree (its own measurements and, where held, its"
+        " total)"
+    )
     return {
-        "states": list(states),
+        "states": list(options.states),
         "levels_released": list(config.hierarchy.names[STATE_LEVEL:]),
-        "each_state": "estimated as the root of its own tree (its own measurements and, where"
-        " held, its total); no nation row: the nation needs every state",
+        "each_state": f"{each}; no nation row: the nation needs every state",
+        "state_estimates": str(given) if given else None,
         "root_budget": f"the config's [budget] for level {root} (its measurements are not read)",
+    }
+
+
+def _state_runs(config: TopDownConfig, runs: StateRuns | None) -> dict[str, Any] | None:
+    """The manifest's account of a nation assembled from state runs (None otherwise)."""
+    if runs is None:
+        return None
+    below = config.hierarchy.names[STATE_LEVEL + 1 :]
+    return {
+        "runs": [str(p) for p in runs.parts],
+        "states": list(runs.states),
+        "levels_released": list(config.hierarchy.names[: STATE_LEVEL + 1]),
+        "each_state": "its state-level rows (measurements, held total, bottom-up estimate)"
+        " from its run; the nation's measurements and total from the file",
+        "levels_below": f"{', '.join(below)}: each state's run with --states CODE"
+        " --state-estimates <this release>",
+        "budget_below": "the config's [budget] for the levels below the states (not read here)",
     }
 
 
 def _folders_read(config: TopDownConfig, options: TopDownOptions, source: Path) -> list[Path]:
     """What a post-processing run reads (its input fingerprint): the file, or in a
-    state-by-state run of an NMF its states' folders alone."""
-    if options.states and options.noisy_format is NoisyFormat.CENSUS_NMF:
-        return state_folders(source.absolute(), config, options.states)
-    return [source]
+    state-by-state run of an NMF its states' folders alone (and the nation it is held to); in
+    a nation's assembly, an NMF's root folders and the state runs."""
+    nmf = options.noisy_format is NoisyFormat.CENSUS_NMF
+    if options.assemble_nation:
+        root = root_folders(source.absolute(), config) if nmf else [source]
+        return [*root, *options.assemble_nation]
+    held = [options.state_estimates] if options.state_estimates else []
+    if options.states and nmf:
+        return [*state_folders(source.absolute(), config, options.states), *held]
+    return [source, *held]
+
+
+def _read_given(
+    spark: SparkSession, config: TopDownConfig, options: TopDownOptions, source: Path
+) -> tuple[GivenMeasurements, StateRuns | None]:
+    """What a post-processing run estimates from; in a nation's assembly, the file's root and
+    the state runs' state rows (those returned too)."""
+    fmt = options.noisy_format
+    if not options.assemble_nation:
+        return read_given(spark, source, fmt, config, options.states), None
+    known = given_states(spark, source, fmt, config)
+    runs = read_state_runs(spark, options.assemble_nation, config, known)
+    root = read_given(spark, source, fmt, config, root_only=True)
+    return with_state_runs(root, runs), runs
 
 
 def _run_post_processing(
@@ -691,8 +798,9 @@ def _run_post_processing(
     observer: RunObserver,
 ) -> TopDownSummary:
     top = STATE_LEVEL if options.states else 0
-    given = read_given(spark, source, options.noisy_format, config, options.states)
-    budget = given_budget(given.noisy, config, source, top)
+    bottom = STATE_LEVEL + 1 if options.assemble_nation else None
+    given, runs = _read_given(spark, config, options, source)
+    budget = given_budget(given.noisy, config, source, top, bottom)
     for line in budget.disagreements:
         log.info("config [budget] not used: %s", line)
     config = budget.config
@@ -708,16 +816,25 @@ def _run_post_processing(
         run.clock.lap("copy_measurements")
     held = HeldExact(given.invariants.persist(StorageLevel.MEMORY_AND_DISK), None)
     noisy = delta.read_table(spark, config.run.output, delta.NOISY_MEASUREMENTS)
-    _estimate_levels(spark, config, run, noisy, held, node_counts, observer, top)
+    if runs is not None and runs.bottom_up is not None:
+        _copy_state_bottom_up(config, run, runs.bottom_up)
+    roots = (
+        state_estimates(spark, options.state_estimates, config, options.states)
+        if options.state_estimates
+        else None
+    )
+    _estimate_levels(spark, config, run, noisy, held, node_counts, observer, top, bottom, roots)
     released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
-    checks = _check_guarantees(config, released, noisy, held, None, top)
+    checks = _check_guarantees(config, released, noisy, held, None, top, bottom)
     run.clock.lap("check_guarantees")
-    csv_files = _write_products(spark, config, options, released, held, geography, run, top)
+    csv_files = _write_products(spark, config, options, released, held, geography, run, top, bottom)
     described = f"{source} ({options.noisy_format})"
     if options.states:
         described += f", state by state: {', '.join(options.states)}"
+    if runs is not None:
+        described += f", the nation assembled from {len(runs.parts)} state runs"
     summary = replace(
-        _summary(config, run, node_counts, top),
+        _summary(config, run, node_counts, top, bottom),
         post_processed=described,
         budget_disagreements=budget.disagreements,
     )
@@ -729,7 +846,8 @@ def _run_post_processing(
             "format": str(options.noisy_format),
             "rho_spent_by_this_release": "0",
             "config_budget_not_used": list(budget.disagreements),
-            "state_by_state": _state_by_state(config, options.states),
+            "state_by_state": _state_by_state(config, options),
+            STATE_RUNS: _state_runs(config, runs),
         },
     }
     bypass = {"bypass_single_child": False}

@@ -41,6 +41,7 @@ from censusdp_spark.topdown.nmf_layout import (
     DPQUERY,
     DPQUERY_COLUMNS,
     EXACT_VARIANCE,
+    KINDS,
     LEVEL_SUFFIX,
     STATE_LEVEL,
     STATE_PARTITION,
@@ -49,6 +50,7 @@ from censusdp_spark.topdown.nmf_layout import (
     exact_variance,
     level_folder,
     nmf_level_names,
+    root_folders,
     state_folder,
     state_folders,
 )
@@ -196,13 +198,19 @@ def _remove_side_files(root: Path) -> None:
 
 
 def read_nmf(
-    spark: SparkSession, path: Path, config: TopDownConfig, states: tuple[str, ...] = ()
+    spark: SparkSession,
+    path: Path,
+    config: TopDownConfig,
+    states: tuple[str, ...] = (),
+    root_only: bool = False,
 ) -> NmfMeasurements:
     """The NMF at ``path`` as our tables (``NmfMeasurements``), checked against ``config``.
 
     With ``states``, only their ``State=<code>`` folders are read (``check_states`` first): the
     levels below the root, each state's nodes; the root's folder and the other states' are not
-    opened, and a state node's parent (the root) is not looked for.
+    opened, and a state node's parent (the root) is not looked for. With ``root_only``, only
+    the root level's folders (the nation's measurements and total, which assembling the nation
+    from state runs adds to theirs).
 
     ``sigma2`` is the file's ``sigma2`` column where it has one (ours), else the exact value of
     its float ``variance`` (``nmf_layout.exact_variance``). Raises ``InputError`` naming the level
@@ -210,8 +218,14 @@ def read_nmf(
     root = path.absolute()
     if states:
         check_states(root, config, states)
+        folders = state_folders(root, config, states)
     else:
-        for level, nmf_level in nmf_level_names(config).items():
+        levels = nmf_level_names(config)
+        folders = [level_folder(root, n, kind) for n in levels.values() for kind in KINDS]
+        if root_only:
+            levels = {config.hierarchy.root.name: levels[config.hierarchy.root.name]}
+            folders = root_folders(root, config)
+        for level, nmf_level in levels.items():
             folder = level_folder(root, nmf_level, DPQUERY)
             if not _data_files(folder):
                 raise InputError(
@@ -220,7 +234,7 @@ def read_nmf(
                     f"missing: level {level} has no measurements (every level of the hierarchy"
                     " has)",
                 )
-    dpq = _read_kind(spark, root, config, DPQUERY, DPQUERY_COLUMNS, states)
+    dpq = _read_kind(spark, root, config, DPQUERY, DPQUERY_COLUMNS, folders)
     sigma2 = F.col(EXACT_VARIANCE) if EXACT_VARIANCE in dpq.columns else F.lit(None)
     rows = dpq.select(
         "level",
@@ -237,7 +251,7 @@ def read_nmf(
     )
     query = query_info(config, _query_key(F.col("query_name")))
     rows = rows.withColumns({c: query[c] for c in ("query", "cells", "shape")})
-    totals = _totals(spark, root, config, states)
+    totals = _totals(spark, root, config, folders)
     variance = _as_double(F.col(EXACT_VARIANCE))
     exact = F.col(EXACT_VARIANCE).isNull() | (
         F.abs(variance - F.col("variance")) <= F.col("variance") * RELATIVE_VARIANCE_TOLERANCE
@@ -266,6 +280,17 @@ def read_nmf(
     )
 
 
+def file_states(root: Path, config: TopDownConfig) -> list[str]:
+    """The codes of the file's states: its State level's ``State=<code>`` folders, sorted
+    (folder names only; no file is read)."""
+    state_level = config.hierarchy.levels[STATE_LEVEL].name
+    top = level_folder(root, nmf_level_names(config)[state_level], DPQUERY)
+    return sorted(
+        p.name.removeprefix(f"{STATE_PARTITION}=")
+        for p in (top.glob(f"{STATE_PARTITION}=*") if top.is_dir() else [])
+    )
+
+
 def check_states(root: Path, config: TopDownConfig, states: tuple[str, ...]) -> None:
     """Each of ``states`` is a ``State=<code>`` folder of the file's State level, with its
     measurements at every level below the root (an ``InputError`` in one line otherwise: a
@@ -275,10 +300,7 @@ def check_states(root: Path, config: TopDownConfig, states: tuple[str, ...]) -> 
     levels = config.hierarchy.levels
     state_level = levels[STATE_LEVEL]
     top = level_folder(root, names[state_level.name], DPQUERY)
-    known = sorted(
-        p.name.removeprefix(f"{STATE_PARTITION}=")
-        for p in (top.glob(f"{STATE_PARTITION}=*") if top.is_dir() else [])
-    )
+    known = file_states(root, config)
     for state in states:
         if len(state) != state_level.digits:
             raise InputError(
@@ -329,14 +351,13 @@ def _read_kind(
     config: TopDownConfig,
     kind: str,
     columns: Sequence[str],
-    states: tuple[str, ...],
+    folders: Sequence[Path],
 ) -> DataFrame:
-    """Every Parquet file of every level's ``kind`` folder that has one (with ``states``, of
-    their ``State=`` folders only), in one read (no partition inference: ``State=01`` stays
+    """Every Parquet file of the ``kind`` folders among ``folders`` that have one, in one read (no partition inference: ``State=01`` stays
     text; the files' schemas merged), with ``level``, its ``order, digits, folder`` and
     ``state`` (the ``State=`` folder) from each file's path. A column no file has is refused."""
     names = nmf_level_names(config)
-    present = [str(f) for f in _kind_folders(root, config, kind, states) if _data_files(f)]
+    present = [str(f) for f in _of_kind(folders, kind) if _data_files(f)]
     try:
         df = (
             spark.read.option("recursiveFileLookup", "true")
@@ -364,28 +385,24 @@ def _read_kind(
     return with_level(df, config, root, "dpq_folder" if kind == DPQUERY else "con_folder")
 
 
-def _kind_folders(
-    root: Path, config: TopDownConfig, kind: str, states: tuple[str, ...]
-) -> list[Path]:
-    """The ``kind`` folders a read opens: every level's, or ``states``' ``State=`` folders."""
-    if states:
-        return [f for f in state_folders(root, config, states) if f.parent.name == kind]
-    return [level_folder(root, n, kind) for n in nmf_level_names(config).values()]
+def _of_kind(folders: Sequence[Path], kind: str) -> list[Path]:
+    """The ``kind`` folders among a read's (level folders and ``State=`` folders alike)."""
+    return [f for f in folders if kind in (f.name, f.parent.name)]
 
 
 def _totals(
-    spark: SparkSession, root: Path, config: TopDownConfig, states: tuple[str, ...]
+    spark: SparkSession, root: Path, config: TopDownConfig, folders: Sequence[Path]
 ) -> DataFrame:
     """The total constraints (the other constraints are not ours): ``level, order, digits,
     folder, geocode, query_name, inv_total``; a total that is not one non-negative count gets
     another ``query_name``, so that ``nmf_checks`` refuses it."""
-    if not any(_data_files(f) for f in _kind_folders(root, config, CONSTRAINT, states)):
+    if not any(_data_files(f) for f in _of_kind(folders, CONSTRAINT)):
         empty = (
             "level string, order int, digits int, folder string, geocode string,"
             " query_name string, inv_total bigint"
         )
         return spark.createDataFrame([], empty)
-    df = _read_kind(spark, root, config, CONSTRAINT, CONSTRAINT_COLUMNS, states)
+    df = _read_kind(spark, root, config, CONSTRAINT, CONSTRAINT_COLUMNS, folders)
     value = F.col("value").cast("array<bigint>")
     one = (F.size(value) == 1) & (F.get(value, 0) >= 0)
     return df.filter(F.col("query_name") == TOTAL_CONSTRAINT).select(

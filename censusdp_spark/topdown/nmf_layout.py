@@ -79,6 +79,7 @@ STATE_PARTITION = "State"
 LEVEL_SUFFIX = ".parquet"
 DPQUERY = "DPQuery"
 CONSTRAINT = "Constraint"
+KINDS = (DPQUERY, CONSTRAINT)
 DPQ_SUFFIX = "_dpq"
 TOTAL_CONSTRAINT = "total_con"
 DPQUERY_COLUMNS = ("geocode", "query_name", "query_shape", "value", "variance")
@@ -130,8 +131,15 @@ def state_folders(root: Path, config: TopDownConfig, states: tuple[str, ...]) ->
         state_folder(root, level, kind, state)
         for state in states
         for level in names
-        for kind in (DPQUERY, CONSTRAINT)
+        for kind in KINDS
     ]
+
+
+def root_folders(root: Path, config: TopDownConfig) -> list[Path]:
+    """The root level's DPQuery and Constraint folders (the nation's measurements and total):
+    all that assembling the nation from state runs reads of the file."""
+    name = nmf_level_names(config)[config.hierarchy.root.name]
+    return [level_folder(root, name, kind) for kind in KINDS]
 
 
 def query_key(name: str) -> str:

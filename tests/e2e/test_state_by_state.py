@@ -207,3 +207,131 @@ def test_a_missing_state_folder_is_refused_in_one_line(nmf, tmp_path, capsys):
 def test_states_without_noisy_measurements_are_refused(tmp_path, capsys):
     line = refused(topdown("--output", str(tmp_path / "out"), "--states", "44"), capsys)
     assert "--states: a state-by-state run estimates given noisy measurements" in line
+
+
+# --- the nation assembled from state runs ----------------------------------------------------
+
+
+def assemble(source: Path, out: Path, *parts: Path, fmt: str = "census_nmf") -> Path:
+    args = ["--output", str(out), "--noisy-measurements", str(source), "--noisy-format", fmt]
+    runs = [str(p) for p in parts]
+    assert main(topdown(*args, "--assemble-nation", *runs, "--variances")) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def assembled(nmf, rhode_island, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """The nation assembled from two state runs (44; 09 and 45), then the three states held
+    to it in one run: (the nation's release, the states' release, the run of 09 and 45)."""
+    tmp = tmp_path_factory.mktemp("assembled")
+    others = state_run(nmf, tmp / "states_09_45", "09,45")
+    nation = assemble(nmf, tmp / "nation", rhode_island, others)
+    args = ["--output", str(tmp / "states"), "--noisy-measurements", str(nmf), "--variances"]
+    held = ["--states", "09,44,45", "--state-estimates", str(nation)]
+    assert main(topdown(*args, *held)) == 0
+    return nation, tmp / "states", others
+
+
+def test_the_assembled_nation_is_the_national_run_row_for_row(
+    spark, national, rhode_island, assembled
+):
+    """BlueDown's four passes as three kinds of run: the nation's release (nation and states)
+    and the held states' release (the levels below) are the national run's release."""
+    nation, states, _ = assembled
+    top = F.col("level").isin("nation", "state")
+    for table in ("estimates", "bottom_up"):
+        ours = rows(spark, nation, table).unionByName(rows(spark, states, table).filter(~top))
+        theirs = rows(spark, national, table)
+        assert ours.count() == theirs.count() > 0, table
+        assert ours.exceptAll(theirs).count() == 0, table
+    assert_same_tables(spark, national, states, ("microdata",))
+    state = F.col("level") == "state"
+    held = rows(spark, states, "estimates").filter(state)
+    assert held.exceptAll(rows(spark, nation, "estimates").filter(state)).count() == 0
+    assert held.count() > 0
+    variances = rows(spark, nation, "total_variances", "44").filter(state)
+    alone = rows(spark, rhode_island, "total_variances").filter(state)
+    assert variances.count() == 1 and variances.exceptAll(alone).count() == 0
+    assert rows(spark, nation, "total_variances").filter(F.col("level") == "nation").count() == 1
+
+
+def test_the_assembled_nations_release_names_its_state_runs(spark, nmf, assembled):
+    nation, states, _ = assembled
+    manifest = json.loads((nation / "manifest.json").read_text())
+    runs = manifest["post_processing"]["state_runs"]
+    assert runs["states"] == ["09", "44", "45"] and len(runs["runs"]) == 2
+    assert runs["levels_released"] == ["nation", "state"]
+    assert manifest["post_processing"]["rho_spent_by_this_release"] == "0"
+    assert set(manifest["guarantee_checks"].values()) == {0}
+    assert "microdata" not in manifest["tables"]
+    levels = {r["level"] for r in rows(spark, nation, "estimates").select("level").collect()}
+    assert levels == {"nation", "state"}
+    held = json.loads((states / "manifest.json").read_text())["post_processing"]
+    assert held["state_by_state"]["state_estimates"] == str(nation)
+
+
+def test_the_api_assembles_a_nation_from_a_censusdp_release_alike(
+    spark, national, rhode_island, assembled, tmp_path
+):
+    """The root's measurements read from the release the NMF was exported from: the same
+    nation."""
+    from censusdp_spark import run_topdown
+
+    nation, _, others = assembled
+    release = run_topdown(
+        DEMO,
+        spark=spark,
+        output=tmp_path / "out",
+        noisy_measurements=national,
+        noisy_format="censusdp",
+        assemble_nation=[rhode_island, others],
+        variances=True,
+    )
+    assert release.summary.levels == ["nation", "state"]
+    assert_same_tables(spark, nation, tmp_path / "out", ("estimates", "bottom_up"))
+
+
+def test_a_nation_without_every_state_is_refused(nmf, rhode_island, tmp_path, capsys):
+    args = ["--output", str(tmp_path / "out"), "--noisy-measurements", str(nmf)]
+    line = refused(topdown(*args, "--assemble-nation", str(rhode_island)), capsys)
+    assert "no run of state 09 (the nation needs every state: 2 of 3 missing)" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_state_in_two_runs_is_refused(nmf, rhode_island, tmp_path, capsys):
+    args = ["--output", str(tmp_path / "out"), "--noisy-measurements", str(nmf)]
+    twice = ["--assemble-nation", str(rhode_island), str(rhode_island)]
+    assert "state 44 is also in" in refused(topdown(*args, *twice), capsys)
+
+
+def test_a_national_release_is_not_a_state_run(nmf, national, tmp_path, capsys):
+    args = ["--output", str(tmp_path / "out"), "--noisy-measurements", str(nmf)]
+    line = refused(topdown(*args, "--assemble-nation", str(national)), capsys)
+    assert "not a state-by-state run (made without --states)" in line
+
+
+def test_states_held_to_a_release_not_assembled_are_refused(nmf, national, tmp_path, capsys):
+    args = ["--output", str(tmp_path / "out"), "--noisy-measurements", str(nmf)]
+    held = ["--states", "44", "--state-estimates", str(national)]
+    line = refused(topdown(*args, *held), capsys)
+    assert "not a nation assembled from state runs (made without --assemble-nation)" in line
+
+
+def test_a_state_run_of_another_method_is_refused(nmf, rhode_island, tmp_path, capsys):
+    config = tmp_path / "census_method.toml"
+    text = DEMO.read_text().replace('"data/', f'"{ROOT}/data/')
+    config.write_text(text.replace('method = "full_information"', 'method = "topdown"', 1))
+    args = ["--output", str(tmp_path / "out"), "--noisy-measurements", str(nmf)]
+    line = refused(topdown(*args, "--assemble-nation", str(rhode_island), config=config), capsys)
+    assert "estimated with full_information" in line and "estimates with topdown" in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--assemble-nation", "x"], "--assemble-nation: the nation's measurements come from"),
+        (["--state-estimates", "x"], "--state-estimates: holds the states of a state-by-state"),
+    ],
+)
+def test_assembly_options_without_their_partners_are_refused(tmp_path, capsys, extra, message):
+    assert message in refused(topdown("--output", str(tmp_path / "out"), *extra), capsys)
