@@ -57,6 +57,7 @@ from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.rows import root_row, union
 from censusdp_spark.group_sizes.shapes import arrow_batch_rows
 from censusdp_spark.io import delta
+from censusdp_spark.model.config import input_for_run
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
@@ -141,12 +142,13 @@ class GroupSizesSummary:
 
 def _apply_options(config: GroupSizesConfig, options: PgsrOptions) -> GroupSizesConfig:
     run = with_command_line(config.run, options.output, options.secret_file)
-    if config.input is None:
-        raise ValueError(
-            f"{config.source}: [input] missing: the group-size release needs an input table"
-        )
-    spec = config.input if options.input is None else replace(config.input, path=options.input)
-    spine = config.spine.for_input(spec.path) if config.spine else None
+    spec, spine = input_for_run(
+        config.source,
+        config.input,
+        config.spine,
+        options.input,
+        "the group-size release needs an input table",
+    )
     if options.epsilon is not None:
         config = with_epsilon(config, options.epsilon)
     mechanism = Mechanism.named(options.mechanism or config.mechanism)
