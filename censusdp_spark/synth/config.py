@@ -72,8 +72,17 @@ class SynthBudget:
 
 # The hyperparameter tables validate straight into these dataclasses (unknown keys refused).
 @dataclass(frozen=True)
-class MwemOptions:
+class _Hyperparameters:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+
+
+# What both HPD methods' tables hold alike: Adam's steps and learning rate.
+AdamSteps = Annotated[PositiveInt, Field(description="Adam steps after each measurement.")]
+AdamRate = Annotated[PositiveFloat, Field(description="Adam's learning rate.")]
+
+
+@dataclass(frozen=True)
+class MwemOptions(_Hyperparameters):
     passes: Annotated[
         PositiveInt,
         Field(description="Multiplicative-weights passes over all measurements each round."),
@@ -90,30 +99,24 @@ class MwemOptions:
 
 
 @dataclass(frozen=True)
-class HpdFixedOptions:
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+class HpdFixedOptions(_Hyperparameters):
     components: Annotated[
         PositiveInt, Field(description="K: product distributions in the mixture.")
     ] = 128
-    steps_per_round: Annotated[
-        PositiveInt, Field(description="Adam steps after each measurement.")
-    ] = 50
-    learning_rate: Annotated[PositiveFloat, Field(description="Adam's learning rate.")] = 0.05
+    steps_per_round: AdamSteps = 50
+    learning_rate: AdamRate = 0.05
     init_scale: Annotated[
         PositiveFloat, Field(description="The standard deviation of the initial logits.")
     ] = 0.5
 
 
 @dataclass(frozen=True)
-class HpdGenOptions:
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+class HpdGenOptions(_Hyperparameters):
     components: Annotated[
         PositiveInt, Field(description="Latent draws per step (the mixture's K).")
     ] = 128
-    steps_per_round: Annotated[
-        PositiveInt, Field(description="Adam steps after each measurement.")
-    ] = 50
-    learning_rate: Annotated[PositiveFloat, Field(description="Adam's learning rate.")] = 0.003
+    steps_per_round: AdamSteps = 50
+    learning_rate: AdamRate = 0.003
     hidden: Annotated[
         PositiveInt, Field(description="The width of the generator's two hidden layers.")
     ] = 128
