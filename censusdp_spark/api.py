@@ -586,19 +586,15 @@ def run_topdown(
     from censusdp_spark.topdown.job import run_topdown as run
 
     loaded = load_topdown_config(config)
+    choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = TopDownOptions(
         input=_path(input),
-        output=_path(output),
-        secret_file=_path(secret_file),
-        evaluate=evaluate,
-        overwrite=overwrite,
         resume=resume,
-        reuse_secret=reuse_secret,
         variances=variances,
-        evaluation_output=_path(evaluation_output),
         noisy_measurements=_path(noisy_measurements),
         noisy_format=NoisyFormat(noisy_format),
         states=tuple(states.split(",")) if isinstance(states, str) else tuple(states),
+        **choices,
     )
     summary = run(_session(spark, "topdown"), loaded, options)
     return _finished(summary)
@@ -667,16 +663,12 @@ def run_group_sizes(
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
     loaded = load_group_sizes_config(config)
+    choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = PgsrOptions(
         mechanism=mechanism,
         input=_path(input),
-        output=_path(output),
-        secret_file=_path(secret_file),
-        evaluate=evaluate,
-        overwrite=overwrite,
-        reuse_secret=reuse_secret,
-        evaluation_output=_path(evaluation_output),
         epsilon=None if epsilon is None else Fraction(epsilon),
+        **choices,
     )
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return _finished(summary)
@@ -754,21 +746,37 @@ def run_synth(
 
     loaded = load_synth_config(config)
     refuse_unfit_method(loaded, method)  # before a session starts: the config decides it
+    choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = SynthOptions(
         method=method,
         rho=None if rho is None else Fraction(rho),
         epsilon=epsilon,
         delta=delta,
         rounds=rounds,
-        output=_path(output),
-        secret_file=_path(secret_file),
-        evaluate=evaluate,
-        overwrite=overwrite,
-        reuse_secret=reuse_secret,
-        evaluation_output=_path(evaluation_output),
+        **choices,
     )
     summary = run(_session(spark, "synth"), loaded, options)
     return _finished(summary)
+
+
+def _choices(
+    output: str | Path | None,
+    secret_file: str | Path | None,
+    evaluate: bool,
+    overwrite: bool,
+    reuse_secret: bool,
+    evaluation_output: str | Path | None,
+) -> dict[str, Any]:
+    """Every ``run_*``'s release choices (``release.runner.ReleaseChoices``) as its options
+    take them, paths as ``Path``."""
+    return {
+        "output": _path(output),
+        "secret_file": _path(secret_file),
+        "evaluate": evaluate,
+        "overwrite": overwrite,
+        "reuse_secret": reuse_secret,
+        "evaluation_output": _path(evaluation_output),
+    }
 
 
 def _path(value: str | Path | None) -> Path | None:

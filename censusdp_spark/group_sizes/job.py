@@ -61,6 +61,7 @@ from censusdp_spark.model.config import input_for_run
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
+    ReleaseChoices,
     ReleaseRun,
     input_fingerprint,
     release_contents,
@@ -73,15 +74,9 @@ RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
 
 
 @dataclass(frozen=True, kw_only=True)
-class PgsrOptions:
+class PgsrOptions(ReleaseChoices):
     mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
     input: Path | None = None
-    output: Path | None = None
-    secret_file: Path | None = None
-    evaluate: bool = False
-    overwrite: bool = False
-    reuse_secret: bool = False
-    evaluation_output: Path | None = None  # None: <output>.evaluation
     epsilon: Fraction | None = None  # None: the config's; else each level keeps its share
 
 

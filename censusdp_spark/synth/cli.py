@@ -63,6 +63,7 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
     config = load_synth_config(args.config)
     refuse_unfit_method(config, args.method)  # the config decides it: before Spark is loaded
     from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.release.runner import release_choices
     from censusdp_spark.synth.job import SynthOptions, run_synth
 
     options = SynthOptions(
@@ -71,12 +72,7 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
         epsilon=args.epsilon,
         delta=args.delta,
         rounds=args.rounds,
-        output=args.output,
-        secret_file=args.secret_file,
-        evaluate=args.evaluate,
-        overwrite=args.overwrite,
-        reuse_secret=args.reuse_secret,
-        evaluation_output=args.evaluation_output,
+        **release_choices(args),
     )
     spark = spark_session(f"censusdp-synth-{config.run.name}", args.master, args.remote)
     summary = run_synth(spark, config, options)

@@ -35,6 +35,7 @@ from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
+    ReleaseChoices,
     ReleaseRun,
     input_fingerprint,
     release_contents,
@@ -66,18 +67,12 @@ NOISY_MEASUREMENTS = "noisy_measurements"
 
 
 @dataclass(frozen=True, kw_only=True)
-class SynthOptions:
+class SynthOptions(ReleaseChoices):
     method: str
     rho: Fraction | None = None
     epsilon: float | None = None
     delta: float | None = None
     rounds: int | None = None
-    output: Path | None = None
-    secret_file: Path | None = None
-    evaluate: bool = False
-    overwrite: bool = False
-    reuse_secret: bool = False
-    evaluation_output: Path | None = None  # None: <output>.evaluation
 
 
 @dataclass(kw_only=True)
