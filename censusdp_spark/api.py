@@ -46,9 +46,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from censusdp_spark.group_sizes.config import GroupSizesConfig
+    from censusdp_spark.group_sizes.config import GroupSizesConfig, MechanismName
     from censusdp_spark.privacy.unit import PrivacyUnit
     from censusdp_spark.synth.config import SynthConfig
+    from censusdp_spark.synth.methods import Method
     from censusdp_spark.topdown.config import TopDownConfig
     from censusdp_spark.topdown.schema import Schema
     from censusdp_spark.topdown.strategy import BudgetChoice
@@ -604,7 +605,7 @@ def run_group_sizes(
     config: str | Path | Mapping[str, Any] | GroupSizesConfig,
     *,
     spark: SparkSession | None = None,
-    mechanism: str | None = None,
+    mechanism: MechanismName | None = None,
     input: Path | None = None,
     output: Path | None = None,
     secret_file: Path | None = None,
@@ -659,13 +660,13 @@ def run_group_sizes(
         release.to_pandas("group_sizes")  # level, geocode, size, count
         ```
     """
-    from censusdp_spark.group_sizes.config import load_group_sizes_config
+    from censusdp_spark.group_sizes.config import Mechanism, load_group_sizes_config
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
     loaded = load_group_sizes_config(config)
     choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = PgsrOptions(
-        mechanism=mechanism,
+        mechanism=None if mechanism is None else Mechanism.named(mechanism),
         input=_path(input),
         epsilon=None if epsilon is None else Fraction(epsilon),
         **choices,
@@ -677,7 +678,7 @@ def run_group_sizes(
 def run_synth(
     config: str | Path | Mapping[str, Any] | SynthConfig,
     *,
-    method: str,
+    method: Method,
     spark: SparkSession | None = None,
     rho: Fraction | str | None = None,
     epsilon: float | None = None,

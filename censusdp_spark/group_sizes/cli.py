@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from censusdp_spark.group_sizes.config import MECHANISM_NAMES
+from censusdp_spark.group_sizes.config import MECHANISM_NAMES, Mechanism
 from censusdp_spark.release.flags import (
     add_config_flag,
     add_input_flag,
@@ -63,7 +63,7 @@ def run_group_sizes_from_args(args: argparse.Namespace) -> int:
 
     config = load_group_sizes_config(args.config)
     options = PgsrOptions(
-        mechanism=args.mechanism,
+        mechanism=None if args.mechanism is None else Mechanism.named(args.mechanism),
         input=args.input,
         epsilon=None if args.epsilon is None else parse_epsilon(config.source, args.epsilon),
         **release_choices(args),

@@ -75,7 +75,7 @@ RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
 
 @dataclass(frozen=True, kw_only=True)
 class PgsrOptions(ReleaseChoices):
-    mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
+    mechanism: Mechanism | None = None  # None: the config's default
     input: Path | None = None
     epsilon: Fraction | None = None  # None: the config's; else each level keeps its share
 
@@ -146,7 +146,7 @@ def _apply_options(config: GroupSizesConfig, options: PgsrOptions) -> GroupSizes
     )
     if options.epsilon is not None:
         config = with_epsilon(config, options.epsilon)
-    mechanism = Mechanism.named(options.mechanism or config.mechanism)
+    mechanism = options.mechanism or config.mechanism
     return replace(config, run=run, input=spec, spine=spine, mechanism=mechanism)
 
 

@@ -37,6 +37,7 @@ from censusdp_spark.model.config import (
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.synth.domain import BinnedAttribute, Binning, HouseholdDomain, Roles
+from censusdp_spark.synth.methods import Method
 
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 
@@ -382,7 +383,7 @@ def mwem_refusal(config: SynthConfig) -> ConfigError | None:
     return ConfigError(config.source, "mwem.max_domain", rule)
 
 
-def refuse_unfit_method(config: SynthConfig, method: str) -> None:
+def refuse_unfit_method(config: SynthConfig, method: Method) -> None:
     """Raise the ``ConfigError`` of :func:`mwem_refusal` when ``method`` is ``mwem`` and the
     config's domain is too large for it; every other method runs on any valid config."""
     refusal = mwem_refusal(config) if method == "mwem" else None
