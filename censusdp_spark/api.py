@@ -623,8 +623,8 @@ def run_group_sizes(
             from the current directory), or a config loaded with
             ``group_sizes.config.load_group_sizes_config``.
         spark: The session to run in; default the active one, else a new local session.
-        mechanism: ``"dp"``, ``"relaxed"``, ``"relaxed_families"`` or ``"cumulative"``;
-            default the config's ``[mechanism]``.
+        mechanism: ``"exact"`` (alias ``"dp"``), ``"relaxed"``, ``"relaxed_families"`` or
+            ``"cumulative"`` (``--mechanism``); default the config's ``[mechanism]``.
         input: Read this input instead of the config's ``[input] path`` (``--input``).
         output: Write the release here instead of ``[run] output`` (``--output``).
         secret_file: The run secret's file (64 hex characters, mode 0600); default the
@@ -651,6 +651,7 @@ def run_group_sizes(
         SetupError: No Delta Lake jars for a new local session.
         GuaranteeViolation: The released values break a guarantee the release promises; they
             must not be published.
+        ValueError: ``mechanism`` is unknown (before a session starts).
 
     Example:
         ```python
