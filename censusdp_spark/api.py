@@ -46,9 +46,10 @@ if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-    from censusdp_spark.group_sizes.config import GroupSizesConfig
+    from censusdp_spark.group_sizes.config import GroupSizesConfig, MechanismName
     from censusdp_spark.privacy.unit import PrivacyUnit
     from censusdp_spark.synth.config import SynthConfig
+    from censusdp_spark.synth.methods import Method
     from censusdp_spark.topdown.config import TopDownConfig
     from censusdp_spark.topdown.schema import Schema
     from censusdp_spark.topdown.strategy import BudgetChoice
@@ -593,21 +594,17 @@ def run_topdown(
     from censusdp_spark.topdown.job import run_topdown as run
 
     loaded = load_topdown_config(config)
+    choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = TopDownOptions(
         input=_path(input),
-        output=_path(output),
-        secret_file=_path(secret_file),
-        evaluate=evaluate,
-        overwrite=overwrite,
         resume=resume,
-        reuse_secret=reuse_secret,
         variances=variances,
-        evaluation_output=_path(evaluation_output),
         noisy_measurements=_path(noisy_measurements),
         noisy_format=NoisyFormat(noisy_format),
         states=tuple(states.split(",")) if isinstance(states, str) else tuple(states),
         assemble_nation=tuple(Path(p) for p in assemble_nation),
         state_estimates=_path(state_estimates),
+        **choices,
     )
     summary = run(_session(spark, "topdown"), loaded, options)
     return _finished(summary)
@@ -617,7 +614,7 @@ def run_group_sizes(
     config: str | Path | Mapping[str, Any] | GroupSizesConfig,
     *,
     spark: SparkSession | None = None,
-    mechanism: str | None = None,
+    mechanism: MechanismName | None = None,
     input: Path | None = None,
     output: Path | None = None,
     secret_file: Path | None = None,
@@ -635,8 +632,8 @@ def run_group_sizes(
             from the current directory), or a config loaded with
             ``group_sizes.config.load_group_sizes_config``.
         spark: The session to run in; default the active one, else a new local session.
-        mechanism: ``"dp"``, ``"relaxed"``, ``"relaxed_families"`` or ``"cumulative"``;
-            default the config's ``[mechanism]``.
+        mechanism: ``"exact"`` (alias ``"dp"``), ``"relaxed"``, ``"relaxed_families"`` or
+            ``"cumulative"`` (``--mechanism``); default the config's ``[mechanism]``.
         input: Read this input instead of the config's ``[input] path`` (``--input``).
         output: Write the release here instead of ``[run] output`` (``--output``).
         secret_file: The run secret's file (64 hex characters, mode 0600); default the
@@ -663,6 +660,7 @@ def run_group_sizes(
         SetupError: No Delta Lake jars for a new local session.
         GuaranteeViolation: The released values break a guarantee the release promises; they
             must not be published.
+        ValueError: ``mechanism`` is unknown (before a session starts).
 
     Example:
         ```python
@@ -672,20 +670,16 @@ def run_group_sizes(
         release.to_pandas("group_sizes")  # level, geocode, size, count
         ```
     """
-    from censusdp_spark.group_sizes.config import load_group_sizes_config
+    from censusdp_spark.group_sizes.config import Mechanism, load_group_sizes_config
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
 
     loaded = load_group_sizes_config(config)
+    choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = PgsrOptions(
-        mechanism=mechanism,
+        mechanism=None if mechanism is None else Mechanism.named(mechanism),
         input=_path(input),
-        output=_path(output),
-        secret_file=_path(secret_file),
-        evaluate=evaluate,
-        overwrite=overwrite,
-        reuse_secret=reuse_secret,
-        evaluation_output=_path(evaluation_output),
         epsilon=None if epsilon is None else Fraction(epsilon),
+        **choices,
     )
     summary = run_pgsr(_session(spark, "group-sizes"), loaded, options)
     return _finished(summary)
@@ -694,7 +688,7 @@ def run_group_sizes(
 def run_synth(
     config: str | Path | Mapping[str, Any] | SynthConfig,
     *,
-    method: str,
+    method: Method,
     spark: SparkSession | None = None,
     rho: Fraction | str | None = None,
     epsilon: float | None = None,
@@ -763,21 +757,37 @@ def run_synth(
 
     loaded = load_synth_config(config)
     refuse_unfit_method(loaded, method)  # before a session starts: the config decides it
+    choices = _choices(output, secret_file, evaluate, overwrite, reuse_secret, evaluation_output)
     options = SynthOptions(
         method=method,
         rho=None if rho is None else Fraction(rho),
         epsilon=epsilon,
         delta=delta,
         rounds=rounds,
-        output=_path(output),
-        secret_file=_path(secret_file),
-        evaluate=evaluate,
-        overwrite=overwrite,
-        reuse_secret=reuse_secret,
-        evaluation_output=_path(evaluation_output),
+        **choices,
     )
     summary = run(_session(spark, "synth"), loaded, options)
     return _finished(summary)
+
+
+def _choices(
+    output: str | Path | None,
+    secret_file: str | Path | None,
+    evaluate: bool,
+    overwrite: bool,
+    reuse_secret: bool,
+    evaluation_output: str | Path | None,
+) -> dict[str, Any]:
+    """Every ``run_*``'s release choices (``release.runner.ReleaseChoices``) as its options
+    take them, paths as ``Path``."""
+    return {
+        "output": _path(output),
+        "secret_file": _path(secret_file),
+        "evaluate": evaluate,
+        "overwrite": overwrite,
+        "reuse_secret": reuse_secret,
+        "evaluation_output": _path(evaluation_output),
+    }
 
 
 def _path(value: str | Path | None) -> Path | None:

@@ -564,11 +564,6 @@ def block_table(blocks: StateBlocks) -> pa.Table:
     return pa.table(columns)
 
 
-def generate_state(layout: Layout, state: int, seed: int, p: ModelParameters) -> pa.Table:
-    """All blocks of one state, sorted by GEOID, from the state's own random stream."""
-    return block_table(draw_state(layout, state, seed, p))
-
-
 def check_block_table(table: pa.Table) -> None:
     """Raise ``ArithmeticError`` unless the table keeps the count rules of the module."""
     col = {name: table.column(name).to_numpy().astype(np.int64) for name in COUNT_COLUMNS}

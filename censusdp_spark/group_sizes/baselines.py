@@ -21,6 +21,7 @@ post-processing. Data shapes: real-valued solutions ``level, geocode, solution``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ from censusdp_spark.group_sizes.rows import (
 from censusdp_spark.group_sizes.solvers.cumulative import cumulative_family, cumulative_root
 from censusdp_spark.group_sizes.solvers.relaxed import RelaxedSolution, relaxed_qp, solve_relaxed
 from censusdp_spark.group_sizes.solvers.tree import GroupTree
-from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.geography import Hierarchy, Level
 from censusdp_spark.release.runner import Clock
 
 SOLUTION_SCHEMA = "level string, geocode string, solution array<double>"
@@ -163,27 +164,48 @@ def rounded_release(solution: DataFrame) -> DataFrame:
     )
 
 
+LevelBelow = Callable[[DataFrame, DataFrame, Level, Level], DataFrame]
+"""A level's rows from its noisy rows and the level above's: ``(noisy_level, above, parent,
+level)``."""
+
+
+def top_down(
+    hierarchy: Hierarchy,
+    noisy: DataFrame,
+    root: DataFrame,
+    below: LevelBelow,
+    clock: Clock,
+    lap: str,
+) -> list[DataFrame]:
+    """``root``, then every level's rows by ``below`` from the level above's, each settled
+    before the next reads it and timed as ``{lap}_{level}``."""
+    levels = hierarchy.levels
+    done = [root]
+    for parent, level in zip(levels, levels[1:], strict=False):
+        noisy_level = noisy.filter(F.col("level") == level.name)
+        done.append(settle(below(noisy_level, done[-1], parent, level)))
+        clock.lap(f"{lap}_{level.name}")
+    return done
+
+
 def post_process_relaxed_families(
     spark: SparkSession, config: GroupSizesConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
-    levels = config.hierarchy.levels
     geocode, groups, root_noisy = root_row(noisy, config.hierarchy)
     solution = relaxed_root(root_noisy, groups, config.faithfulness)
-    solved = [
-        spark.createDataFrame([(levels[0].name, geocode, solution.tolist())], SOLUTION_SCHEMA)
-    ]
-    for parent, level in zip(levels, levels[1:], strict=False):
-        solved.append(
-            settle(
-                relaxed_families(
-                    noisy.filter(F.col("level") == level.name),
-                    solved[-1],
-                    parent.digits,
-                    config.faithfulness,
-                )
-            )
-        )
-        clock.lap(f"relaxed_{level.name}")
+    root = [(config.hierarchy.root.name, geocode, solution.tolist())]
+
+    def below(noisy_level: DataFrame, above: DataFrame, parent: Level, level: Level) -> DataFrame:
+        return relaxed_families(noisy_level, above, parent.digits, config.faithfulness)
+
+    solved = top_down(
+        config.hierarchy,
+        noisy,
+        spark.createDataFrame(root, SOLUTION_SCHEMA),
+        below,
+        clock,
+        "relaxed",
+    )
     return [rounded_release(s) for s in solved]
 
 
@@ -229,19 +251,14 @@ def cumulative_families(
 def post_process_cumulative(
     spark: SparkSession, config: GroupSizesConfig, noisy: DataFrame, clock: Clock
 ) -> list[DataFrame]:
-    levels = config.hierarchy.levels
     geocode, groups, root_noisy = root_row(noisy, config.hierarchy)
     root = cumulative_root(root_noisy, groups, config.faithfulness)
-    released = [root_release(spark, config.hierarchy.root.name, geocode, root)]
-    for parent, level in zip(levels, levels[1:], strict=False):
-        parents = released_histograms(released[-1])
-        noisy_level = noisy.filter(F.col("level") == level.name)
-        released.append(
-            settle(
-                cumulative_families(
-                    level.name, noisy_level, parents, parent.digits, config.faithfulness, groups
-                )
-            )
+
+    def below(noisy_level: DataFrame, above: DataFrame, parent: Level, level: Level) -> DataFrame:
+        parents = released_histograms(above)
+        return cumulative_families(
+            level.name, noisy_level, parents, parent.digits, config.faithfulness, groups
         )
-        clock.lap(f"release_{level.name}")
-    return released
+
+    released = root_release(spark, config.hierarchy.root.name, geocode, root)
+    return top_down(config.hierarchy, noisy, released, below, clock, "release")

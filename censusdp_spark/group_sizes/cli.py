@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from censusdp_spark.group_sizes.config import MECHANISM_NAMES
+from censusdp_spark.group_sizes.config import MECHANISM_NAMES, Mechanism
 from censusdp_spark.release.flags import (
     add_config_flag,
     add_input_flag,
@@ -59,18 +59,14 @@ def run_group_sizes_from_args(args: argparse.Namespace) -> int:
     from censusdp_spark.engine.session import spark_session
     from censusdp_spark.group_sizes.config import load_group_sizes_config, parse_epsilon
     from censusdp_spark.group_sizes.job import PgsrOptions, run_pgsr
+    from censusdp_spark.release.runner import release_choices
 
     config = load_group_sizes_config(args.config)
     options = PgsrOptions(
-        mechanism=args.mechanism,
+        mechanism=None if args.mechanism is None else Mechanism.named(args.mechanism),
         input=args.input,
-        output=args.output,
-        secret_file=args.secret_file,
-        evaluate=args.evaluate,
-        overwrite=args.overwrite,
-        reuse_secret=args.reuse_secret,
-        evaluation_output=args.evaluation_output,
         epsilon=None if args.epsilon is None else parse_epsilon(config.source, args.epsilon),
+        **release_choices(args),
     )
     spark = spark_session(f"censusdp-pgsr-{config.run.name}", args.master, args.remote)
     summary = run_pgsr(spark, config, options)

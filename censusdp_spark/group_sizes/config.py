@@ -185,26 +185,37 @@ class InputModel(Model):
     )
 
     def spec(self, fail: Fail, groups: GroupSizes, base: Path) -> GroupInputSpec:
-        path, geocode, ignore = resolve(base, self.path), tuple(self.geocode), tuple(self.ignore)
-        if self.layout == "size_counts":
-            for key in ("household", "size", "member_quantity"):
-                if getattr(self, key) is not None:
-                    raise fail(f"input.{key}", "only for layout = 'households'")
-            if self.size_columns is None:
-                raise fail("input", "missing required key 'size_columns' (layout = 'size_counts')")
-            columns = size_columns(self.size_columns, groups.max_size)
-            if len(columns) != groups.max_size or len(set(columns)) != len(columns):
-                n = groups.max_size
-                rule = f"must name {n} distinct columns (sizes 1..{n}), got {list(columns)}"
-                raise fail("input.size_columns", rule)
-            return GroupInputSpec(
-                path=path,
-                format=self.format,
-                layout=self.layout,
-                geocode_columns=geocode,
-                size_columns=columns,
-                ignore=ignore,
-            )
+        columns = self._size_columns(fail, groups) if self.layout == "size_counts" else ()
+        if self.layout == "households":
+            self._check_households(fail)
+        return GroupInputSpec(
+            path=resolve(base, self.path),
+            format=self.format,
+            layout=self.layout,
+            geocode_columns=tuple(self.geocode),
+            size_columns=columns,
+            household_column=self.household,  # each None with size_counts (checked)
+            size_column=self.size,
+            member_column=self.member_quantity,
+            ignore=tuple(self.ignore),
+        )
+
+    def _size_columns(self, fail: Fail, groups: GroupSizes) -> tuple[str, ...]:
+        """``size_counts``: the columns of sizes ``1..max_size``, checked."""
+        for key in ("household", "size", "member_quantity"):
+            if getattr(self, key) is not None:
+                raise fail(f"input.{key}", "only for layout = 'households'")
+        if self.size_columns is None:
+            raise fail("input", "missing required key 'size_columns' (layout = 'size_counts')")
+        columns = size_columns(self.size_columns, groups.max_size)
+        if len(columns) != groups.max_size or len(set(columns)) != len(columns):
+            n = groups.max_size
+            rule = f"must name {n} distinct columns (sizes 1..{n}), got {list(columns)}"
+            raise fail("input.size_columns", rule)
+        return columns
+
+    def _check_households(self, fail: Fail) -> None:
+        """``households``: a household column, and at most one of size and member quantity."""
         if self.size_columns is not None:
             raise fail("input.size_columns", "only for layout = 'size_counts'")
         if self.household is None:
@@ -215,17 +226,6 @@ class InputModel(Model):
                 " per member, summed); with neither, a row per member counts one"
             )
             raise fail("input", rule)
-        return GroupInputSpec(
-            path=path,
-            format=self.format,
-            layout=self.layout,
-            geocode_columns=geocode,
-            size_columns=(),
-            household_column=self.household,
-            size_column=self.size,
-            member_column=self.member_quantity,
-            ignore=ignore,
-        )
 
 
 SIZE = "{size}"

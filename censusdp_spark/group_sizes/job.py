@@ -57,9 +57,11 @@ from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.rows import root_row, union
 from censusdp_spark.group_sizes.shapes import arrow_batch_rows
 from censusdp_spark.io import delta
+from censusdp_spark.model.config import input_for_run
 from censusdp_spark.model.errors import GuaranteeViolation
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
+    ReleaseChoices,
     ReleaseRun,
     input_fingerprint,
     release_contents,
@@ -72,15 +74,9 @@ RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
 
 
 @dataclass(frozen=True, kw_only=True)
-class PgsrOptions:
-    mechanism: str | None = None  # a name of MECHANISM_NAMES; None: the config's default
+class PgsrOptions(ReleaseChoices):
+    mechanism: Mechanism | None = None  # None: the config's default
     input: Path | None = None
-    output: Path | None = None
-    secret_file: Path | None = None
-    evaluate: bool = False
-    overwrite: bool = False
-    reuse_secret: bool = False
-    evaluation_output: Path | None = None  # None: <output>.evaluation
     epsilon: Fraction | None = None  # None: the config's; else each level keeps its share
 
 
@@ -141,15 +137,16 @@ class GroupSizesSummary:
 
 def _apply_options(config: GroupSizesConfig, options: PgsrOptions) -> GroupSizesConfig:
     run = with_command_line(config.run, options.output, options.secret_file)
-    if config.input is None:
-        raise ValueError(
-            f"{config.source}: [input] missing: the group-size release needs an input table"
-        )
-    spec = config.input if options.input is None else replace(config.input, path=options.input)
-    spine = config.spine.for_input(spec.path) if config.spine else None
+    spec, spine = input_for_run(
+        config.source,
+        config.input,
+        config.spine,
+        options.input,
+        "the group-size release needs an input table",
+    )
     if options.epsilon is not None:
         config = with_epsilon(config, options.epsilon)
-    mechanism = Mechanism.named(options.mechanism or config.mechanism)
+    mechanism = options.mechanism or config.mechanism
     return replace(config, run=run, input=spec, spine=spine, mechanism=mechanism)
 
 

@@ -68,7 +68,7 @@ class NoisePlan:
     root: str = ""  # the root level: the only node whose number of groups (G) is written
 
 
-def noise_plan(config: GroupSizesConfig, mechanism: str) -> NoisePlan:
+def noise_plan(config: GroupSizesConfig, mechanism: Mechanism) -> NoisePlan:
     measurement = "cumulative" if mechanism == Mechanism.CUMULATIVE else "histogram"
     sensitivity = 1 if measurement == "cumulative" else 2
     scales = {lv: config.budget.scale(lv, sensitivity) for lv in config.hierarchy.names}

@@ -6,7 +6,6 @@ memory estimate and the budget, never a count of groups."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -16,6 +15,7 @@ from censusdp_spark.group_sizes.config import GroupSizesConfig
 from censusdp_spark.group_sizes.memory import WORKER_MEMORY_ENV, check_memory, worker_memory
 from censusdp_spark.group_sizes.readers import read_leaf_histograms
 from censusdp_spark.group_sizes.shapes import arrow_batch_rows, leaf_nodes
+from censusdp_spark.model.config import input_for_run
 from censusdp_spark.model.memory import size_text
 from censusdp_spark.release.runner import check_secret
 
@@ -28,12 +28,9 @@ def validate_group_sizes(
 ) -> str:
     """The report of a config that passes every check; the first broken rule raises
     ``ConfigError``, ``InputError`` or ``ValueError`` (one line)."""
-    spec = config.input
-    if spec is None:
-        raise ValueError(f"{config.source}: [input] missing: the group-size release needs one")
-    if input_path is not None:
-        spec = replace(spec, path=input_path)
-    spine = config.spine.for_input(spec.path) if config.spine else None
+    spec, spine = input_for_run(
+        config.source, config.input, config.spine, input_path, "the group-size release needs one"
+    )
     secret = check_secret(config.run, secret_file)
     leaves = read_leaf_histograms(spark, spec, config.groups, config.hierarchy.leaf.digits, spine)
     shapes = level_shapes(leaf_nodes(leaves, config.hierarchy), config.hierarchy)

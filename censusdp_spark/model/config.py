@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import partial
 from pathlib import Path, PurePath
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -204,6 +204,34 @@ class SpineSpec:
         if self.beside_input is None:
             return self
         return replace(self, path=Path(os.path.normpath(resolve(input_path, self.beside_input))))
+
+
+class InputTable(Protocol):
+    """An ``[input]`` spec: a dataclass with the table's ``path``."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def path(self) -> Path: ...
+
+
+InputT = TypeVar("InputT", bound=InputTable)
+
+
+def input_for_run(
+    source: str,
+    spec: InputT | None,
+    spine: SpineSpec | None,
+    input_path: Path | None,
+    needs: str,
+) -> tuple[InputT, SpineSpec | None]:
+    """The ``[input]`` with ``--input`` (``input_path``) applied, and the spine that follows it;
+    ``ValueError`` saying ``needs`` (which release needs what) when ``[input]`` is missing."""
+    if spec is None:
+        raise ValueError(f"{source}: [input] missing: {needs}")
+    if input_path is not None:
+        spec = replace(spec, path=input_path)
+    return spec, spine.for_input(spec.path) if spine else None
 
 
 @dataclass(frozen=True, kw_only=True)

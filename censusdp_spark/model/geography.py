@@ -53,10 +53,6 @@ class Hierarchy:
     def level(self, name: str) -> Level:
         return self.levels[self.index(name)]
 
-    def parent_of(self, name: str) -> Level | None:
-        i = self.index(name)
-        return self.levels[i - 1] if i > 0 else None
-
 
 @dataclass(frozen=True)
 class LevelShape:

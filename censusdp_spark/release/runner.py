@@ -62,7 +62,7 @@ import shutil
 import time
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol
@@ -310,6 +310,25 @@ class ReleaseFlags(Protocol):
 
     @property
     def secret_file(self) -> Path | None: ...  # --secret-file: named, so no variable replaces it
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseChoices:
+    """The ``ReleaseFlags`` and ``--output`` as a release's options hold them: what every
+    release's command (``release.flags.add_release_flags``) and ``run_*`` call choose beside
+    the config. A release's options extend it with their own."""
+
+    output: Path | None = None
+    secret_file: Path | None = None
+    evaluate: bool = False
+    overwrite: bool = False
+    reuse_secret: bool = False
+    evaluation_output: Path | None = None  # None: <output>.evaluation
+
+
+def release_choices(args: Any) -> dict[str, Any]:
+    """``ReleaseChoices``' values in ``args`` (the parsed command line), by name."""
+    return {f.name: getattr(args, f.name) for f in fields(ReleaseChoices)}
 
 
 def evaluation_dir_for(output: Path) -> Path:

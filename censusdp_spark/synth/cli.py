@@ -10,7 +10,7 @@ from fractions import Fraction
 from typing import Any
 
 from censusdp_spark.release.flags import add_config_flag, add_release_flags, add_spark_flags
-from censusdp_spark.synth.methods import METHODS
+from censusdp_spark.synth.methods import METHODS, method_named
 
 DESCRIPTION = """\
 Release synthetic households and their persons under rho-zCDP: one of the
@@ -60,23 +60,20 @@ def run_synth_from_args(args: argparse.Namespace) -> int:
 
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds {args.rounds} must be >= 1")
+    method = method_named(args.method)  # one of the parser's choices
     config = load_synth_config(args.config)
-    refuse_unfit_method(config, args.method)  # the config decides it: before Spark is loaded
+    refuse_unfit_method(config, method)  # the config decides it: before Spark is loaded
     from censusdp_spark.engine.session import spark_session
+    from censusdp_spark.release.runner import release_choices
     from censusdp_spark.synth.job import SynthOptions, run_synth
 
     options = SynthOptions(
-        method=args.method,
+        method=method,
         rho=args.rho,
         epsilon=args.epsilon,
         delta=args.delta,
         rounds=args.rounds,
-        output=args.output,
-        secret_file=args.secret_file,
-        evaluate=args.evaluate,
-        overwrite=args.overwrite,
-        reuse_secret=args.reuse_secret,
-        evaluation_output=args.evaluation_output,
+        **release_choices(args),
     )
     spark = spark_session(f"censusdp-synth-{config.run.name}", args.master, args.remote)
     summary = run_synth(spark, config, options)

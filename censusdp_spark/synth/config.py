@@ -37,6 +37,7 @@ from censusdp_spark.model.config import (
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.synth.domain import BinnedAttribute, Binning, HouseholdDomain, Roles
+from censusdp_spark.synth.methods import Method
 
 MAX_MEMBERS = 10  # the largest M: households hold at most this many persons
 
@@ -72,8 +73,17 @@ class SynthBudget:
 
 # The hyperparameter tables validate straight into these dataclasses (unknown keys refused).
 @dataclass(frozen=True)
-class MwemOptions:
+class _Hyperparameters:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+
+
+# What both HPD methods' tables hold alike: Adam's steps and learning rate.
+AdamSteps = Annotated[PositiveInt, Field(description="Adam steps after each measurement.")]
+AdamRate = Annotated[PositiveFloat, Field(description="Adam's learning rate.")]
+
+
+@dataclass(frozen=True)
+class MwemOptions(_Hyperparameters):
     passes: Annotated[
         PositiveInt,
         Field(description="Multiplicative-weights passes over all measurements each round."),
@@ -90,30 +100,24 @@ class MwemOptions:
 
 
 @dataclass(frozen=True)
-class HpdFixedOptions:
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+class HpdFixedOptions(_Hyperparameters):
     components: Annotated[
         PositiveInt, Field(description="K: product distributions in the mixture.")
     ] = 128
-    steps_per_round: Annotated[
-        PositiveInt, Field(description="Adam steps after each measurement.")
-    ] = 50
-    learning_rate: Annotated[PositiveFloat, Field(description="Adam's learning rate.")] = 0.05
+    steps_per_round: AdamSteps = 50
+    learning_rate: AdamRate = 0.05
     init_scale: Annotated[
         PositiveFloat, Field(description="The standard deviation of the initial logits.")
     ] = 0.5
 
 
 @dataclass(frozen=True)
-class HpdGenOptions:
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+class HpdGenOptions(_Hyperparameters):
     components: Annotated[
         PositiveInt, Field(description="Latent draws per step (the mixture's K).")
     ] = 128
-    steps_per_round: Annotated[
-        PositiveInt, Field(description="Adam steps after each measurement.")
-    ] = 50
-    learning_rate: Annotated[PositiveFloat, Field(description="Adam's learning rate.")] = 0.003
+    steps_per_round: AdamSteps = 50
+    learning_rate: AdamRate = 0.003
     hidden: Annotated[
         PositiveInt, Field(description="The width of the generator's two hidden layers.")
     ] = 128
@@ -379,7 +383,7 @@ def mwem_refusal(config: SynthConfig) -> ConfigError | None:
     return ConfigError(config.source, "mwem.max_domain", rule)
 
 
-def refuse_unfit_method(config: SynthConfig, method: str) -> None:
+def refuse_unfit_method(config: SynthConfig, method: Method) -> None:
     """Raise the ``ConfigError`` of :func:`mwem_refusal` when ``method`` is ``mwem`` and the
     config's domain is too large for it; every other method runs on any valid config."""
     refusal = mwem_refusal(config) if method == "mwem" else None

@@ -121,12 +121,6 @@ class HouseholdDomain:
             sets = heads * sum(math.comb(others + r - 1, r) for r in range(m))
         return math.prod(self.group_sizes) * sets
 
-    def log10_size(self) -> float:
-        """log10 of d = d_G (d_I + 1)^M, the paper's count of possible households."""
-        d_g = math.fsum(math.log10(s) for s in self.group_sizes)
-        d_i = math.prod(self.individual_sizes)
-        return d_g + self.max_members * math.log10(d_i + 1)
-
 
 @dataclass(frozen=True)
 class Households:

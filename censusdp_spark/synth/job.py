@@ -35,6 +35,7 @@ from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
 from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
+    ReleaseChoices,
     ReleaseRun,
     input_fingerprint,
     release_contents,
@@ -48,7 +49,7 @@ from censusdp_spark.synth.config import (
 )
 from censusdp_spark.synth.domain import decode
 from censusdp_spark.synth.evaluation import error_rows
-from censusdp_spark.synth.methods import METHODS
+from censusdp_spark.synth.methods import Method, method_named
 from censusdp_spark.synth.synthesise import MethodOptions, synthesise, training_workloads
 from censusdp_spark.synth.workloads import (
     answers,
@@ -66,24 +67,18 @@ NOISY_MEASUREMENTS = "noisy_measurements"
 
 
 @dataclass(frozen=True, kw_only=True)
-class SynthOptions:
-    method: str
+class SynthOptions(ReleaseChoices):
+    method: Method
     rho: Fraction | None = None
     epsilon: float | None = None
     delta: float | None = None
     rounds: int | None = None
-    output: Path | None = None
-    secret_file: Path | None = None
-    evaluate: bool = False
-    overwrite: bool = False
-    reuse_secret: bool = False
-    evaluation_output: Path | None = None  # None: <output>.evaluation
 
 
 @dataclass(kw_only=True)
 class SynthSummary:
     output: Path
-    method: str
+    method: Method
     rho: Fraction
     epsilon: float
     delta: float
@@ -140,8 +135,7 @@ SYNTH = "synth"
 
 
 def run_synth(spark: SparkSession, config: SynthConfig, options: SynthOptions) -> SynthSummary:
-    if options.method not in METHODS:
-        raise ValueError(f"unknown method {options.method!r}; one of {METHODS}")
+    method_named(options.method)  # typed, but the API's callers pass strings: refuse any other
     refuse_unfit_method(config, options.method)
     rho, delta_ = resolve_rho(config, options)
     run_options = with_command_line(config.run, options.output, options.secret_file)

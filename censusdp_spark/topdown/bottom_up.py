@@ -4,13 +4,13 @@
 Bottom-up (``write_bottom_up``), level by level from the leaves, each level written to the
 ``bottom_up`` Delta table before the level above reads it: a leaf's estimate is the GLS of its
 own noisy measurements; a parent's combines the sum of its children's estimates with its own
-measurements (``solvers.bottom_up``), one parent's children per task (``map_children``, the
+measurements (``gaussian_estimates``), one parent's children per task (``map_children``, the
 parent's measurements travelling in the same shuffle as its children's rows). The leaves and
 their parents are one pass (``bottom_up_leaves_and_parents``): a task fits one parent's leaves
 to their measurements and goes on to the parent, both levels written in one commit, so the 8 M
 leaf rows of a national run are not read back and shuffled again. Invariant totals are exact
 constraints, and so are the cells ``[[estimation.occupancy]]`` holds at 0 in a leaf
-(``solvers.bottom_up.hold_zeros``; a compact covariance holds them when they are whole core
+(``gaussian_estimates.hold_zeros``; a compact covariance holds them when they are whole core
 cells, ``held_zeros``), which its parents then know are 0 wherever all their leaves' are.
 Nothing is random, so a level recomputed after a crash is identical, whether by the pair pass
 or one level at a time (a run killed between the two levels' commits).
@@ -26,7 +26,7 @@ zeros decide, as in ``solvers.symmetric_covariance``) the upper triangles of its
 is the same either way; a reader recomputes the layout from the config and refuses a length that
 does not match it. The column is null at the leaves measured with their level's own budget:
 their covariance depends only on the level's queries, weights and whether its totals are
-invariant, which ``solvers.bottom_up.leaf_covariance`` recomputes from the config, so 8 M blocks
+invariant, which ``gaussian_estimates.leaf_covariance`` recomputes from the config, so 8 M blocks
 do not store 8 M copies; a leaf that spends a bypassed parent's budget too (``topdown.bypass``)
 stores its own. A leaf's cells held at 0 are recomputed from its occupancy bits, which are
 not stored here either (the job's node constraints carry them). ``exact_total`` marks nodes
@@ -76,7 +76,7 @@ from censusdp_spark.topdown.occupancy import (
     with_bits,
 )
 from censusdp_spark.topdown.readers import OCCUPIED
-from censusdp_spark.topdown.solvers.bottom_up import (
+from censusdp_spark.topdown.solvers.gaussian_estimates import (
     Covariance,
     Gaussian,
     LevelDesign,

@@ -59,8 +59,8 @@ DRIVER_PYTHON_BYTES = 512 * 2**20  # the driver's Python process: 190-230 MiB se
 
 
 @dataclass(frozen=True)
-class DiskEstimate:
-    """Bytes each part of a run needs on disk."""
+class _Estimate:
+    """Bytes each part of a run needs."""
 
     parts: dict[str, int]
 
@@ -68,9 +68,15 @@ class DiskEstimate:
     def total(self) -> int:
         return sum(self.parts.values())
 
-    def text(self) -> str:
+    def text(self, note: str = "") -> str:
+        """``~total (part size, ...)``, ``note`` after the parts."""
         shown = ", ".join(f"{name} {size_text(n)}" for name, n in self.parts.items())
-        return f"~{size_text(self.total)} ({shown})"
+        return f"~{size_text(self.total)} ({shown}{note})"
+
+
+@dataclass(frozen=True)
+class DiskEstimate(_Estimate):
+    """Bytes each part of a run needs on disk."""
 
 
 def noised_cells(config: TopDownConfig, nodes: dict[str, int]) -> int:
@@ -124,19 +130,13 @@ def check_disk(
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(_Estimate):
     """Bytes each part of a local-mode run needs at its peak, and the largest Python call."""
 
-    parts: dict[str, int]
     call: str
 
-    @property
-    def total(self) -> int:
-        return sum(self.parts.values())
-
-    def text(self) -> str:
-        shown = ", ".join(f"{name} {size_text(n)}" for name, n in self.parts.items())
-        return f"~{size_text(self.total)} ({shown}; the largest call: {self.call})"
+    def text(self, note: str = "") -> str:
+        return super().text(f"; the largest call: {self.call}{note}")
 
 
 def largest_call(config: TopDownConfig, shapes: Sequence[LevelShape]) -> tuple[int, str]:

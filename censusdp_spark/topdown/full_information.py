@@ -28,7 +28,7 @@ from censusdp_spark.topdown.estimate import (
 )
 from censusdp_spark.topdown.observer import QUIET, RunObserver
 from censusdp_spark.topdown.occupancy import allowed_entries, group_bounds
-from censusdp_spark.topdown.solvers.bottom_up import fitting_targets
+from censusdp_spark.topdown.solvers.gaussian_estimates import fitting_targets
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.passes import total_pass_to_targets
 from censusdp_spark.topdown.solvers.rounding import round_children

@@ -172,6 +172,19 @@ def _row_rules(state_digits: int, exact: Column, exact_rule: str) -> list[RowRul
     ]
 
 
+def _problems(rows: DataFrame, rank: int, query: Column, rule: Column) -> DataFrame:
+    """Each of ``rows`` as a problem (``PROBLEM_COLUMNS``): ``rank``, where it is, the ``query``
+    and the ``rule`` it breaks."""
+    return rows.select(
+        F.lit(rank).alias("rank"),
+        "order",
+        "folder",
+        "geocode",
+        query.alias("query"),
+        rule.alias("rule"),
+    )
+
+
 def _structure_problems(rows: DataFrame, config: TopDownConfig) -> DataFrame:
     """A (geocode, query) twice, and a node without all its level's queries."""
     per_query = (
@@ -179,29 +192,25 @@ def _structure_problems(rows: DataFrame, config: TopDownConfig) -> DataFrame:
         .groupBy("level", "order", "folder", "geocode", "query")
         .agg(F.count("*").alias("n"), F.first("query_name").alias("query_name"))
     )
-    twice = per_query.filter(F.col("n") > 1).select(
-        F.lit(TWICE).alias("rank"),
-        "order",
-        "folder",
-        "geocode",
-        F.col("query_name").alias("query"),
-        F.format_string("the row appears %d times (one per geocode and query)", "n").alias("rule"),
+    twice = _problems(
+        per_query.filter(F.col("n") > 1),
+        TWICE,
+        F.col("query_name"),
+        F.format_string("the row appears %d times (one per geocode and query)", "n"),
     )
     per_node = per_query.groupBy("level", "order", "folder", "geocode").agg(
         F.count("*").alias("n"), F.array_sort(F.collect_list("query")).alias("has")
     )
-    missing = per_node.filter(F.col("n") < _counts(config)).select(
-        F.lit(INCOMPLETE).alias("rank"),
-        "order",
-        "folder",
-        "geocode",
-        F.lit("").alias("query"),
+    missing = _problems(
+        per_node.filter(F.col("n") < _counts(config)),
+        INCOMPLETE,
+        F.lit(""),
         F.format_string(
             "the node has %d of its level's %d queries (%s); every node has all of them",
             "n",
             _counts(config),
             F.concat_ws(", ", "has"),
-        ).alias("rule"),
+        ),
     )
     return twice.unionByName(missing)
 
@@ -221,15 +230,11 @@ def _orphans(nodes: DataFrame, info: Column, top: int) -> DataFrame:
     of the level above; ``info``: ``level_info``."""
     parents = nodes.select(F.col("level").alias("parent"), F.col("geocode").alias("parent_code"))
     children = _up(nodes, info).filter(F.col("order") > top)
-    return children.join(parents, ["parent", "parent_code"], "left_anti").select(
-        F.lit(ORPHAN).alias("rank"),
-        "order",
-        "folder",
-        "geocode",
-        F.lit("").alias("query"),
-        F.format_string("its parent %s '%s' is not in the file", "parent", "parent_code").alias(
-            "rule"
-        ),
+    return _problems(
+        children.join(parents, ["parent", "parent_code"], "left_anti"),
+        ORPHAN,
+        F.lit(""),
+        F.format_string("its parent %s '%s' is not in the file", "parent", "parent_code"),
     )
 
 
@@ -237,29 +242,23 @@ def _total_problems(totals: DataFrame, info: Column) -> DataFrame:
     """Total constraints (``level, order, folder, geocode, query_name, inv_total``) that are not
     one count, given twice with two values, or not the sum of their children's where the level
     below has totals."""
-    total = F.lit(TOTAL_CONSTRAINT).alias("query")
-    bad = totals.filter(F.col("query_name") != TOTAL_CONSTRAINT).select(
-        F.lit(BAD_TOTAL).alias("rank"),
-        "order",
-        "folder",
-        "geocode",
+    total = F.lit(TOTAL_CONSTRAINT)
+    bad = _problems(
+        totals.filter(F.col("query_name") != TOTAL_CONSTRAINT),
+        BAD_TOTAL,
         total,
-        F.lit("a total constraint's value is one non-negative count").alias("rule"),
+        F.lit("a total constraint's value is one non-negative count"),
     )
     distinct = (
         totals.filter(F.col("query_name") == TOTAL_CONSTRAINT)
         .groupBy("level", "order", "folder", "geocode")
         .agg(F.count_distinct("inv_total").alias("values"), F.max("inv_total").alias("inv_total"))
     )
-    conflicting = distinct.filter(F.col("values") > 1).select(
-        F.lit(CONFLICTING_TOTAL).alias("rank"),
-        "order",
-        "folder",
-        "geocode",
+    conflicting = _problems(
+        distinct.filter(F.col("values") > 1),
+        CONFLICTING_TOTAL,
         total,
-        F.format_string("the total is given %d times with different values", "values").alias(
-            "rule"
-        ),
+        F.format_string("the total is given %d times with different values", "values"),
     )
     sums = (
         _up(distinct, info)
@@ -280,18 +279,16 @@ def _total_problems(totals: DataFrame, info: Column) -> DataFrame:
         [
             bad,
             conflicting,
-            unequal.select(
-                F.lit(UNEQUAL_TOTAL).alias("rank"),
-                "order",
-                "folder",
-                "geocode",
+            _problems(
+                unequal,
+                UNEQUAL_TOTAL,
                 total,
                 F.format_string(
                     "the total %d is not the sum %d of its children's totals at level %s",
                     "inv_total",
                     "children",
                     "child_level",
-                ).alias("rule"),
+                ),
             ),
         ],
     )

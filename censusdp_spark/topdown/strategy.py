@@ -33,7 +33,6 @@ from censusdp_spark.topdown.bottom_up import config_layout
 from censusdp_spark.topdown.census_tables import table_matrix
 from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.queries import parse_query
-from censusdp_spark.topdown.solvers.bottom_up import Covariance, LevelDesign
 from censusdp_spark.topdown.solvers.expected_error import (
     FieldGrams,
     as_covariance,
@@ -41,6 +40,7 @@ from censusdp_spark.topdown.solvers.expected_error import (
     final_blocks,
     unit_informations,
 )
+from censusdp_spark.topdown.solvers.gaussian_estimates import Covariance, LevelDesign
 from censusdp_spark.topdown.solvers.symmetric_covariance import SymmetricLayout
 
 PL94_PRESET = "pl94"

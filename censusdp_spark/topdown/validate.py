@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from censusdp_spark.engine.hierarchy import nodes_per_level
+from censusdp_spark.model.config import input_for_run
 from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.release.flags import CommandParser, add_validate_flags
 from censusdp_spark.release.runner import check_secret
@@ -67,12 +68,13 @@ def validate_release(
 ) -> ValidationReport:
     """Run every check; raise ``ConfigError``, ``InputError`` or ``ValueError`` at the first
     broken rule."""
-    spec = config.input
-    if spec is None:
-        raise ValueError(f"{config.source}: [input] missing: the TopDown job needs an input table")
-    if input_path is not None:
-        spec = replace(spec, path=input_path)
-    spine = config.spine.for_input(spec.path) if config.spine else None
+    spec, spine = input_for_run(
+        config.source,
+        config.input,
+        config.spine,
+        input_path,
+        "the TopDown job needs an input table",
+    )
     secret = check_secret(config.run, secret_file)
     blocks = read_blocks(
         spark,

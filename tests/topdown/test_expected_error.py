@@ -11,17 +11,17 @@ import pytest
 from scipy.linalg import null_space
 
 from censusdp_spark.topdown.solvers import PrecisionProblem
-from censusdp_spark.topdown.solvers.bottom_up import (
+from censusdp_spark.topdown.solvers.expected_error import (
+    FieldGrams,
+    expected_absolute_error,
+    final_covariances,
+)
+from censusdp_spark.topdown.solvers.gaussian_estimates import (
     Gaussian,
     LevelDesign,
     fitting_targets,
     leaf_estimates,
     node_estimate,
-)
-from censusdp_spark.topdown.solvers.expected_error import (
-    FieldGrams,
-    expected_absolute_error,
-    final_covariances,
 )
 from censusdp_spark.topdown.solvers.least_squares import solve_to_targets
 from censusdp_spark.topdown.solvers.symmetric_covariance import (

@@ -23,7 +23,7 @@ from censusdp_spark.topdown.bottom_up import (
 from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.estimate import family_arrays, level_plan
 from censusdp_spark.topdown.full_information import _rounding_problem
-from censusdp_spark.topdown.solvers.bottom_up import fitting_targets
+from censusdp_spark.topdown.solvers.gaussian_estimates import fitting_targets
 from censusdp_spark.topdown.solvers.least_squares import solve_children, solve_to_targets
 from censusdp_spark.topdown.solvers.rounding import round_children
 from censusdp_spark.topdown.solvers.subproblem import ChildrenProblem, PrecisionProblem

@@ -14,8 +14,8 @@ import pytest
 from censusdp_spark.model.errors import ConfigError
 from censusdp_spark.topdown import strategy
 from censusdp_spark.topdown.config import load_topdown_config
-from censusdp_spark.topdown.solvers.bottom_up import LevelDesign
 from censusdp_spark.topdown.solvers.expected_error import FieldGrams, final_covariances
+from censusdp_spark.topdown.solvers.gaussian_estimates import LevelDesign
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ROOT / "conf" / "pl94_2020_production.toml"

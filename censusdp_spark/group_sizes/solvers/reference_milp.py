@@ -45,6 +45,38 @@ class MilpRows:
         self.high.append(np.broadcast_to(np.asarray(high, dtype=np.float64), n_rows))
         self.count += n_rows
 
+    def add_consistency(
+        self, tree: GroupTree, cell: np.ndarray, fixed_root: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Consistency: ``x[r, j] - sum_{c in ch(r)} x[c, j] = 0``, one row per internal node
+        ``r`` (in node order) and size ``j``; ``cell[v, j]`` is the column of ``x[v, j]``. With
+        ``fixed_root`` the root is no variable: its rows read ``-sum_c x[c, j] = -fixed[j]``.
+        Returns the internal nodes and every node's row block (-1 for a leaf)."""
+        n, m = cell.shape
+        internal = np.flatnonzero(np.bincount(tree.parent[1:], minlength=n) > 0)
+        row_of = np.full(n, -1)
+        row_of[internal] = np.arange(internal.size)
+        sizes = np.arange(m)
+        kids = np.arange(1, n)
+        owned = internal if fixed_root is None else internal[internal >= 1]  # +x[r, j]
+        rhs = np.zeros((internal.size, m))
+        if fixed_root is not None:
+            rhs[row_of[0]] = -np.asarray(fixed_root, dtype=np.float64)
+        self.add(
+            internal.size * m,
+            np.concatenate(
+                [
+                    (row_of[owned][:, None] * m + sizes).ravel(),
+                    (row_of[tree.parent[kids]][:, None] * m + sizes).ravel(),
+                ]
+            ),
+            np.concatenate([cell[owned].ravel(), cell[kids].ravel()]),
+            np.concatenate([np.ones(owned.size * m), -np.ones(kids.size * m)]),
+            rhs.ravel(),
+            rhs.ravel(),
+        )
+        return internal, row_of
+
     def constraint(self, size: int) -> LinearConstraint:
         rows, cols, vals = (np.concatenate(x) for x in zip(*self.parts, strict=True))
         matrix = sparse.csr_matrix((vals, (rows, cols)), shape=(self.count, size))
@@ -66,25 +98,7 @@ def solve_exact_milp(
     x_count = n * m
     cell = np.arange(x_count).reshape(n, m)
     rows = MilpRows()
-    internal = np.flatnonzero(np.bincount(tree.parent[1:], minlength=n) > 0)
-    row_of = np.full(n, -1)
-    row_of[internal] = np.arange(internal.size)
-    sizes = np.arange(m)
-    # consistency: x[r, j] - sum_{c in ch(r)} x[c, j] = 0, one row per internal node and size
-    kids = np.arange(1, n)
-    rows.add(
-        internal.size * m,
-        np.concatenate(
-            [
-                (row_of[internal][:, None] * m + sizes).ravel(),
-                (row_of[tree.parent[kids]][:, None] * m + sizes).ravel(),
-            ]
-        ),
-        np.concatenate([cell[internal].ravel(), cell[kids].ravel()]),
-        np.concatenate([np.ones(internal.size * m), -np.ones(kids.size * m)]),
-        0.0,
-        0.0,
-    )
+    rows.add_consistency(tree, cell)
     faithful_nodes = np.arange(n) if faithfulness == "node" else np.array([0])
     rows.add(
         faithful_nodes.size,

@@ -94,28 +94,7 @@ def _equalities(
     cell = np.full((n, m), -1)
     cell[first:] = np.arange(size).reshape(n - first, m)
     rows = MilpRows()
-    internal = np.flatnonzero(np.bincount(tree.parent[1:], minlength=n) > 0)
-    row_of = np.full(n, -1)
-    row_of[internal] = np.arange(internal.size)
-    sizes = np.arange(m)
-    kids = np.arange(1, n)
-    owned = internal[internal >= first]  # parents that are variables: +x[r, j]
-    rhs = np.zeros((internal.size, m))
-    if fixed_root is not None:  # -sum_c x[c, j] = -fixed[j]
-        rhs[row_of[0]] = -np.asarray(fixed_root, dtype=np.float64)
-    rows.add(
-        internal.size * m,
-        np.concatenate(
-            [
-                (row_of[owned][:, None] * m + sizes).ravel(),
-                (row_of[tree.parent[kids]][:, None] * m + sizes).ravel(),
-            ]
-        ),
-        np.concatenate([cell[owned].ravel(), cell[kids].ravel()]),
-        np.concatenate([np.ones(owned.size * m), -np.ones(kids.size * m)]),
-        rhs.ravel(),
-        rhs.ravel(),
-    )
+    internal, row_of = rows.add_consistency(tree, cell, fixed_root)
     if faithfulness == "node":
         leaves = np.setdiff1d(np.arange(first, n), internal)
         rows.add(

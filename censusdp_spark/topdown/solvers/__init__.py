@@ -3,7 +3,7 @@
 ``solve_children`` is the weighted non-negative least-squares (L2) stage and
 ``round_children`` the controlled rounding that turns its answer into integers; both take a
 ``ChildrenProblem``. ``solve_to_targets`` is the full-information top-down fit (per-child
-targets and precisions, a ``PrecisionProblem``); ``bottom_up`` computes those targets, with
+targets and precisions, a ``PrecisionProblem``); ``gaussian_estimates`` computes those targets, with
 covariances dense or compact (``symmetric_covariance``: attributes only ever kept whole or summed
 out held symmetric, ``2^k`` dense blocks over the other attributes' cells). ``passes`` is the
 first pass of the Census's two-pass estimate (each child's total alone, then held), and

@@ -6,7 +6,7 @@ independent noise of variance ``1 / w_q`` (``LevelDesign``); the estimators are 
 non-negativity, integrality and rounding left out. With identical siblings the estimates are:
 
 * ``full_information``: each node's bottom-up BLUE from its subtree's measurements (what
-  ``bottom_up.update`` computes node by node), covariance ``U_i``: in precision form
+  ``gaussian_estimates.update`` computes node by node), covariance ``U_i``: in precision form
   ``P_leaf = I_leaf`` and ``P_i = P_{i+1} / k + I_i`` (``I_i`` the node's own information
   ``sum_q w_q Q_q^T Q_q``; the sum of ``k`` independent children of covariance ``U`` has
   precision ``P / k``), ``U_i = P_i^{-1}``. Then the top-down fit of a family to its parent's
@@ -39,7 +39,7 @@ from typing import Literal
 import numpy as np
 from scipy.linalg import null_space
 
-from censusdp_spark.topdown.solvers.bottom_up import Covariance, LevelDesign
+from censusdp_spark.topdown.solvers.gaussian_estimates import Covariance, LevelDesign
 from censusdp_spark.topdown.solvers.symmetric_covariance import (
     SymmetricLayout,
     SymmetricMatrix,

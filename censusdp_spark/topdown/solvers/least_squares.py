@@ -166,11 +166,23 @@ def solve_children(
         if meets_bounds(problem.group_bounds, x):
             return x
         return _bounded(problem, *_quadratic_model(problem), block, start=None)
+    return _exact(problem, *_quadratic_model(problem), x, block)
+
+
+def _exact(
+    problem: ChildrenProblem | PrecisionProblem,
+    hessian: np.ndarray,
+    linear: np.ndarray,
+    x: np.ndarray,
+    block: FreeBlock,
+) -> np.ndarray:
+    """The exact method: ``x`` (``free_block``'s, the entries outside ``block`` already final)
+    with the block's entries minimising ``hessian`` and ``linear``'s quadratic under the
+    equality constraints, then under ``problem.group_bounds`` (``_bounded``) if it breaks
+    them."""
     rows, cols = block.rows, block.cols
-    hessian, linear = _quadratic_model(problem)
-    reduced = _reduced_constraints(block)
     x[np.ix_(rows, cols)] = _solve_reduced(
-        _reduced_hessian(hessian, block), linear[np.ix_(rows, cols)], reduced
+        _reduced_hessian(hessian, block), linear[np.ix_(rows, cols)], _reduced_constraints(block)
     )
     if meets_bounds(problem.group_bounds, x):
         return x
@@ -233,16 +245,9 @@ def solve_to_targets(problem: PrecisionProblem) -> np.ndarray:
     x, block = free_block(problem)
     if block is None:
         return x
-    rows, cols = block.rows, block.cols
     hessians = 2.0 * problem.precisions
     linear = 2.0 * _apply(problem.precisions, problem.targets)
-    reduced = _reduced_constraints(block)
-    x[np.ix_(rows, cols)] = _solve_reduced(
-        _reduced_hessian(hessians, block), linear[np.ix_(rows, cols)], reduced
-    )
-    if meets_bounds(problem.group_bounds, x):
-        return x
-    return _bounded(problem, hessians, linear, block, start=x)
+    return _exact(problem, hessians, linear, x, block)
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,46 @@ class GroupBounds:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChildrenProblem:
+class FamilyConstraints:
+    """What constrains a family's children in every problem (``ChildrenProblem``,
+    ``PrecisionProblem``): the parent, the children's totals, the entries they may hold and
+    their group bounds, each as ``ChildrenProblem`` documents it."""
+
+    parent: np.ndarray | None
+    child_totals: np.ndarray | None
+    held_totals: np.ndarray | None = None
+    allowed: np.ndarray | None = None
+    group_bounds: GroupBounds | None = None
+
+    def _check_constraints(self, n_children: int, n_cells: int) -> None:
+        """Raise ``ValueError`` naming the field unless the constraints fit ``n_children``
+        children of ``n_cells`` cells and may all hold together."""
+        if self.parent is None:
+            if n_children != 1:
+                raise ValueError(f"parent: None (root) requires one child, got k={n_children}")
+        else:
+            _check_counts("parent", self.parent, n_cells)
+        if self.child_totals is not None:
+            _check_counts("child_totals", self.child_totals, n_children)
+            if self.parent is not None and int(self.child_totals.sum()) != int(self.parent.sum()):
+                raise ValueError(
+                    f"child_totals: sum {int(self.child_totals.sum())} differs from the parent's "
+                    f"total {int(self.parent.sum())}"
+                )
+        _check_held(self.held_totals, self.child_totals, self.parent, n_children)
+        shape = (n_children, n_cells)
+        _check_allowed(self.allowed, self.parent, self.row_sums, shape)
+        if self.group_bounds is not None:
+            self.group_bounds.check(shape, self.parent, self.row_sums, self.allowed)
+
+    @property
+    def row_sums(self) -> np.ndarray | None:
+        """Every child's total as a float where it is fixed (invariant or held), else None."""
+        return _row_sums(self.child_totals, self.held_totals)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildrenProblem(FamilyConstraints):
     """The noisy measurements and invariants of the children of one parent.
 
     Attributes:
@@ -154,11 +193,6 @@ class ChildrenProblem:
     marginal_sizes: tuple[int, ...]
     weights: np.ndarray
     noisy: tuple[np.ndarray, ...]
-    parent: np.ndarray | None
-    child_totals: np.ndarray | None
-    held_totals: np.ndarray | None = None
-    allowed: np.ndarray | None = None
-    group_bounds: GroupBounds | None = None
 
     def __post_init__(self) -> None:
         n_queries = len(self.marginals)
@@ -180,13 +214,7 @@ class ChildrenProblem:
             )
         if not np.all(np.isfinite(weights)) or np.any(weights < 0):
             raise ValueError("weights: must be finite and non-negative")
-        self._check_parent(n_cells, n_children)
-        self._check_child_totals(n_children)
-        _check_held(self.held_totals, self.child_totals, self.parent, n_children)
-        _check_allowed(self.allowed, self.parent, self.row_sums, (n_children, n_cells))
-        if self.group_bounds is not None:
-            shape = (n_children, n_cells)
-            self.group_bounds.check(shape, self.parent, self.row_sums, self.allowed)
+        self._check_constraints(n_children, n_cells)
 
     def _check_marginals(self) -> int:
         n_cells = np.asarray(self.marginals[0]).shape[0] if self.marginals[0].ndim == 1 else -1
@@ -220,32 +248,10 @@ class ChildrenProblem:
                 raise ValueError(f"noisy[{q}]: values must be finite")
         return n_children
 
-    def _check_parent(self, n_cells: int, n_children: int) -> None:
-        if self.parent is None:
-            if n_children != 1:
-                raise ValueError(f"parent: None (root) requires one child, got k={n_children}")
-            return
-        _check_counts("parent", self.parent, n_cells)
-
-    def _check_child_totals(self, n_children: int) -> None:
-        if self.child_totals is None:
-            return
-        _check_counts("child_totals", self.child_totals, n_children)
-        if self.parent is not None and int(self.child_totals.sum()) != int(self.parent.sum()):
-            raise ValueError(
-                f"child_totals: sum {int(self.child_totals.sum())} differs from the parent's "
-                f"total {int(self.parent.sum())}"
-            )
-
     @property
     def n_children(self) -> int:
         """``k``, the number of children."""
         return int(self.noisy[0].shape[0])
-
-    @property
-    def row_sums(self) -> np.ndarray | None:
-        """Every child's total as a float where it is fixed (invariant or held), else None."""
-        return _row_sums(self.child_totals, self.held_totals)
 
     @property
     def per_child_weights(self) -> bool:
@@ -263,7 +269,7 @@ class ChildrenProblem:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrecisionProblem:
+class PrecisionProblem(FamilyConstraints):
     """Children fitted to per-child targets, each weighted by its own precision matrix.
 
     The full-information top-down pass: minimise ``sum_c (x_c - b_c)^T P_c (x_c - b_c)``
@@ -283,11 +289,6 @@ class PrecisionProblem:
 
     targets: np.ndarray
     precisions: np.ndarray
-    parent: np.ndarray | None
-    child_totals: np.ndarray | None
-    held_totals: np.ndarray | None = None
-    allowed: np.ndarray | None = None
-    group_bounds: GroupBounds | None = None
 
     def __post_init__(self) -> None:
         if self.targets.ndim != 2 or 0 in self.targets.shape:
@@ -297,30 +298,11 @@ class PrecisionProblem:
             raise ValueError(f"precisions: shape {self.precisions.shape}, expected ({k}, {n}, {n})")
         if not np.all(np.isfinite(self.targets)) or not np.all(np.isfinite(self.precisions)):
             raise ValueError("targets, precisions: values must be finite")
-        if self.parent is None and k != 1:
-            raise ValueError(f"parent: None (root) requires one child, got k={k}")
-        if self.parent is not None:
-            _check_counts("parent", self.parent, n)
-        if self.child_totals is not None:
-            _check_counts("child_totals", self.child_totals, k)
-            if self.parent is not None and int(self.child_totals.sum()) != int(self.parent.sum()):
-                raise ValueError(
-                    f"child_totals: sum {int(self.child_totals.sum())} differs from the parent's "
-                    f"total {int(self.parent.sum())}"
-                )
-        _check_held(self.held_totals, self.child_totals, self.parent, k)
-        _check_allowed(self.allowed, self.parent, self.row_sums, (k, n))
-        if self.group_bounds is not None:
-            self.group_bounds.check((k, n), self.parent, self.row_sums, self.allowed)
+        self._check_constraints(k, n)
 
     @property
     def n_children(self) -> int:
         return int(self.targets.shape[0])
-
-    @property
-    def row_sums(self) -> np.ndarray | None:
-        """As ``ChildrenProblem.row_sums``."""
-        return _row_sums(self.child_totals, self.held_totals)
 
     @property
     def n_cells(self) -> int:

@@ -1,5 +1,6 @@
-"""The bottom-up pass of full-information estimation: every node's best linear unbiased
-estimate (BLUE) from its own and all its descendants' noisy measurements, with its covariance.
+"""The Gaussian estimates of full-information estimation's bottom-up pass (pure numpy; the pass
+on Spark is ``topdown.bottom_up``): every node's best linear unbiased estimate (BLUE) from its
+own and all its descendants' noisy measurements, with its covariance.
 
 Model. Every node ``v`` has a histogram ``x_v`` over the ``n`` active cells (structural zeros
 are not cells at all); an internal node's histogram is the sum of its children's. Each query

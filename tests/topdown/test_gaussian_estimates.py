@@ -1,4 +1,5 @@
-"""The bottom-up pass against an independent dense GLS solve of every node's whole subtree."""
+"""The bottom-up pass's Gaussian estimates against an independent dense GLS solve of every
+node's whole subtree."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from scipy.linalg import null_space
 
 from censusdp_spark.topdown.config import load_topdown_config
-from censusdp_spark.topdown.solvers.bottom_up import (
+from censusdp_spark.topdown.solvers.gaussian_estimates import (
     Gaussian,
     LevelDesign,
     fitting_targets,
