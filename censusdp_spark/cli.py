@@ -14,7 +14,7 @@ from pathlib import Path
 import censusdp_spark
 from censusdp_spark.generate.cli import add_generate_parser
 from censusdp_spark.group_sizes.cli import add_group_sizes_parser
-from censusdp_spark.release.flags import CommandParser, add_config_flag, add_validate_flags
+from censusdp_spark.release.flags import CommandParser, add_command, add_validate_flags
 from censusdp_spark.synth.cli import add_synth_parser
 from censusdp_spark.topdown.cli import (
     add_export_nmf_parser,
@@ -58,15 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the installed censusdp-spark version and exit",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    check = sub.add_parser(
+    add_command(
+        sub,
         "check",
         help="validate a config of any release, without Spark or data; one line",
         description="Validate a config (every key and rule, the budget included) without"
         " starting Spark or reading data, and print a one-line summary.",
+        run=_check,
     )
-    add_config_flag(check)
-    check.set_defaults(run=_check)
-    budget = sub.add_parser(
+    budget = add_command(
+        sub,
         "budget",
         help="print how a config of any release spends its privacy budget",
         description="Print whom a config's release protects (its privacy unit: how"
@@ -74,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         " TopDown's rho and sigma per level and query, the group sizes' epsilon and noise"
         " scales per level, or synth's rho per measurement and round; then the total and"
         " its epsilon.",
+        run=_budget,
     )
-    add_config_flag(budget)
     budget.add_argument(
         "--epsilon",
         metavar="VALUE",
@@ -85,7 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     budget.add_argument("--delta", type=float, help="synth, with --epsilon (default: [run].delta)")
     add_optimizer_flags(budget)
-    budget.set_defaults(run=_budget)
     validate = sub.add_parser(
         "validate",
         help="check a config, its input and secret with Spark; writes nothing",

@@ -10,7 +10,7 @@ from typing import Any
 
 from censusdp_spark.group_sizes.config import MECHANISM_NAMES, Mechanism
 from censusdp_spark.release.flags import (
-    add_config_flag,
+    add_command,
     add_input_flag,
     add_release_flags,
     add_spark_flags,
@@ -25,13 +25,14 @@ a manifest.json to [run].output."""
 
 def add_group_sizes_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``group-sizes`` (and its alias ``pgsr``) to the CLI's subparsers."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "group-sizes",
         aliases=["pgsr"],
         help="run the group-size release (households of each size per region; alias: pgsr)",
         description=DESCRIPTION,
+        run=run_group_sizes_from_args,
     )
-    add_config_flag(parser)
     parser.add_argument(
         "--mechanism",
         choices=MECHANISM_NAMES,
@@ -49,7 +50,6 @@ def add_group_sizes_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_release_flags(parser)
     add_spark_flags(parser)
-    parser.set_defaults(run=run_group_sizes_from_args)
     return parser
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -42,6 +44,25 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    *,
+    help: str,
+    description: str,
+    run: Callable[[argparse.Namespace], int],
+    aliases: Sequence[str] = (),
+) -> argparse.ArgumentParser:
+    """Add the command ``name`` (and its ``aliases``) to the CLI's subparsers, with
+    ``--config`` (every command that reads a release's config has it) and ``run`` to run it."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, aliases=list(aliases), help=help, description=description
+    )
+    add_config_flag(parser)
+    parser.set_defaults(run=run)
+    return parser
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import argparse
 from fractions import Fraction
 from typing import Any
 
-from censusdp_spark.release.flags import add_config_flag, add_release_flags, add_spark_flags
+from censusdp_spark.release.flags import add_command, add_release_flags, add_spark_flags
 from censusdp_spark.synth.methods import METHODS, method_named
 
 DESCRIPTION = """\
@@ -22,12 +22,13 @@ manifest.json to [run].output."""
 
 def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``synth`` to the CLI's subparsers."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "synth",
         help="run the synthetic-data release (households and persons, zCDP)",
         description=DESCRIPTION,
+        run=run_synth_from_args,
     )
-    add_config_flag(parser)
     parser.add_argument(
         "--method",
         required=True,
@@ -50,7 +51,6 @@ def add_synth_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_release_flags(parser)
     add_spark_flags(parser)
-    parser.set_defaults(run=run_synth_from_args)
     return parser
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from censusdp_spark.release.flags import (
-    add_config_flag,
+    add_command,
     add_input_flag,
     add_release_flags,
     add_spark_flags,
@@ -28,12 +28,13 @@ manifest.json, which lists them, to [run].output."""
 
 def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``topdown`` to the CLI's subparsers."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "topdown",
         help="run the TopDown release (counts per geography, zCDP)",
         description=DESCRIPTION,
+        run=run_topdown_from_args,
     )
-    add_config_flag(parser)
     add_input_flag(parser)
     add_release_flags(parser)
     parser.add_argument(
@@ -86,7 +87,7 @@ def add_topdown_parser(subparsers: Any) -> argparse.ArgumentParser:
         " release instead of estimating it as a root",
     )
     add_spark_flags(parser)
-    parser.set_defaults(run=run_topdown_from_args, observer=QUIET)
+    parser.set_defaults(observer=QUIET)
     return parser
 
 
