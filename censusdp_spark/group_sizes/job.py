@@ -59,7 +59,6 @@ from censusdp_spark.group_sizes.shapes import arrow_batch_rows
 from censusdp_spark.io import delta
 from censusdp_spark.model.config import input_for_run
 from censusdp_spark.model.errors import GuaranteeViolation
-from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     ReleaseChoices,
     ReleaseRun,
@@ -67,6 +66,7 @@ from censusdp_spark.release.runner import (
     release_contents,
     with_command_line,
 )
+from censusdp_spark.release.summary import ReleaseSummary
 
 GROUP_SIZES = "group_sizes"
 RELAXED = (Mechanism.RELAXED, Mechanism.RELAXED_FAMILIES)
@@ -81,33 +81,23 @@ class PgsrOptions(ReleaseChoices):
 
 
 @dataclass(kw_only=True)
-class GroupSizesSummary:
-    output: Path
+class GroupSizesSummary(ReleaseSummary):
     mechanism: str
     epsilon: str
     nodes: dict[str, int]
     checks: dict[str, int]
-    elapsed_s: float
-    timings: dict[str, float] = field(default_factory=dict)
     optimality: dict[str, int] = field(default_factory=dict)
     relaxed: dict[str, Any] = field(default_factory=dict)  # the whole-tree QP's check
-    evaluation: list[dict[str, Any]] = field(default_factory=list)
-    for_release: bool = True
-    evaluation_dir: Path | None = None
-    privacy_unit: PrivacyUnit | None = None
 
     def text(self) -> str:
         guarantees = "  guarantees: " + ", ".join(f"{k} = {v}" for k, v in self.checks.items())
         lines = [
-            f"group-size release ({self.mechanism}) written to {self.output}"
-            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
+            self.written_line(f"group-size release ({self.mechanism})"),
             "  levels: " + ", ".join(f"{lv} ({n} nodes)" for lv, n in self.nodes.items()),
             f"  privacy: epsilon = {self.epsilon} (pure DP)",
-            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
+            *self.unit_lines(),
             guarantees,
-            f"  elapsed: {self.elapsed_s:.1f} s ("
-            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
-            + ")",
+            self.elapsed_line(),
             f"  tables: {delta.table_path(self.output, delta.NOISY_MEASUREMENTS)}, {delta.table_path(self.output, GROUP_SIZES)}",
             f"  manifest: {self.output / 'manifest.json'}",
         ]
@@ -127,7 +117,7 @@ class GroupSizesSummary:
                 f"residual {r['equality_residual']:.1e} (Clarabel {r['solver_status']})",
             )
         if self.evaluation_dir is not None:
-            lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
+            lines += self.evaluation_dir_lines()
             lines += [
                 f"    {r['level']:<14} L1 {r['l1_mean']:.2f}, EMD {r['emd_mean']:.2f} per node"
                 for r in self.evaluation

@@ -21,7 +21,7 @@ N_G, N_I and M public.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,6 @@ from censusdp_spark.model.errors import InputError
 from censusdp_spark.privacy import zcdp_to_approx_dp
 from censusdp_spark.privacy.accounting import BudgetError
 from censusdp_spark.privacy.conversions import bun_steinke_epsilon
-from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     ReleaseChoices,
     ReleaseRun,
@@ -41,6 +40,7 @@ from censusdp_spark.release.runner import (
     release_contents,
     with_command_line,
 )
+from censusdp_spark.release.summary import ReleaseSummary
 from censusdp_spark.synth.config import (
     SynthConfig,
     privacy_unit,
@@ -76,27 +76,19 @@ class SynthOptions(ReleaseChoices):
 
 
 @dataclass(kw_only=True)
-class SynthSummary:
-    output: Path
+class SynthSummary(ReleaseSummary):
     method: Method
     rho: Fraction
     epsilon: float
     delta: float
     households: int
     individuals: int
-    elapsed_s: float
-    timings: dict[str, float] = field(default_factory=dict)
-    evaluation: list[dict[str, Any]] = field(default_factory=list)
-    for_release: bool = True
-    evaluation_dir: Path | None = None
     dropped_oversize: int | None = None  # None: such households are refused, never dropped
     max_members: int = 0
-    privacy_unit: PrivacyUnit | None = None
 
     def text(self) -> str:
         lines = [
-            f"synthetic data ({self.method}) written to {self.output}"
-            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
+            self.written_line(f"synthetic data ({self.method})"),
             f"  {self.households} households, {self.individuals} persons in the input "
             "(public totals)",
         ]
@@ -108,10 +100,8 @@ class SynthSummary:
         lines += [
             f"  privacy: rho = {self.rho} (~{float(self.rho):.6f}) zCDP, "
             f"epsilon = {self.epsilon:.3f} at delta = {self.delta:g}",
-            *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
-            f"  elapsed: {self.elapsed_s:.1f} s ("
-            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
-            + ")",
+            *self.unit_lines(),
+            self.elapsed_line(),
             f"  tables: {SYNTHETIC_HOUSEHOLDS}, {SYNTHETIC_PERSONS}, {NOISY_MEASUREMENTS}; "
             f"manifest: {self.output / 'manifest.json'}",
         ]
@@ -120,8 +110,7 @@ class SynthSummary:
                 f"  evaluation {row['target']:>6} {row['query_class']:<4} "
                 f"max {row['max_error']:.4f} mean {row['mean_error']:.5f}"
             )
-        if self.evaluation_dir is not None:
-            lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
+        lines += self.evaluation_dir_lines()
         return "\n".join(lines)
 
 

@@ -33,7 +33,6 @@ from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.engine.session import local_mode
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
-from censusdp_spark.privacy.unit import PrivacyUnit
 from censusdp_spark.release.runner import (
     ReleaseContents,
     ReleaseRun,
@@ -42,6 +41,7 @@ from censusdp_spark.release.runner import (
     release_contents,
     with_command_line,
 )
+from censusdp_spark.release.summary import ReleaseSummary
 from censusdp_spark.topdown.assembly import (
     STATE_RUNS,
     StateRuns,
@@ -115,43 +115,33 @@ class TopDownOptions:
 
 
 @dataclass(kw_only=True)
-class TopDownSummary:
-    output: Path
+class TopDownSummary(ReleaseSummary):
     levels: list[str]
     nodes: dict[str, int]
     rho: str
     epsilon: float
     delta: float
-    elapsed_s: float
-    timings: dict[str, float] = field(default_factory=dict)
-    evaluation: list[dict[str, Any]] = field(default_factory=list)
-    for_release: bool = True
-    evaluation_dir: Path | None = None
     method: EstimationMethod = "topdown"
     method_fallback: str = ""
     bypass: str = ""  # the bypassed single-child parents per level, with bypassing
     tables: list[str] = field(default_factory=list)  # the Delta tables written
-    privacy_unit: PrivacyUnit | None = None
     post_processed: str = ""  # the noisy measurements estimated, when given rather than drawn
     budget_disagreements: tuple[str, ...] = ()  # the config's [budget] against the file's
 
     def text(self) -> str:
         lines = [
-            f"TopDown release written to {self.output}"
-            + ("" if self.for_release else " (NOT FOR RELEASE: --reuse-secret)"),
+            self.written_line("TopDown release"),
             "  levels: " + ", ".join(f"{lv} ({self.nodes[lv]} nodes)" for lv in self.levels),
             f"  estimation: {self.method}"
             + (f" (fallback: {self.method_fallback})" if self.method_fallback else ""),
             *([self.bypass] if self.bypass else []),
             *self._privacy_lines(),
-            f"  elapsed: {self.elapsed_s:.1f} s ("
-            + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
-            + ")",
+            self.elapsed_line(),
             f"  tables: {', '.join(delta.table_path(self.output, t) for t in self.tables)}",
             f"  manifest: {self.output / 'manifest.json'}",
         ]
         if self.evaluation_dir is not None:
-            lines.append(f"  evaluation (internal, not for release): {self.evaluation_dir}")
+            lines += self.evaluation_dir_lines()
             lines += _headline(self.evaluation, self.levels)
         return "\n".join(lines)
 
@@ -163,7 +153,7 @@ class TopDownSummary:
         if not self.post_processed:
             return [
                 f"  privacy: {spent}",
-                *(self.privacy_unit.lines("  ") if self.privacy_unit else []),
+                *self.unit_lines(),
             ]
         return [
             f"  privacy: no budget spent: post-processing of {self.post_processed}",
