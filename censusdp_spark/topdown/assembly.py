@@ -9,9 +9,10 @@ A state-by-state run (``--states``) estimates each state as the root of its own 
   measurements, held totals and ``bottom_up`` row. The nation's bottom-up estimate combines the
   states' with the nation's measurements; TopDown then estimates the nation and the states
   under it (BlueDown's root passes), and the release holds those two levels;
-* **each state again** (``--states S --state-estimates NATION``, ``state_estimates``): the state
+* **each state again** (``--states S --state-estimates NATION``, ``held_states``): the state
   is held to the nation run's estimate of it instead of being estimated as a root; below it
-  TopDown runs as usual (BlueDown's last, per-state pass).
+  TopDown runs as usual (BlueDown's last, per-state pass), from the bottom-up rows the first
+  state runs wrote (not computed again, while those runs are there).
 
 The nation run's estimates and the second state runs' levels below the state are, together,
 the release a national run of the whole file makes, row for row.
@@ -33,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
+from censusdp_spark.release.runner import log
 from censusdp_spark.topdown.bottom_up import BOTTOM_UP
 from censusdp_spark.topdown.config import TopDownConfig, invariant_levels
 from censusdp_spark.topdown.given import GivenMeasurements
@@ -160,13 +162,30 @@ def _manifest(release: Path, config: TopDownConfig) -> dict[str, Any]:
     return manifest
 
 
-def state_estimates(
+@dataclass(frozen=True)
+class HeldStates:
+    """What a state run held to an assembled nation (``--state-estimates``) takes from it:
+
+    * ``estimates``: the states' rows of the nation's estimates (long format);
+    * ``bottom_up``: the ``bottom_up`` rows of the states' subtrees, from the state runs the
+      nation was assembled from (the same rows the run would compute: the bottom-up pass is
+      not run twice); None without ``full_information`` or when one of those runs is gone
+      (the run then computes them);
+    * ``runs``: the state runs read."""
+
+    estimates: DataFrame
+    bottom_up: DataFrame | None
+    runs: tuple[Path, ...]
+
+
+def held_states(
     spark: SparkSession, nation: Path, config: TopDownConfig, states: tuple[str, ...]
-) -> DataFrame:
-    """The estimates (long format) of ``states`` in the nation assembled at ``nation``
-    (``--assemble-nation``), refused in one line if it is not one or lacks a state."""
+) -> HeldStates:
+    """What ``states`` take from the nation assembled at ``nation`` (``--assemble-nation``),
+    refused in one line if it is not one or lacks a state."""
     manifest = _manifest(nation, config)
-    if not (manifest.get("post_processing") or {}).get(STATE_RUNS):
+    assembled = (manifest.get("post_processing") or {}).get(STATE_RUNS)
+    if not assembled:
         raise ValueError(
             f"{nation / 'manifest.json'}: not a nation assembled from state runs (made"
             " without --assemble-nation)"
@@ -178,4 +197,35 @@ def state_estimates(
     absent = [s for s in states if s not in found]
     if absent:
         raise ValueError(f"{nation}: state {absent[0]} is not in the nation's release")
-    return delta.read_table(spark, nation, delta.ESTIMATES).filter(ours)
+    estimates = delta.read_table(spark, nation, delta.ESTIMATES).filter(ours)
+    runs = [Path(p) for p in assembled["runs"]]
+    bottom_up = None
+    if config.estimation_method == "full_information" and all(_finished(p) for p in runs):
+        bottom_up = _subtrees_bottom_up(spark, runs, config, states)
+    else:
+        runs = []
+    return HeldStates(estimates, bottom_up, tuple(runs))
+
+
+def _finished(part: Path) -> bool:
+    """Whether the state run at ``part`` is still there, finished (else logged)."""
+    if (part / "manifest.json").is_file() and delta.is_table(part, BOTTOM_UP):
+        return True
+    log.info("%s: the state run is gone; its states' bottom-up pass is computed again", part)
+    return False
+
+
+def _subtrees_bottom_up(
+    spark: SparkSession, parts: list[Path], config: TopDownConfig, states: tuple[str, ...]
+) -> DataFrame:
+    """The ``bottom_up`` rows of the subtrees of ``states`` (state level down), from the state
+    runs at ``parts`` that hold them."""
+    digits = config.hierarchy.levels[STATE_LEVEL].digits
+    below_root = F.col("level") != config.hierarchy.root.name
+    frames = []
+    for part in parts:
+        theirs = [s for s in _states_of(part, config) if s in states]
+        if theirs:
+            rows = delta.read_table(spark, part, BOTTOM_UP)
+            frames.append(rows.filter(below_root & F.col("geocode").substr(1, digits).isin(theirs)))
+    return reduce(DataFrame.unionByName, frames)

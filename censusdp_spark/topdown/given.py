@@ -36,7 +36,7 @@ from fractions import Fraction
 from functools import reduce
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
@@ -70,6 +70,15 @@ class GivenMeasurements:
     noisy: DataFrame
     invariants: DataFrame
     geography: DataFrame
+
+    def only(self, nodes: Column) -> GivenMeasurements:
+        """The rows of the nodes where ``nodes`` (over ``level`` and ``geocode``) holds."""
+        return replace(
+            self,
+            noisy=self.noisy.filter(nodes),
+            invariants=self.invariants.filter(nodes),
+            geography=self.geography.filter(nodes),
+        )
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,7 @@ def read_given(
         if states:
             given = _only_states(given, config, states)
         if root_only:
-            given = _only_level(given, config.hierarchy.root.name)
+            given = given.only(F.col("level") == config.hierarchy.root.name)
     return _held_where_the_config_says(given, config)
 
 
@@ -155,16 +164,6 @@ def given_states(
     noisy = delta.read_table(spark, source, delta.NOISY_MEASUREMENTS)
     rows = noisy.filter(F.col("level") == state).select("geocode").distinct().collect()
     return sorted(r["geocode"] for r in rows)
-
-
-def _only_level(given: GivenMeasurements, level: str) -> GivenMeasurements:
-    ours = F.col("level") == level
-    return replace(
-        given,
-        noisy=given.noisy.filter(ours),
-        invariants=given.invariants.filter(ours),
-        geography=given.geography.filter(ours),
-    )
 
 
 def _only_states(
@@ -183,13 +182,7 @@ def _only_states(
             f" {len(known)} nodes: {', '.join(sorted(known)[:10])})"
         )
     below_root = F.col("level") != config.hierarchy.root.name
-    ours = below_root & F.col("geocode").substr(1, state.digits).isin(list(states))
-    return replace(
-        given,
-        noisy=given.noisy.filter(ours),
-        invariants=given.invariants.filter(ours),
-        geography=given.geography.filter(ours),
-    )
+    return given.only(below_root & F.col("geocode").substr(1, state.digits).isin(list(states)))
 
 
 def _held_where_the_config_says(

@@ -18,6 +18,7 @@ Stages (each a Spark job; nothing per node is collected to the driver):
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -45,8 +46,8 @@ from censusdp_spark.release.summary import ReleaseSummary
 from censusdp_spark.topdown.assembly import (
     STATE_RUNS,
     StateRuns,
+    held_states,
     read_state_runs,
-    state_estimates,
     with_state_runs,
 )
 from censusdp_spark.topdown.bottom_up import (
@@ -413,13 +414,16 @@ def _held_exact(data: ReadInput, config: TopDownConfig) -> HeldExact:
     return HeldExact(invariants, occupancy)
 
 
-def _copy_state_bottom_up(config: TopDownConfig, run: ReleaseRun, rows: DataFrame) -> None:
-    """The state runs' ``bottom_up`` state rows, as this run's (committed as that level's
-    bottom-up step: the pass then computes the nation's row alone)."""
-    state = config.hierarchy.levels[STATE_LEVEL].name
-    if not run.done(f"bottom_up_{state}"):
-        delta.write_level(rows, config.run.output, BOTTOM_UP, state)
-        run.commit(f"bottom_up_{state}")
+def _copy_bottom_up(
+    config: TopDownConfig, run: ReleaseRun, rows: DataFrame, levels: Sequence[str]
+) -> None:
+    """State runs' ``bottom_up`` rows of ``levels``, as this run's, in one write (each level
+    committed as its bottom-up step: the pass then computes only the levels above)."""
+    if not all(run.done(f"bottom_up_{lv}") for lv in levels):
+        delta.write_levels(rows, config.run.output, BOTTOM_UP, levels)
+        for level in levels:
+            run.commit(f"bottom_up_{level}")
+        run.clock.lap("copy_bottom_up", f"{', '.join(levels)} from the state runs")
 
 
 def _estimate_levels(
@@ -806,13 +810,17 @@ def _run_post_processing(
         run.clock.lap("copy_measurements")
     held = HeldExact(given.invariants.persist(StorageLevel.MEMORY_AND_DISK), None)
     noisy = delta.read_table(spark, config.run.output, delta.NOISY_MEASUREMENTS)
+    names = config.hierarchy.names
     if runs is not None and runs.bottom_up is not None:
-        _copy_state_bottom_up(config, run, runs.bottom_up)
-    roots = (
-        state_estimates(spark, options.state_estimates, config, options.states)
+        _copy_bottom_up(config, run, runs.bottom_up, [names[STATE_LEVEL]])
+    states = (
+        held_states(spark, options.state_estimates, config, options.states)
         if options.state_estimates
         else None
     )
+    if states is not None and states.bottom_up is not None:
+        _copy_bottom_up(config, run, states.bottom_up, names[STATE_LEVEL:])
+    roots = states.estimates if states is not None else None
     _estimate_levels(spark, config, run, noisy, held, node_counts, observer, top, bottom, roots)
     released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
     checks = _check_guarantees(config, released, noisy, held, None, top, bottom)

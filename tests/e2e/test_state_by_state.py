@@ -266,8 +266,30 @@ def test_the_assembled_nations_release_names_its_state_runs(spark, nmf, assemble
     assert "microdata" not in manifest["tables"]
     levels = {r["level"] for r in rows(spark, nation, "estimates").select("level").collect()}
     assert levels == {"nation", "state"}
-    held = json.loads((states / "manifest.json").read_text())["post_processing"]
-    assert held["state_by_state"]["state_estimates"] == str(nation)
+    held = json.loads((states / "manifest.json").read_text())
+    assert held["post_processing"]["state_by_state"]["state_estimates"] == str(nation)
+    # the states' bottom-up rows come from the state runs: the pass is not run again
+    assert "copy_bottom_up" in held["timings_s"]
+    assert not any(k.startswith("bottom_up_") for k in held["timings_s"])
+
+
+def test_a_state_held_to_a_nation_whose_runs_are_gone_computes_its_bottom_up_again(
+    spark, nmf, assembled, tmp_path
+):
+    nation, states, _ = assembled
+    moved = tmp_path / "nation"
+    shutil.copytree(nation, moved)
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["post_processing"]["state_runs"]["runs"][0] = str(tmp_path / "gone")
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    args = ["--output", str(tmp_path / "out"), "--noisy-measurements", str(nmf)]
+    assert main(topdown(*args, "--states", "45", "--state-estimates", str(moved))) == 0
+    timings = json.loads((tmp_path / "out" / "manifest.json").read_text())["timings_s"]
+    assert "bottom_up_block" in timings and "copy_bottom_up" not in timings
+    for table in ("estimates", "bottom_up"):
+        again = rows(spark, tmp_path / "out", table)
+        assert again.count() > 0
+        assert again.exceptAll(rows(spark, states, table, "45")).count() == 0, table
 
 
 def test_the_api_assembles_a_nation_from_a_censusdp_release_alike(
