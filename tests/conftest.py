@@ -1,5 +1,6 @@
-"""Shared fixtures: one real local Spark session with Delta for the whole test run; and the
-markers ``e2e`` and ``statistical``, given by folder."""
+"""Shared fixtures: one real local Spark session with Delta for the whole test run; the markers
+``e2e`` and ``statistical``, given by folder, and ``spark``, given to every test that uses the
+session (``-m "not spark"``: the tests that need no JVM)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for folder, marker in FOLDER_MARKERS.items():
             if path.is_relative_to(TESTS / folder):
                 item.add_marker(marker)
+        if "spark" in getattr(item, "fixturenames", ()):  # directly or through a fixture
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session", autouse=True)

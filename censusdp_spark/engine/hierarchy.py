@@ -15,7 +15,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.geography import EVERY_LEVEL, Hierarchy, LevelSpan
 
 
 def geocode_prefix(digits: int) -> Column:
@@ -25,16 +25,14 @@ def geocode_prefix(digits: int) -> Column:
 
 
 def children_not_summing_to_parent(
-    rows: DataFrame, hierarchy: Hierarchy, cell: str, top: int = 0, bottom: int | None = None
+    rows: DataFrame, hierarchy: Hierarchy, cell: str, span: LevelSpan = EVERY_LEVEL
 ) -> DataFrame:
     """The ``level, geocode, <cell>`` cells of the nodes above the lowest level whose ``count``
     is not the sum of their children's (lazy; a row a cell). ``rows``: long format ``level,
-    geocode, <cell>, count`` of the levels ``levels[top:bottom]`` (``top``: the roots of the
-    trees released, as a state-by-state release has no root; ``bottom``: below the last level
-    released, as a nation assembled from state runs releases the nation and the states); a cell
-    missing on either side counts 0."""
+    geocode, <cell>, count`` of the levels of ``span``; a cell missing on either side counts
+    0."""
     sums = None
-    levels = hierarchy.levels[top:bottom]
+    levels = span.of(hierarchy)
     for parent, child in zip(levels, levels[1:], strict=False):
         prefix = geocode_prefix(parent.digits)
         part = rows.filter(F.col("level") == child.name).select(

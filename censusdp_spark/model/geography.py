@@ -20,6 +20,30 @@ class Level:
 
 
 @dataclass(frozen=True)
+class LevelSpan:
+    """The levels a release holds: ``levels[top:bottom]`` of its hierarchy. Every level by
+    default; from the states down in a state-by-state release (``top`` 1: each state the root
+    of its own tree, no root row); the nation and the states in a nation assembled from state
+    runs (``bottom`` 2)."""
+
+    top: int = 0
+    bottom: int | None = None
+
+    def of(self, hierarchy: Hierarchy) -> tuple[Level, ...]:
+        return hierarchy.levels[self.top : self.bottom]
+
+    def names(self, hierarchy: Hierarchy) -> tuple[str, ...]:
+        return tuple(lv.name for lv in self.of(hierarchy))
+
+    @property
+    def has_leaves(self) -> bool:
+        return self.bottom is None
+
+
+EVERY_LEVEL = LevelSpan()
+
+
+@dataclass(frozen=True)
 class Hierarchy:
     levels: tuple[Level, ...]  # root first, leaf last
 

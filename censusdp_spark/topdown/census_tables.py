@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
+from censusdp_spark.model.geography import EVERY_LEVEL, LevelSpan
 from censusdp_spark.topdown.config import Pl94TablesSpec, TopDownConfig
 from censusdp_spark.topdown.pl94_tables import (
     SUMMARY_LEVEL_OF_DIGITS,
@@ -101,20 +102,17 @@ def write_census_tables(
     estimates: DataFrame,
     geography: DataFrame,
     config: TopDownConfig,
-    top: int = 0,
-    bottom: int | None = None,
+    span: LevelSpan = EVERY_LEVEL,
 ) -> list[str]:
     """Write ``pl94_tables`` (replacing what an earlier attempt left) and its CSV copies from
-    it, of the levels ``levels[top:bottom]`` (``top`` 1 in a state-by-state release, which has
-    no root; ``bottom`` 2 in a nation assembled from state runs); returns the CSV files,
-    relative to the output folder."""
+    it, of the levels of ``span``; returns the CSV files, relative to the output folder."""
     output = config.run.output
     for name in (PL94_TABLES, PL94_TABLES_CSV):
         shutil.rmtree(output / name, ignore_errors=True)  # an earlier attempt's: rewritten whole
     tables = census_tables(estimates, geography, config)
     delta.write_table(tables, output, PL94_TABLES, partition_by="level")
     written = delta.read_table(spark, output, PL94_TABLES)
-    levels = config.hierarchy.names[top:bottom]
+    levels = span.names(config.hierarchy)
     return [
         str(p.relative_to(output)) for p in _write_csv(written, output / PL94_TABLES_CSV, levels)
     ]

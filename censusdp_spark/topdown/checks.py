@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import children_not_summing_to_parent
 from censusdp_spark.model.errors import GuaranteeViolation
-from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.geography import EVERY_LEVEL, Hierarchy, LevelSpan
 from censusdp_spark.privacy.accounting import BudgetError, ZcdpAllocation
 from censusdp_spark.topdown.path_cuts import PathCut, cut_at, path_rho
 
@@ -37,15 +37,12 @@ def check_estimates(
     hierarchy: Hierarchy,
     invariant_totals: DataFrame,
     invariant_levels: Sequence[str],
-    top: int = 0,
-    bottom: int | None = None,
+    span: LevelSpan = EVERY_LEVEL,
 ) -> dict[str, int]:
     """Return the number of violations per guarantee (all zero) or raise ``GuaranteeViolation``;
     one Spark query counts them all.
 
-    ``estimates`` is long format ``level, geocode, cell, count`` of the levels
-    ``levels[top:bottom]`` (``top``: the level of the trees' roots, 1 in a state-by-state
-    release; ``bottom``: 2 in a nation assembled from state runs, which releases two levels);
+    ``estimates`` is long format ``level, geocode, cell, count`` of the levels of ``span``;
     ``invariant_totals`` is ``level, geocode, inv_total`` of every node of the
     ``invariant_levels``.
     """
@@ -63,7 +60,7 @@ def check_estimates(
         estimates.filter(F.col("count") < 0)
         .select(F.lit(negatives).alias("guarantee"))
         .unionByName(
-            children_not_summing_to_parent(estimates, hierarchy, "cell", top, bottom).select(
+            children_not_summing_to_parent(estimates, hierarchy, "cell", span).select(
                 F.lit(inconsistent).alias("guarantee")
             )
         )

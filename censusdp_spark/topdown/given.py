@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 
 from censusdp_spark.engine.hierarchy import geocode_prefix
 from censusdp_spark.io import delta
-from censusdp_spark.model.geography import Hierarchy
+from censusdp_spark.model.geography import EVERY_LEVEL, Hierarchy, LevelSpan
 from censusdp_spark.privacy.accounting import allocate_per_query_rho
 from censusdp_spark.topdown.config import TopDownConfig, invariant_levels
 from censusdp_spark.topdown.nmf import file_states, read_nmf, write_nmf
@@ -270,14 +270,13 @@ def geography_of(noisy: DataFrame, hierarchy: Hierarchy) -> DataFrame:
 
 
 def given_budget(
-    noisy: DataFrame, config: TopDownConfig, source: Path, top: int = 0, bottom: int | None = None
+    noisy: DataFrame, config: TopDownConfig, source: Path, span: LevelSpan = EVERY_LEVEL
 ) -> GivenBudget:
     """The budget the file's variances spend (``rho = 1 / sigma2`` per query: a marginal's
     squared sensitivity is 2) as the config's, and how the config's own disagrees. Every
-    level of ``levels[top:bottom]`` must be measured, every query once per level with one
-    variance; the levels above ``top`` (the root, in a state's run, which does not read it)
-    and from ``bottom`` down (below the states, in the nation's assembly) take the config's
-    ``[budget]``."""
+    level of ``span`` must be measured, every query once per level with one variance; the
+    other levels (the root, in a state's run, which does not read it; below the states, in
+    the nation's assembly) take the config's ``[budget]``."""
     classes = (
         noisy.groupBy("level", "query")
         .agg(F.countDistinct("sigma2").alias("variances"), F.min("sigma2").alias("sigma2"))
@@ -295,7 +294,7 @@ def given_budget(
     for (level, query), value in exact.items():
         found[level][query] = value
     levels = config.hierarchy.names
-    read = levels[top:bottom]
+    read = span.names(config.hierarchy)
     for level in (lv for lv in levels if lv not in read):
         found[level] = {
             q.name: config.budget.sigma2_for(level, q.name) for q in config.queries[level]

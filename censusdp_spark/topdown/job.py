@@ -34,6 +34,7 @@ from censusdp_spark.engine.progress import reporting_progress
 from censusdp_spark.engine.session import local_mode
 from censusdp_spark.io import delta
 from censusdp_spark.model.errors import GuaranteeViolation
+from censusdp_spark.model.geography import EVERY_LEVEL, LevelSpan
 from censusdp_spark.release.runner import (
     ReleaseContents,
     ReleaseRun,
@@ -434,18 +435,15 @@ def _estimate_levels(
     held: HeldExact,
     node_counts: dict[str, int],
     observer: RunObserver,
-    top: int = 0,
-    bottom: int | None = None,
+    span: LevelSpan = EVERY_LEVEL,
     roots: DataFrame | None = None,
 ) -> None:
     """Estimate level after level from ``noisy`` (with ``full_information``, after the
     bottom-up pass), each level committed to ``estimates`` before the next reads it; a step a
-    resumed run finds committed is not done again. ``top``: the level whose nodes are the
-    roots, each estimated as the root of its own tree (1 in a state-by-state run: each state
-    is, as BlueDown's state passes treat it), or given (``roots``: their estimates, long
-    format, as ``--state-estimates`` holds them); the levels above it are not estimated, nor
-    those from ``bottom`` down (2 in a nation's assembly from state runs, which releases the
-    nation and the states)."""
+    resumed run finds committed is not done again. Only the levels of ``span`` are estimated;
+    its top level's nodes are the roots, each estimated as the root of its own tree (each state
+    in a state-by-state run, as BlueDown's state passes treat it), or given (``roots``: their
+    estimates, long format, as ``--state-estimates`` holds them)."""
     output = config.run.output
     hierarchy = config.hierarchy
     clock = run.clock
@@ -457,13 +455,14 @@ def _estimate_levels(
             clock.lap(f"bottom_up_{level}", f"{node_counts.get(level, 0)} nodes")
             observer.step_committed(f"bottom_up_{level}")
 
-        skipped = set(hierarchy.names) - set(hierarchy.names[top:bottom])
+        skipped = set(hierarchy.names) - set(span.names(hierarchy))
         done = [lv for lv in hierarchy.names if lv in skipped or run.done(f"bottom_up_{lv}")]
         write_bottom_up(
             spark, config, noisy, held.invariants, held.occupancy, output, done, committed
         )
     parent_estimates = None
-    for i, level in enumerate(hierarchy.levels[top:bottom], start=top):
+    top = span.top
+    for i, level in enumerate(span.of(hierarchy), start=top):
         if not run.done(level.name) and i == top and roots is not None:
             delta.write_level(roots, output, delta.ESTIMATES, level.name)
             run.commit(level.name)
@@ -511,13 +510,12 @@ def _check_guarantees(
     noisy: DataFrame,
     held: HeldExact,
     bypass: BypassSummary | None,
-    top: int = 0,
-    bottom: int | None = None,
+    span: LevelSpan = EVERY_LEVEL,
 ) -> dict[str, int]:
-    """Every guarantee of the released estimates (of the levels ``levels[top:bottom]``) and
-    the noisy table, each a count that is 0 (else ``GuaranteeViolation``)."""
+    """Every guarantee of the released estimates (of the levels of ``span``) and the noisy
+    table, each a count that is 0 (else ``GuaranteeViolation``)."""
     checks = check_estimates(
-        released, config.hierarchy, held.invariants, invariant_levels(config), top, bottom
+        released, config.hierarchy, held.invariants, invariant_levels(config), span
     )
     if held.occupancy is not None:
         checks.update(check_occupancy(released, held.occupancy, config))
@@ -534,15 +532,13 @@ def _write_products(
     held: HeldExact,
     nodes: DataFrame,
     run: ReleaseRun,
-    top: int = 0,
-    bottom: int | None = None,
+    span: LevelSpan = EVERY_LEVEL,
 ) -> list[str]:
-    """What is computed from the released estimates alone: ``microdata`` (when the leaves are
-    released: ``bottom`` None), with ``--variances`` ``total_variances``, with
-    ``[output.pl94_tables]`` the P.L. 94-171 tables of the levels ``levels[top:bottom]``
-    (their CSV files returned)."""
+    """What is computed from the released estimates alone: ``microdata`` (when ``span`` holds
+    the leaves), with ``--variances`` ``total_variances``, with ``[output.pl94_tables]`` the
+    P.L. 94-171 tables of the levels of ``span`` (their CSV files returned)."""
     output = config.run.output
-    if bottom is None:
+    if span.has_leaves:
         shutil.rmtree(output / delta.MICRODATA, ignore_errors=True)  # an uncommitted leftover
         leaves = released.filter(F.col("level") == config.hierarchy.leaf.name)
         delta.write_table(microdata(leaves, config.schema), output, delta.MICRODATA)
@@ -557,7 +553,7 @@ def _write_products(
     if config.pl94_tables is None:
         return []
     geography = nodes.select("level", "geocode")  # the node list: from the spine alone
-    csv_files = write_census_tables(spark, released, geography, config, top, bottom)
+    csv_files = write_census_tables(spark, released, geography, config, span)
     run.clock.lap("pl94_tables")
     return csv_files
 
@@ -599,13 +595,11 @@ def _summary(
     config: TopDownConfig,
     run: ReleaseRun,
     node_counts: dict[str, int],
-    top: int = 0,
-    bottom: int | None = None,
+    span: LevelSpan = EVERY_LEVEL,
 ) -> TopDownSummary:
-    """The run's summary of the levels released, ``levels[top:bottom]`` (``top`` 1 in a
-    state-by-state run, ``bottom`` 2 in a nation's assembly)."""
+    """The run's summary of the levels released (``span``)."""
     privacy = privacy_summary(config)
-    levels = list(config.hierarchy.names[top:bottom])
+    levels = list(span.names(config.hierarchy))
     return TopDownSummary(
         output=config.run.output,
         levels=levels,
@@ -769,6 +763,16 @@ def _folders_read(config: TopDownConfig, options: TopDownOptions, source: Path) 
     return [source, *held]
 
 
+def _released_levels(options: TopDownOptions) -> LevelSpan:
+    """The levels a post-processing run releases: from the states down in a state-by-state
+    run, the nation and the states in a nation's assembly, else every level."""
+    if options.states:
+        return LevelSpan(top=STATE_LEVEL)
+    if options.assemble_nation:
+        return LevelSpan(bottom=STATE_LEVEL + 1)
+    return EVERY_LEVEL
+
+
 def _read_given(
     spark: SparkSession, config: TopDownConfig, options: TopDownOptions, source: Path
 ) -> tuple[GivenMeasurements, StateRuns | None]:
@@ -791,10 +795,9 @@ def _run_post_processing(
     run: ReleaseRun,
     observer: RunObserver,
 ) -> TopDownSummary:
-    top = STATE_LEVEL if options.states else 0
-    bottom = STATE_LEVEL + 1 if options.assemble_nation else None
+    span = _released_levels(options)
     given, runs = _read_given(spark, config, options, source)
-    budget = given_budget(given.noisy, config, source, top, bottom)
+    budget = given_budget(given.noisy, config, source, span)
     for line in budget.disagreements:
         log.info("config [budget] not used: %s", line)
     config = budget.config
@@ -821,18 +824,18 @@ def _run_post_processing(
     if states is not None and states.bottom_up is not None:
         _copy_bottom_up(config, run, states.bottom_up, names[STATE_LEVEL:])
     roots = states.estimates if states is not None else None
-    _estimate_levels(spark, config, run, noisy, held, node_counts, observer, top, bottom, roots)
+    _estimate_levels(spark, config, run, noisy, held, node_counts, observer, span, roots)
     released = delta.read_table(spark, config.run.output, delta.ESTIMATES)
-    checks = _check_guarantees(config, released, noisy, held, None, top, bottom)
+    checks = _check_guarantees(config, released, noisy, held, None, span)
     run.clock.lap("check_guarantees")
-    csv_files = _write_products(spark, config, options, released, held, geography, run, top, bottom)
+    csv_files = _write_products(spark, config, options, released, held, geography, run, span)
     described = f"{source} ({options.noisy_format})"
     if options.states:
         described += f", state by state: {', '.join(options.states)}"
     if runs is not None:
         described += f", the nation assembled from {len(runs.parts)} state runs"
     summary = replace(
-        _summary(config, run, node_counts, top, bottom),
+        _summary(config, run, node_counts, span),
         post_processed=described,
         budget_disagreements=budget.disagreements,
     )

@@ -16,6 +16,7 @@ import pytest
 
 from censusdp_spark.io.pl94_layout import CELLS, GEOHEADER_FIELDS, RACE_LAYOUT, RECORD_KEY, SEGMENTS
 from censusdp_spark.model.errors import ConfigError
+from censusdp_spark.model.geography import LevelSpan
 from censusdp_spark.topdown.census_tables import table_matrix, write_census_tables
 from censusdp_spark.topdown.config import TopDownConfig, load_topdown_config
 from censusdp_spark.topdown.pl94_tables import CENSUS_TABLES, table_fields, table_values
@@ -292,5 +293,5 @@ def test_a_release_without_its_root_has_the_tables_of_its_levels(spark, tmp_path
         [(lv, gs[0], 0, 3) for lv, gs in nodes.items()],
         "level string, geocode string, cell int, count bigint",
     )
-    csv = write_census_tables(spark, estimates, geography, config, top=1)
+    csv = write_census_tables(spark, estimates, geography, config, LevelSpan(top=1))
     assert csv == [f"pl94_tables_csv/{lv}.csv" for lv in nodes]
