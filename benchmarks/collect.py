@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The contents, in order: (group, the results files of its sections).
 GROUPS = [
     ("Privacy core and solvers", ["samplers", "solvers", "rounding"]),
+    ("Sessions", ["session_start"]),
     (
         "TopDown",
         [

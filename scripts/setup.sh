@@ -29,3 +29,11 @@ for artifact in "io.delta:delta-spark_${SCALA}:${DELTA_VERSION}" "io.delta:delta
     mvn -q dependency:copy -Dartifact="$artifact" -DoutputDirectory="$root/jars"
   fi
 done
+# A class-data-sharing archive of the JVM classes a release loads, beside the jars: every local
+# session then starts faster (censusdp_spark/engine/class_archive.py). Recorded again after the
+# packages change; a failure to record it is reported, not fatal (sessions start without it).
+if [ "${1:-}" != "jars" ] && { [ ! -f jars/jvm-classes.jsa ] || [ "$stamp" -nt jars/jvm-classes.jsa ]; }; then
+  echo "setup: recording the JVM class archive (once; a minute or two)" >&2
+  .venv/bin/python -c "from pathlib import Path; from censusdp_spark.engine.class_archive import build_class_archive; build_class_archive(Path('jars'))" \
+    || echo "setup: no class archive (sessions start without it)" >&2
+fi

@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from censusdp_spark.engine.class_archive import java_options
 from censusdp_spark.engine.jars import JARS_ENV, delta_jars
 from censusdp_spark.model.errors import SetupError
 from censusdp_spark.model.memory import parse_memory
@@ -82,9 +83,11 @@ def spark_session(
                 .config("spark.driver.bindAddress", LOOPBACK)
                 .config("spark.driver.memory", os.environ.get("CENSUSDP_DRIVER_MEMORY", "6g"))
             )
-        builder = builder.master(master).config(
-            "spark.jars", ",".join(str(j) for j in delta_jars())
-        )
+        jars = delta_jars()
+        builder = builder.master(master).config("spark.jars", ",".join(str(j) for j in jars))
+        options = java_options(jars)
+        if options:
+            builder = builder.config("spark.driver.extraJavaOptions", options)
     builder = _with_release_conf(
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(
