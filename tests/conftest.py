@@ -42,6 +42,12 @@ def spark():
 
     session = spark_session("censusdp-tests", "local[2]")
     session.conf.set("spark.sql.shuffle.partitions", "4")
+    # The tests' inputs are small and their queries many and different: Spark evaluates them
+    # interpreted instead of compiling Java for each (a fifth of a small release's time). The
+    # releases' own sessions keep code generation; the tests that run a release in a process
+    # of its own (the command line, a cluster, Spark Connect, faults) run it so.
+    session.conf.set("spark.sql.codegen.wholeStage", "false")
+    session.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
