@@ -716,7 +716,8 @@ def _primal_active_set(
     max_steps: int | None = None,
 ) -> np.ndarray:
     """A primal active-set method started from a feasible point near ``guess``; raises
-    ``RuntimeError`` after ``max_steps`` steps.
+    ``RuntimeError`` after ``max_steps`` steps, or at once when a step moves neither the point
+    nor the face (each later step would be the same).
 
     Iterates stay feasible and the objective never increases: a face minimiser that is not
     feasible is approached until the first entry reaches zero, which is then fixed; at a
@@ -733,7 +734,13 @@ def _primal_active_set(
         if length < 1.0:
             x = np.maximum(x + length * step, 0.0)
             blocking = decreasing & (ratios <= length)
-            face.move_to(_keep_feasible(face.free & ~blocking, x, sums))
+            free = _keep_feasible(face.free & ~blocking, x, sums)
+            if length == 0.0 and np.array_equal(free, face.free):
+                # Neither the point nor the face moves: every later step would repeat this
+                # one (a line the blocking entry must stay free in; round-off in a badly
+                # scaled problem). Give up now rather than after max_steps.
+                raise RuntimeError("primal active-set method stalled")
+            face.move_to(free)
             continue
         x = solution.x
         blocked = _blocked(solution, face, sums, scale)
