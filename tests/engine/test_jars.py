@@ -272,3 +272,20 @@ def test_a_folder_that_cannot_be_written_is_one_line(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(SetupError, match=r"^cannot write the jars into .*file/jars: "):
         jars.fetch_delta_jars(tmp_path / "file" / "jars", repository(tmp_path / "m2"))
+
+
+@pytest.mark.slow
+def test_a_class_archive_that_cannot_be_recorded_is_one_line_and_leaves_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """``censusdp jars --class-archive`` records the archive after fetching; with jars a JVM
+    cannot run a release from (the test repository's are empty files), the recording fails:
+    one line, the jars kept, no archive and no scratch folder beside them."""
+    monkeypatch.setenv(jars.MAVEN_URL_ENV, repository(tmp_path / "m2"))
+    folder = tmp_path / "jars"
+    assert main(["jars", "--dir", str(folder), "--class-archive"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "class archive: the record step failed" in err[0], err
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*NAMES, *(f"{n}.sha1" for n in NAMES)]
+    )
