@@ -149,6 +149,17 @@ def command_note(
     return f"Command: {'; then '.join(f'`{c}`' for c in quoted)} ({', '.join(facts)})"
 
 
+def spark_run_note() -> str:
+    """The opening line of a report of Spark runs in local[2] started by this invocation: its
+    command, the load at the end and the Spark and Delta versions."""
+    return command_note(
+        command_line("PYTHONPATH=$PWD .venv/bin/python"),
+        master="local[2]",
+        load=True,
+        packages=["pyspark", "delta-spark"],
+    )
+
+
 def machine_line(packages: Sequence[str] = ()) -> str:
     """``Date: ... Machine: ...``: the date, the architecture, the CPUs and the versions, for
     the reports that give the load at the start on the same line (it follows, after ``;``)."""

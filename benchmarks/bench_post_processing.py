@@ -107,12 +107,7 @@ def report(rows: list[dict]) -> list[str]:
     lines = [
         "## TopDown: post-processing published noisy measurements",
         "",
-        common.command_note(
-            common.command_line("PYTHONPATH=$PWD .venv/bin/python"),
-            master="local[2]",
-            load=True,
-            packages=["pyspark", "delta-spark"],
-        ),
+        common.spark_run_note(),
         "",
         "Each input's production release (`conf/pl94_2020_production.toml`, `full_information`,"
         " fixed secret 0), exported with `censusdp export-nmf` to the Census NMF layout, then"

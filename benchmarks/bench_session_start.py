@@ -83,12 +83,7 @@ def report(rows: dict[str, dict[str, list[float]]], rounds: int) -> list[str]:
     lines = [
         "## A session's start: the JVM class archive",
         "",
-        common.command_note(
-            common.command_line("PYTHONPATH=$PWD .venv/bin/python"),
-            master="local[2]",
-            load=True,
-            packages=["pyspark", "delta-spark"],
-        ),
+        common.spark_run_note(),
         "",
         "Each command in a fresh process, alternately without the class archive"
         " (`CENSUSDP_CLASS_ARCHIVE=off`, the baseline) and with the one `scripts/setup.sh`"
