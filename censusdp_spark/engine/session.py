@@ -86,8 +86,8 @@ def spark_session(
         jars = delta_jars()
         builder = builder.master(master).config("spark.jars", ",".join(str(j) for j in jars))
         options = java_options(jars)
-        if options:
-            builder = builder.config("spark.driver.extraJavaOptions", options)
+        if options:  # the defaults, which a user's spark.driver.extraJavaOptions adds to
+            builder = builder.config("spark.driver.defaultJavaOptions", options)
     builder = _with_release_conf(
         builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config(

@@ -4,6 +4,7 @@ a failed recording leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,24 +82,13 @@ def test_a_failed_recording_is_refused_and_leaves_nothing(tmp_path):
     assert list(folder.iterdir()) == []
 
 
-CLASSES_LOADED = textwrap.dedent(
+FIRST_TABLE = textwrap.dedent(
     """
     import sys
-    from pyspark.sql import SparkSession
-    from censusdp_spark.engine.class_archive import java_options
-    from censusdp_spark.engine.jars import delta_jars
+    from censusdp_spark.engine.session import spark_session
 
-    jars = delta_jars()
-    log = sys.argv[1]
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .config("spark.jars", ",".join(str(j) for j in jars))
-        .config("spark.driver.extraJavaOptions", f"{java_options(jars)} -Xlog:class+load=info:file={log}")
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .getOrCreate()
-    )
-    spark.range(3).write.format("delta").save(sys.argv[2])
+    spark = spark_session("class-archive-test", "local[1]")
+    spark.range(3).write.format("delta").save(sys.argv[1])
     spark.stop()
     """
 )
@@ -106,17 +96,23 @@ CLASSES_LOADED = textwrap.dedent(
 
 @pytest.mark.slow
 def test_a_session_maps_delta_and_spark_classes_from_the_recorded_archive(tmp_path):
-    """The archive ``scripts/setup.sh`` recorded beside the jars: a JVM started with the
-    session's options loads Spark's and Delta's classes from it (the JVM's class-load log
-    names the archive as their source), and writes a Delta table."""
+    """The archive ``scripts/setup.sh`` recorded beside the jars: the JVM of a session
+    ``spark_session`` starts loads Spark's and Delta's classes from it (the JVM's class-load
+    log names the archive as their source) and writes a Delta table; the user's own
+    ``spark.driver.extraJavaOptions`` (here, that log) still apply."""
     jars = delta_jars()
     assert archive_file(jars) is not None, (
         f"no {ARCHIVE_NAME} beside {jars[0].parent}: run scripts/setup.sh"
     )
     log = tmp_path / "classes.log"
     done = subprocess.run(
-        [sys.executable, "-c", CLASSES_LOADED, str(log), str(tmp_path / "table")],
+        [sys.executable, "-c", FIRST_TABLE, str(tmp_path / "table")],
         cwd=ROOT,
+        env={
+            **os.environ,
+            "PYSPARK_SUBMIT_ARGS": "--conf spark.driver.extraJavaOptions="
+            f"-Xlog:class+load=info:file={log} pyspark-shell",
+        },
         capture_output=True,
         text=True,
         timeout=600,
