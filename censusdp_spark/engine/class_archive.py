@@ -13,7 +13,9 @@ A session whose JVM starts in this process (local mode, or a standalone cluster'
 the archive of its jars' folder when there is one. The JVM checks the archive against its own
 build and class path, and uses none of it where they differ (another Java, other jars), silently:
 then the session starts as it would without one. ``$CENSUSDP_CLASS_ARCHIVE=off`` turns the
-archive off. This module imports no Spark at import time.
+archive off; no other value is taken (a mistyped one is refused, not read as on). A session maps
+only the archive beside its jars, which ``build_class_archive`` checked: a damaged archive
+crashes the JVM that maps it. This module imports no Spark at import time.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from censusdp_spark.model.errors import SetupError
 
 ARCHIVE_NAME = "jvm-classes.jsa"
 ARCHIVE_ENV = "CENSUSDP_CLASS_ARCHIVE"
-"""``off``: no session maps an archive; a path: the archive a session maps instead of the one
-beside its jars."""
+"""``off``: no session maps an archive (unset or empty: the one beside the jars, if any)."""
 _DUMP_ENV = "CENSUSDP_CLASS_ARCHIVE_DUMP"
 """Set in the child process that records the archive: where its JVM writes it at exit."""
+_RECORDED_ENV = "CENSUSDP_CLASS_ARCHIVE_RECORDED"
+"""Set in the child process that checks a recorded archive: the one to map, not yet in place."""
 _QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 BUILD_TIMEOUT_S = 600.0
 
@@ -55,7 +58,12 @@ def java_options(jars: Sequence[Path]) -> str | None:
     chosen = os.environ.get(ARCHIVE_ENV, "")
     if chosen.lower() == "off":
         return None
-    path = Path(chosen) if chosen else archive_file(jars)
+    if chosen:
+        raise SetupError(
+            f"${ARCHIVE_ENV}={chosen!r}: the value is off (or unset: the archive is used)"
+        )
+    recorded = os.environ.get(_RECORDED_ENV)
+    path = Path(recorded) if recorded else archive_file(jars)
     return f"-XX:SharedArchiveFile={path} {_QUIET}" if path and path.is_file() else None
 
 
@@ -63,13 +71,14 @@ def build_class_archive(folder: Path) -> Path:
     """Record the archive of the jars in ``folder`` and move it into place (replacing one
     there); a ``SetupError`` if the JVM could not record it or does not start with it (nothing
     is left behind then)."""
+    folder = folder.absolute()  # the children's class path names the jars as sessions do
     final = folder / ARCHIVE_NAME
     with tempfile.TemporaryDirectory(dir=folder, prefix=".archive-") as scratch:
         recorded = Path(scratch) / ARCHIVE_NAME
         _child("record", {JARS_ENV: str(folder), _DUMP_ENV: str(recorded)})
         if not recorded.is_file():
             raise SetupError(f"the JVM wrote no class archive to {recorded}")
-        _child("check", {JARS_ENV: str(folder), ARCHIVE_ENV: str(recorded)})
+        _child("check", {JARS_ENV: str(folder), _RECORDED_ENV: str(recorded)})
         recorded.replace(final)
     return final
 
@@ -122,11 +131,11 @@ def _workload(output: Path) -> None:
 
 
 def _check() -> None:
-    """A session that maps the archive starts and answers."""
+    """A session that maps the archive starts and runs a job (a JVM that cannot map it dies)."""
     from censusdp_spark.engine.session import spark_session
 
     spark = spark_session("censusdp-class-archive-check", "local[1]")
-    assert spark.range(10).count() == 10
+    spark.range(10).count()
     spark.stop()
 
 

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def jars(tmp_path: Path, monkeypatch) -> list[Path]:
     monkeypatch.delenv(ARCHIVE_ENV, raising=False)
     monkeypatch.delenv(class_archive._DUMP_ENV, raising=False)
+    monkeypatch.delenv(class_archive._RECORDED_ENV, raising=False)
     folder = tmp_path / "jars"
     folder.mkdir()
     for name in ("delta-spark.jar", "delta-storage.jar"):
@@ -53,15 +54,16 @@ def test_the_archive_beside_the_jars_is_mapped_quietly(jars):
     assert {"-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"} <= set(options.split())
 
 
-def test_off_turns_it_off_and_a_path_names_another(jars, tmp_path, monkeypatch):
+def test_off_turns_it_off_and_another_value_is_refused(jars, monkeypatch):
     (jars[0].parent / ARCHIVE_NAME).write_bytes(b"x")
     monkeypatch.setenv(ARCHIVE_ENV, "OFF")
     assert java_options(jars) is None
-    other = tmp_path / "elsewhere.jsa"
-    monkeypatch.setenv(ARCHIVE_ENV, str(other))
-    assert java_options(jars) is None  # named but not there: no option, not a JVM that fails
-    other.write_bytes(b"x")
-    assert f"-XX:SharedArchiveFile={other}" in (java_options(jars) or "").split()
+    monkeypatch.setenv(ARCHIVE_ENV, "")
+    assert java_options(jars) is not None
+    for value in ("of", "/some/other.jsa"):  # a typo is not "on"; no archive but the checked one
+        monkeypatch.setenv(ARCHIVE_ENV, value)
+        with pytest.raises(SetupError, match=f"CENSUSDP_CLASS_ARCHIVE={value!r}: the value is off"):
+            java_options(jars)
 
 
 def test_the_recording_child_writes_the_archive_at_exit(jars, tmp_path, monkeypatch):
