@@ -10,7 +10,9 @@ no test branch. From a shell (each a process of its own, as a real crash needs):
 ``--kill-driver-after STEP`` ends the driver at once (exit 17, no clean-up) once ``STEP``
 (``<level>`` or ``bottom_up_<level>``) is committed; ``--kill-worker-once MARKER`` ends the
 first Python worker that starts an estimation task while ``MARKER`` does not exist (exit 23),
-creating it, so Spark's retry of that task runs undisturbed.
+creating it, so Spark's retry of that task runs undisturbed. In a test's own process,
+``FailAfter(STEP)`` raises ``InjectedFault`` once ``STEP`` is committed instead: the tables and
+the run state are left as a killed driver leaves them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,23 @@ class KillDriverAfter(RunObserver):
     def step_committed(self, step: str) -> None:
         if step == self.step:
             os._exit(DRIVER_KILLED)
+
+
+class InjectedFault(RuntimeError):
+    """What ``FailAfter`` raises: a run stopped on purpose, in this process."""
+
+
+@dataclass(frozen=True)
+class FailAfter(RunObserver):
+    """Raises ``InjectedFault`` once ``step`` is committed: the run stops there and leaves its
+    tables and run state as a killed driver would, in the caller's own process (the run lock
+    is released, so a ``--resume`` can follow at once)."""
+
+    step: str
+
+    def step_committed(self, step: str) -> None:
+        if step == self.step:
+            raise InjectedFault(f"stopped on purpose after step {step}")
 
 
 @dataclass(frozen=True)

@@ -384,14 +384,18 @@ def _read_and_validate(spark: SparkSession, config: TopDownConfig) -> ReadInput:
 
 
 def _start_writing(
-    spark: SparkSession, config: TopDownConfig, options: TopDownOptions, run: ReleaseRun
+    spark: SparkSession,
+    config: TopDownConfig,
+    options: TopDownOptions,
+    run: ReleaseRun,
+    span: LevelSpan = EVERY_LEVEL,
 ) -> None:
     """Empty the output for a fresh run; resuming, drop the uncommitted files and redo the
-    steps whose tables are missing or incomplete."""
+    steps whose tables (of the levels of ``span``) are missing or incomplete."""
     run.prepare_output()
     if options.resume:
         remove_uncommitted_files(spark, config.run.output)
-        redo_unfinished_steps(spark, config, run)
+        redo_unfinished_steps(spark, config, run, span)
         run.clock.lap("resume_checks")
 
 
@@ -806,7 +810,7 @@ def _run_post_processing(
         r["level"]: int(r["count"]) for r in geography.groupBy("level").count().collect()
     }
     run.clock.lap("read_and_validate")
-    _start_writing(spark, config, options, run)
+    _start_writing(spark, config, options, run, span)
     if not run.done("measure"):
         _write_measurements(budget.with_exact_variances(given.noisy), config.run.output)
         run.commit("measure")

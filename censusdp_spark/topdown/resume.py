@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from censusdp_spark.io import delta
+from censusdp_spark.model.geography import EVERY_LEVEL, LevelSpan
 from censusdp_spark.release.runner import ReleaseRun
 from censusdp_spark.topdown.bottom_up import BOTTOM_UP, TOTAL_VARIANCES
 from censusdp_spark.topdown.census_tables import PL94_TABLES
@@ -54,15 +55,18 @@ def steps_in_order(config: TopDownConfig) -> list[str]:
     return ["measure", *bottom_up, *names]
 
 
-def redo_unfinished_steps(spark: SparkSession, config: TopDownConfig, run: ReleaseRun) -> None:
+def redo_unfinished_steps(
+    spark: SparkSession, config: TopDownConfig, run: ReleaseRun, span: LevelSpan = EVERY_LEVEL
+) -> None:
     """Redo, from the first one, the steps the run state claims done whose table is missing or
-    incomplete."""
+    incomplete. ``span``: the levels the release holds (a state-by-state run's, from the states
+    down; a nation's assembly's, the nation and the states)."""
     output = config.run.output
     steps = steps_in_order(config)
     claimed = [s for s in steps if run.done(s)]
     if not claimed:
         return
-    complete = _complete_steps(spark, config, output, claimed)
+    complete = _complete_steps(spark, config, output, claimed, span)
     first = next((s for s in claimed if s not in complete), None)
     if first is None:
         return
@@ -75,16 +79,17 @@ def redo_unfinished_steps(spark: SparkSession, config: TopDownConfig, run: Relea
 
 
 def _complete_steps(
-    spark: SparkSession, config: TopDownConfig, output: Path, claimed: list[str]
+    spark: SparkSession, config: TopDownConfig, output: Path, claimed: list[str], span: LevelSpan
 ) -> set[str]:
     """The steps of ``claimed`` whose table holds that step's rows. Each step is one Delta
     transaction (the noisy table whole, a level of ``bottom_up`` or ``estimates``), so a step
     whose rows are there at all is there whole:
-    * ``measure``: noisy rows at every level (with bypassing, at the leaves);
+    * ``measure``: noisy rows at every level of ``span`` (with bypassing, at the leaves);
     * ``bottom_up_<level>``: rows of the level;
-    * ``<level>`` (estimates): rows whose counts sum to the root's total (every level's
-      estimates sum to it), the root itself with at least one row."""
-    levels = config.hierarchy.names
+    * ``<level>`` (estimates): rows whose counts sum to the top level's total (every level's
+      estimates sum to it: the root's, or the states' in a state-by-state run), the top level
+      itself with at least one row."""
+    levels = span.names(config.hierarchy)
     complete: set[str] = set()
     noisy = delta.NOISY_MEASUREMENTS
     # With bypassing a level may have no measured node (the nation of a one-state run); the
@@ -98,9 +103,9 @@ def _complete_steps(
         complete |= {f"bottom_up_{lv}" for lv in _rows_per_level(spark, output, BOTTOM_UP)}
     if delta.is_table(output, delta.ESTIMATES):
         rows = _rows_per_level(spark, output, delta.ESTIMATES, total="count")
-        root = config.hierarchy.root.name
-        if rows.get(root, (0, 0))[0] > 0:
-            complete |= {lv for lv in levels if lv in rows and rows[lv][1] == rows[root][1]}
+        top = levels[0]
+        if rows.get(top, (0, 0))[0] > 0:
+            complete |= {lv for lv in levels if lv in rows and rows[lv][1] == rows[top][1]}
     return complete
 
 

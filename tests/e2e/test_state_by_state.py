@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from censusdp_spark.cli import main
+from censusdp_spark.cli import build_parser, main, run_command
+from censusdp_spark.testing.faults import FailAfter, InjectedFault
 from tests.conftest import ROOT, owner_only_secret
 from tests.helpers.release import assert_same_tables
 
@@ -130,6 +131,29 @@ def test_each_state_of_a_run_is_its_own_tree(spark, nmf, rhode_island, tmp_path)
         assert alone.count() == together.count() > 0, table
         assert alone.exceptAll(together).count() == 0, table
     assert rows(spark, both, "estimates", "09").count() > 0
+
+
+def test_a_resumed_state_run_does_again_only_what_it_had_not_committed(
+    spark, nmf, rhode_island, tmp_path
+):
+    """A state's run stopped once its county estimates are committed, then resumed: the copy
+    of the measurements, the bottom-up pass and the state and county estimates are not done
+    again (the resume check reads the state's levels, not the nation's), and the release is
+    the undisturbed run's, row for row."""
+    out = tmp_path / "out"
+    args = topdown(
+        *("--output", str(out), "--noisy-measurements", str(nmf)),
+        *("--noisy-format", "census_nmf", "--states", "44", "--variances"),
+    )
+    stopped = build_parser().parse_args(args)
+    stopped.observer = FailAfter("county")
+    with pytest.raises(InjectedFault):
+        run_command(stopped)
+    assert main([*args, "--resume"]) == 0
+    timings = json.loads((out / "manifest.json").read_text())["timings_s"]
+    redone = [k for k in timings if k.startswith(("copy_", "bottom_up_", "estimate_"))]
+    assert redone == ["estimate_tract", "estimate_block_group", "estimate_block"], timings
+    assert_same_tables(spark, rhode_island, out, TABLES)
 
 
 def test_a_censusdp_release_runs_state_by_state_alike(spark, national, rhode_island, tmp_path):
@@ -253,6 +277,29 @@ def test_the_assembled_nation_is_the_national_run_row_for_row(
     alone = rows(spark, rhode_island, "total_variances").filter(state)
     assert variances.count() == 1 and variances.exceptAll(alone).count() == 0
     assert rows(spark, nation, "total_variances").filter(F.col("level") == "nation").count() == 1
+
+
+def test_a_resumed_assembly_does_again_only_what_it_had_not_committed(
+    spark, nmf, rhode_island, assembled, tmp_path
+):
+    """The nation's assembly stopped once the nation's estimates are committed, then resumed:
+    only the states' estimates are made (the resume check reads the nation and the states),
+    and the release is the undisturbed assembly's, row for row."""
+    nation, _, others = assembled
+    out = tmp_path / "nation"
+    args = topdown(
+        *("--output", str(out), "--noisy-measurements", str(nmf), "--noisy-format", "census_nmf"),
+        *("--assemble-nation", str(rhode_island), str(others), "--variances"),
+    )
+    stopped = build_parser().parse_args(args)
+    stopped.observer = FailAfter("nation")
+    with pytest.raises(InjectedFault):
+        run_command(stopped)
+    assert main([*args, "--resume"]) == 0
+    timings = json.loads((out / "manifest.json").read_text())["timings_s"]
+    redone = [k for k in timings if k.startswith(("copy_", "bottom_up_", "estimate_"))]
+    assert redone == ["estimate_state"], timings
+    assert_same_tables(spark, nation, out, ("estimates", "bottom_up", "total_variances"))
 
 
 def test_the_assembled_nations_release_names_its_state_runs(spark, nmf, assembled):
