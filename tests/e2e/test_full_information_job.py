@@ -15,7 +15,7 @@ from scipy.sparse.linalg import LinearOperator, cg
 from censusdp_spark.cli import main
 from censusdp_spark.release.runner import evaluation_dir_for
 from censusdp_spark.topdown.config import load_topdown_config
-from tests.helpers.cli import censusdp_with_fault
+from tests.helpers.cli import censusdp_stopped_after
 from tests.helpers.release import TOPDOWN_GUARANTEES_HELD, assert_same_tables, with_method
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,14 +201,14 @@ def test_killed_driver_resumes_the_bottom_up_pass_where_it_stopped(
     """Killed after the leaves' commit, before their parents', the resumed run redoes the
     leaves and their parents in one pass (the leaves' rows hold no mean to start the parents
     from); killed after the tracts', it goes on from the nation. The tables are the same
-    either way. The killed run is a process of its own; the resumed one runs in this one. On
-    the quick tract (nation > tract > block, the demo's method): the pass's wiring, not the
-    hierarchy's depth."""
+    either way. The run is stopped in this process where a kill leaves the same tables and run
+    state (``tests/e2e/test_faults.py`` kills a driver's process); the resumed one runs here
+    too. On the quick tract (nation > tract > block, the demo's method): the pass's wiring, not
+    the hierarchy's depth."""
     csv, config = quick_tract
     out = tmp_path / "out"
     args = fi_args(config, csv, quick_secret, out)
-    killed = censusdp_with_fault(["--kill-driver-after", f"bottom_up_{killed_after}"], *args)
-    assert killed.returncode == 17, killed.stderr[-3000:]
+    censusdp_stopped_after(f"bottom_up_{killed_after}", *args)
     capsys.readouterr()
     code = main([*args, "--resume"])
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
 """The command line as a user meets it: the installed ``censusdp`` in a subprocess of its own,
-and the error lines it leaves on stderr."""
+a run stopped on purpose, and the error lines it leaves on stderr."""
 
 from __future__ import annotations
 
@@ -37,6 +37,23 @@ def censusdp_with_fault(fault: list[str], *args: str) -> subprocess.CompletedPro
         text=True,
         timeout=900,
     )
+
+
+def censusdp_stopped_after(step: str, *args: str) -> None:
+    """``censusdp *args`` in this process, stopped once ``step`` is committed
+    (``testing.faults.FailAfter``): its tables and run state are left as a driver killed there
+    leaves them, for a ``--resume`` to take up. Where the test is about the process itself (a
+    kill, its exit code), ``censusdp_with_fault`` runs one."""
+    from censusdp_spark.cli import build_parser, run_command
+    from censusdp_spark.testing.faults import FailAfter, InjectedFault
+
+    args_parsed = build_parser().parse_args(list(args))
+    args_parsed.observer = FailAfter(step)
+    try:
+        run_command(args_parsed)
+    except InjectedFault:
+        return
+    raise AssertionError(f"the run ended without reaching step {step}")
 
 
 def error_lines(captured: str) -> list[str]:
