@@ -103,6 +103,10 @@ def cluster_env() -> dict[str, str]:
     )
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.pop("PYSPARK_GATEWAY_SECRET", None)
+    if env.get(
+        "SPARK_SUBMIT_OPTS"
+    ):  # the drivers' JVM options (the tests set them): the daemons' too
+        env.setdefault("SPARK_DAEMON_JAVA_OPTS", env["SPARK_SUBMIT_OPTS"])
     return env
 
 
@@ -168,8 +172,12 @@ def standalone_cluster(
 
 
 def spark_submit(master: str, script: str, *args: str, log: Path) -> subprocess.CompletedProcess:
+    """``submit_command`` run against ``master``, its output in ``log``; the executors' JVMs take
+    the driver's options from ``$SPARK_SUBMIT_OPTS`` (the tests set them), if any."""
     jars = [str(j) for j in delta_jars()]
-    cmd = on_path(submit_command(master, jars, str(ROOT / script), *args))
+    driver = os.environ.get("SPARK_SUBMIT_OPTS", "").strip()
+    options = ("--conf", f"spark.executor.extraJavaOptions={driver}") if driver else ()
+    cmd = on_path(submit_command(master, jars, str(ROOT / script), *args, options=options))
     with open(log, "w") as out:
         return subprocess.run(
             cmd, env=cluster_env(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=900
