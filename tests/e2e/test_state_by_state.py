@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from censusdp_spark.cli import build_parser, main, run_command
-from censusdp_spark.testing.faults import FailAfter, InjectedFault
+from censusdp_spark.cli import main
 from tests.conftest import ROOT, owner_only_secret
+from tests.helpers.cli import censusdp_stopped_after
 from tests.helpers.release import assert_same_tables
 
 DEMO = ROOT / "conf" / "ri_2010_demo.toml"
@@ -133,6 +133,15 @@ def test_each_state_of_a_run_is_its_own_tree(spark, nmf, rhode_island, tmp_path)
     assert rows(spark, both, "estimates", "09").count() > 0
 
 
+def stopped_and_resumed(step: str, out: Path, args: list[str]) -> list[str]:
+    """The run of ``args`` (writing to ``out``) stopped once ``step`` is committed, then
+    resumed: the copy, bottom-up and estimation stages the resumed run did, in order."""
+    censusdp_stopped_after(step, *args)
+    assert main([*args, "--resume"]) == 0
+    timings = json.loads((out / "manifest.json").read_text())["timings_s"]
+    return [k for k in timings if k.startswith(("copy_", "bottom_up_", "estimate_"))]
+
+
 def test_a_resumed_state_run_does_again_only_what_it_had_not_committed(
     spark, nmf, rhode_island, tmp_path
 ):
@@ -145,14 +154,8 @@ def test_a_resumed_state_run_does_again_only_what_it_had_not_committed(
         *("--output", str(out), "--noisy-measurements", str(nmf)),
         *("--noisy-format", "census_nmf", "--states", "44", "--variances"),
     )
-    stopped = build_parser().parse_args(args)
-    stopped.observer = FailAfter("county")
-    with pytest.raises(InjectedFault):
-        run_command(stopped)
-    assert main([*args, "--resume"]) == 0
-    timings = json.loads((out / "manifest.json").read_text())["timings_s"]
-    redone = [k for k in timings if k.startswith(("copy_", "bottom_up_", "estimate_"))]
-    assert redone == ["estimate_tract", "estimate_block_group", "estimate_block"], timings
+    redone = stopped_and_resumed("county", out, args)
+    assert redone == ["estimate_tract", "estimate_block_group", "estimate_block"]
     assert_same_tables(spark, rhode_island, out, TABLES)
 
 
@@ -291,14 +294,7 @@ def test_a_resumed_assembly_does_again_only_what_it_had_not_committed(
         *("--output", str(out), "--noisy-measurements", str(nmf), "--noisy-format", "census_nmf"),
         *("--assemble-nation", str(rhode_island), str(others), "--variances"),
     )
-    stopped = build_parser().parse_args(args)
-    stopped.observer = FailAfter("nation")
-    with pytest.raises(InjectedFault):
-        run_command(stopped)
-    assert main([*args, "--resume"]) == 0
-    timings = json.loads((out / "manifest.json").read_text())["timings_s"]
-    redone = [k for k in timings if k.startswith(("copy_", "bottom_up_", "estimate_"))]
-    assert redone == ["estimate_state"], timings
+    assert stopped_and_resumed("nation", out, args) == ["estimate_state"]
     assert_same_tables(spark, nation, out, ("estimates", "bottom_up", "total_variances"))
 
 
