@@ -246,9 +246,9 @@ def test_block_groups_recomputed_from_the_written_blocks_hold_the_same_zeros(
     the run's log), zeros included."""
     doc = config(tmp_path, write(dwellings, tmp_path), spine)
     out = tmp_path / "out"
+    first = TopDownOptions(output=out, secret_file=secret_file)
     with pytest.raises(InjectedFault):  # stopped where a killed driver leaves the same state
-        options = TopDownOptions(output=out, secret_file=secret_file)
-        run_job(spark, load_topdown_config(doc), options, FailAfter("bottom_up_block"))
+        run_job(spark, load_topdown_config(doc), first, FailAfter("bottom_up_block"))
 
     def block_groups() -> pd.DataFrame:
         rows = spark.read.format("delta").load(str(out / "bottom_up"))

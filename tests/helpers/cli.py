@@ -47,10 +47,10 @@ def censusdp_stopped_after(step: str, *args: str) -> None:
     from censusdp_spark.cli import build_parser, run_command
     from censusdp_spark.testing.faults import FailAfter, InjectedFault
 
-    args_parsed = build_parser().parse_args(list(args))
-    args_parsed.observer = FailAfter(step)
+    command = build_parser().parse_args(list(args))
+    command.observer = FailAfter(step)
     try:
-        run_command(args_parsed)
+        run_command(command)
     except InjectedFault:
         return
     raise AssertionError(f"the run ended without reaching step {step}")

@@ -103,9 +103,8 @@ def cluster_env() -> dict[str, str]:
     )
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.pop("PYSPARK_GATEWAY_SECRET", None)
-    if env.get(
-        "SPARK_SUBMIT_OPTS"
-    ):  # the drivers' JVM options (the tests set them): the daemons' too
+    # The drivers' JVM options (the tests set them), the daemons' too.
+    if env.get("SPARK_SUBMIT_OPTS"):
         env.setdefault("SPARK_DAEMON_JAVA_OPTS", env["SPARK_SUBMIT_OPTS"])
     return env
 
